@@ -1,0 +1,588 @@
+//! The queue cache: what a pulling agent has read and not yet finished with,
+//! plus one cursor per subscription.
+//!
+//! Orleans' `SimpleQueueCache` semantics, kept exactly where they matter:
+//! - bounded: at most `cache_size` containers, held in buckets of
+//!   `max(cache_size / buckets, 1)`; the agent reads at most one bucket's worth
+//!   at a time ([`QueueCache::max_add_count`]);
+//! - **pressure**: with `buckets` (10) or more buckets alive the cache is under
+//!   pressure and the agent stops reading (it never drops);
+//! - **purge** drains whole buckets from the oldest end, and only those that no
+//!   cursor or pin points into; drained containers are returned for the ack,
+//!   except those whose delivery failed, which are returned apart;
+//! - cursors only move forward, one subscription each.
+//!
+//! Beyond Orleans: each container links to the next container of its stream,
+//! so a cursor steps over other streams in O(1); a cursor that has caught up
+//! waits with the token it last saw and is re-seated by [`QueueCache::add`]
+//! when its stream gets a newer container (an idle stream never misses one);
+//! [`QueueCache::progress`] gives the delivery progress for checkpoints.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::stream::{BatchContainer, SequenceToken, StreamId};
+
+/// Size and shape of one queue's cache.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheOptions {
+    /// Most containers held at once (Orleans `CacheSize`, 4096).
+    pub cache_size: usize,
+    /// Pressure buckets (Orleans uses 10).
+    pub buckets: usize,
+}
+
+impl Default for CacheOptions {
+    fn default() -> Self {
+        Self {
+            cache_size: 4096,
+            buckets: 10,
+        }
+    }
+}
+
+/// Identifies one cursor of one cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CursorId(u64);
+
+/// Where a new cursor starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CursorStart {
+    /// At the first container of the stream with a token `>=` this one.
+    At(SequenceToken),
+    /// At the first container of the stream with a token `>` this one.
+    After(SequenceToken),
+    /// At the oldest container of the stream still cached.
+    Earliest,
+    /// After everything read so far: only containers added later.
+    Latest,
+}
+
+/// A cursor could not be placed: containers it needs may have been purged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cache miss: {requested} is at or below {purged_through}, the newest position already purged from the cache")]
+pub struct CacheMiss {
+    /// The token asked for.
+    pub requested: SequenceToken,
+    /// Everything at or below this token has left the cache.
+    pub purged_through: SequenceToken,
+}
+
+/// `add` was offered more than fits, or containers out of queue order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddError {
+    /// More containers than the free space (the agent reads at most `max_add_count`).
+    #[error("cache full: {offered} containers offered, {free} free of {capacity}")]
+    Full {
+        /// Containers offered.
+        offered: usize,
+        /// Free slots.
+        free: usize,
+        /// The cache's capacity.
+        capacity: usize,
+    },
+}
+
+/// What [`QueueCache::purge`] drained, oldest first.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Purged {
+    /// Done by every cursor: acknowledge these.
+    pub acked: Vec<SequenceToken>,
+    /// Their delivery failed (skipped to the dead-letter sink): not acked.
+    pub failed: Vec<SequenceToken>,
+}
+
+impl Purged {
+    /// Nothing was drained.
+    pub fn is_empty(&self) -> bool {
+        self.acked.is_empty() && self.failed.is_empty()
+    }
+}
+
+struct Item {
+    batch: Arc<BatchContainer>,
+    next_in_stream: Option<u64>,
+    failed: bool,
+}
+
+struct Bucket {
+    start: u64,
+    len: u64,
+}
+
+/// First and last cached position of a stream.
+struct Span {
+    first: u64,
+    last: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CursorState {
+    /// The next container to deliver is at this position (pinned).
+    At(u64),
+    /// Caught up: waits for a container of its stream newer than `after`.
+    Waiting { after: Option<SequenceToken> },
+}
+
+struct Cursor {
+    stream: StreamId,
+    state: CursorState,
+    /// Position of the last container of the batch being delivered.
+    in_flight_last: Option<u64>,
+}
+
+/// One queue's cache. Owned by its pulling agent; not shared.
+pub struct QueueCache {
+    options: CacheOptions,
+    bucket_size: u64,
+    items: VecDeque<Item>,
+    /// Absolute position of `items[0]`.
+    first_pos: u64,
+    buckets: VecDeque<Bucket>,
+    spans: HashMap<StreamId, Span>,
+    cursors: HashMap<CursorId, Cursor>,
+    waiting: HashMap<StreamId, Vec<CursorId>>,
+    /// Multiset of the positions cursors are `At`.
+    pinned: BTreeMap<u64, u32>,
+    next_id: u64,
+    last_added: Option<SequenceToken>,
+    purged_through: Option<SequenceToken>,
+}
+
+impl QueueCache {
+    /// An empty cache.
+    pub fn new(options: CacheOptions) -> Self {
+        let buckets = options.buckets.max(1);
+        let cache_size = options.cache_size.max(1);
+        let options = CacheOptions { cache_size, buckets };
+        Self {
+            bucket_size: (cache_size / buckets).max(1) as u64,
+            options,
+            items: VecDeque::new(),
+            first_pos: 0,
+            buckets: VecDeque::new(),
+            spans: HashMap::new(),
+            cursors: HashMap::new(),
+            waiting: HashMap::new(),
+            pinned: BTreeMap::new(),
+            next_id: 0,
+            last_added: None,
+            purged_through: None,
+        }
+    }
+
+    /// Declares that everything at or below `token` is already done (the
+    /// queue's checkpoint): a cursor asking for older positions is a miss.
+    pub fn set_purged_through(&mut self, token: Option<SequenceToken>) {
+        self.purged_through = token;
+        self.last_added = self.last_added.max(token);
+    }
+
+    /// The cache's options.
+    pub fn options(&self) -> &CacheOptions {
+        &self.options
+    }
+
+    /// Containers cached now.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Buckets alive now.
+    pub fn bucket_count(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Most containers the agent may read at once (one bucket).
+    pub fn max_add_count(&self) -> usize {
+        self.bucket_size as usize
+    }
+
+    /// Under pressure the agent must not read (Orleans: 10+ buckets alive).
+    pub fn is_under_pressure(&self) -> bool {
+        self.buckets.len() >= self.options.buckets
+            || self.items.len() + self.max_add_count() > self.options.cache_size
+    }
+
+    /// The newest token ever added (or declared purged).
+    pub fn last_added(&self) -> Option<SequenceToken> {
+        self.last_added
+    }
+
+    /// Adds containers read from the queue, in queue order. Containers whose
+    /// token is not newer than the last one added are redeliveries and are
+    /// skipped (returned count). Returns the cursors that were waiting and
+    /// now have something to deliver.
+    pub fn add(&mut self, batches: Vec<Arc<BatchContainer>>) -> Result<AddOutcome, AddError> {
+        let free = self.options.cache_size - self.items.len();
+        if batches.len() > free {
+            return Err(AddError::Full {
+                offered: batches.len(),
+                free,
+                capacity: self.options.cache_size,
+            });
+        }
+        let mut outcome = AddOutcome::default();
+        for batch in batches {
+            if self.last_added.is_some_and(|last| batch.token <= last) {
+                outcome.skipped += 1;
+                continue;
+            }
+            self.last_added = Some(batch.token);
+            let pos = self.first_pos + self.items.len() as u64;
+            match self.buckets.back_mut() {
+                Some(bucket) if bucket.len < self.bucket_size => bucket.len += 1,
+                _ => self.buckets.push_back(Bucket { start: pos, len: 1 }),
+            }
+            match self.spans.get_mut(&batch.stream) {
+                Some(span) => {
+                    let prev = span.last;
+                    span.last = pos;
+                    if let Some(item) = self.item_mut(prev) {
+                        item.next_in_stream = Some(pos);
+                    }
+                }
+                None => {
+                    self.spans.insert(batch.stream.clone(), Span { first: pos, last: pos });
+                }
+            }
+            if let Some(waiters) = self.waiting.get_mut(&batch.stream) {
+                let token = batch.token;
+                let mut woken = Vec::new();
+                waiters.retain(|id| {
+                    let ready = self
+                        .cursors
+                        .get(id)
+                        .is_some_and(|c| matches!(c.state, CursorState::Waiting { after } if after.is_none_or(|a| a < token)));
+                    if ready {
+                        woken.push(*id);
+                    }
+                    !ready
+                });
+                if waiters.is_empty() {
+                    self.waiting.remove(&batch.stream);
+                }
+                for id in woken {
+                    self.set_state(id, CursorState::At(pos));
+                    outcome.ready.push(id);
+                }
+            }
+            self.items.push_back(Item {
+                batch,
+                next_in_stream: None,
+                failed: false,
+            });
+        }
+        Ok(outcome)
+    }
+
+    /// Drains every bucket from the oldest end that no cursor or pin points
+    /// into.
+    pub fn purge(&mut self) -> Purged {
+        let limit = self.pinned.keys().next().copied().unwrap_or(u64::MAX);
+        let mut purged = Purged::default();
+        while let Some(bucket) = self.buckets.front() {
+            if bucket.start + bucket.len > limit {
+                break;
+            }
+            for _ in 0..bucket.len {
+                let Some(item) = self.items.pop_front() else { break };
+                let pos = self.first_pos;
+                self.first_pos += 1;
+                if let Some(span) = self.spans.get_mut(&item.batch.stream)
+                    && span.first == pos
+                {
+                    match item.next_in_stream {
+                        Some(next) => span.first = next,
+                        None => {
+                            self.spans.remove(&item.batch.stream);
+                        }
+                    }
+                }
+                self.purged_through = Some(item.batch.token);
+                if item.failed {
+                    purged.failed.push(item.batch.token);
+                } else {
+                    purged.acked.push(item.batch.token);
+                }
+            }
+            self.buckets.pop_front();
+        }
+        purged
+    }
+
+    /// Delivery progress: every container at or below the returned token is
+    /// done with (delivered, skipped or wanted by nobody).
+    pub fn progress(&self) -> Option<SequenceToken> {
+        match self.pinned.keys().next() {
+            Some(&min) if min > self.first_pos => self.item(min - 1).map(|i| i.batch.token),
+            Some(_) => self.purged_through,
+            None => self.last_added,
+        }
+    }
+
+    /// Holds every container of `stream` cached now or added later until
+    /// the pin is removed with [`Self::remove_cursor`] (a pending
+    /// registration or handshake must not lose what arrives meanwhile). A
+    /// pin is a cursor that never advances.
+    pub fn pin_stream(&mut self, stream: &StreamId) -> CursorId {
+        let state = match self.spans.get(stream) {
+            Some(span) => CursorState::At(span.first),
+            None => CursorState::Waiting { after: None },
+        };
+        self.insert_cursor(stream, state)
+    }
+
+    /// Creates a cursor for `stream`.
+    pub fn create_cursor(&mut self, stream: &StreamId, start: CursorStart) -> Result<CursorId, CacheMiss> {
+        let state = self.locate(stream, start)?;
+        Ok(self.insert_cursor(stream, state))
+    }
+
+    fn insert_cursor(&mut self, stream: &StreamId, state: CursorState) -> CursorId {
+        let id = CursorId(self.fresh_id());
+        let placeholder = CursorState::Waiting { after: None };
+        self.cursors.insert(
+            id,
+            Cursor {
+                stream: stream.clone(),
+                state: placeholder,
+                in_flight_last: None,
+            },
+        );
+        // Register the placeholder as waiting so set_state can forget it.
+        self.waiting.entry(stream.clone()).or_default().push(id);
+        self.set_state(id, state);
+        id
+    }
+
+    /// Re-seats a cursor (a handshake or a consumer's seek). Drops its
+    /// in-flight batch, if any.
+    pub fn seek(&mut self, cursor: CursorId, start: CursorStart) -> Result<(), CacheMiss> {
+        let Some(stream) = self.cursors.get(&cursor).map(|c| c.stream.clone()) else {
+            return Ok(());
+        };
+        let state = self.locate(&stream, start)?;
+        if let Some(c) = self.cursors.get_mut(&cursor) {
+            c.in_flight_last = None;
+        }
+        self.set_state(cursor, state);
+        Ok(())
+    }
+
+    /// Removes a cursor; what it pinned may be purged.
+    pub fn remove_cursor(&mut self, cursor: CursorId) {
+        self.set_state(cursor, CursorState::Waiting { after: None });
+        if let Some(c) = self.cursors.remove(&cursor) {
+            self.forget_waiting(&c.stream, cursor);
+        }
+    }
+
+    /// Whether the cursor has a container to deliver and none in flight.
+    pub fn has_next(&self, cursor: CursorId) -> bool {
+        self.cursors
+            .get(&cursor)
+            .is_some_and(|c| c.in_flight_last.is_none() && matches!(c.state, CursorState::At(_)))
+    }
+
+    /// Takes the cursor's next batch (up to `max` containers of its stream)
+    /// and marks it in flight; the cursor stays on its first container until
+    /// [`Self::complete`]. `None` if caught up or a batch is in flight.
+    pub fn next_batch(&mut self, cursor: CursorId, max: usize) -> Option<Vec<Arc<BatchContainer>>> {
+        let c = self.cursors.get(&cursor)?;
+        let CursorState::At(mut pos) = c.state else { return None };
+        if c.in_flight_last.is_some() {
+            return None;
+        }
+        let mut batch = Vec::with_capacity(max.clamp(1, 64));
+        let mut last = pos;
+        while batch.len() < max.max(1) {
+            let Some(item) = self.item(pos) else { break };
+            batch.push(item.batch.clone());
+            last = pos;
+            match item.next_in_stream {
+                Some(next) => pos = next,
+                None => break,
+            }
+        }
+        if batch.is_empty() {
+            return None;
+        }
+        if let Some(c) = self.cursors.get_mut(&cursor) {
+            c.in_flight_last = Some(last);
+        }
+        Some(batch)
+    }
+
+    /// The in-flight batch is finished: moves the cursor past it. With
+    /// `failed`, its containers are flagged so purge does not ack them.
+    /// Returns whether the cursor has more to deliver.
+    pub fn complete(&mut self, cursor: CursorId, failed: bool) -> bool {
+        let Some(c) = self.cursors.get_mut(&cursor) else { return false };
+        let (CursorState::At(first), Some(last)) = (c.state, c.in_flight_last.take()) else {
+            return false;
+        };
+        if failed {
+            let mut pos = Some(first);
+            while let Some(p) = pos.filter(|p| *p <= last) {
+                let item = self.item_mut(p);
+                pos = item.as_ref().and_then(|i| i.next_in_stream);
+                if let Some(item) = item {
+                    item.failed = true;
+                }
+            }
+        }
+        let next = match self.item(last) {
+            Some(item) => match item.next_in_stream {
+                Some(next) => CursorState::At(next),
+                None => CursorState::Waiting {
+                    after: Some(item.batch.token),
+                },
+            },
+            None => CursorState::Waiting { after: None },
+        };
+        self.set_state(cursor, next);
+        matches!(next, CursorState::At(_))
+    }
+
+    /// The token of the container the cursor will deliver next, or the last
+    /// token it saw when caught up.
+    pub fn cursor_position(&self, cursor: CursorId) -> Option<CursorPosition> {
+        let c = self.cursors.get(&cursor)?;
+        Some(match c.state {
+            CursorState::At(pos) => CursorPosition::Next(self.item(pos)?.batch.token),
+            CursorState::Waiting { after } => CursorPosition::CaughtUp(after),
+        })
+    }
+
+    fn locate(&self, stream: &StreamId, start: CursorStart) -> Result<CursorState, CacheMiss> {
+        let (token, inclusive) = match start {
+            CursorStart::Latest => return Ok(CursorState::Waiting { after: self.last_added }),
+            CursorStart::Earliest => {
+                return Ok(match self.spans.get(stream) {
+                    Some(span) => CursorState::At(span.first),
+                    None => CursorState::Waiting {
+                        after: self.purged_through,
+                    },
+                });
+            }
+            CursorStart::At(t) => (t, true),
+            CursorStart::After(t) => (t, false),
+        };
+        if let Some(purged) = self.purged_through {
+            let missed = if inclusive { token <= purged } else { token < purged };
+            if missed {
+                return Err(CacheMiss {
+                    requested: token,
+                    purged_through: purged,
+                });
+            }
+        }
+        let mut pos = self.spans.get(stream).map(|s| s.first);
+        while let Some(p) = pos {
+            let Some(item) = self.item(p) else { break };
+            let wanted = if inclusive {
+                item.batch.token >= token
+            } else {
+                item.batch.token > token
+            };
+            if wanted {
+                return Ok(CursorState::At(p));
+            }
+            pos = item.next_in_stream;
+        }
+        // Nothing cached at or after the token: wait for newer containers.
+        let after = if inclusive {
+            predecessor(token).max(self.last_added)
+        } else {
+            Some(token).max(self.last_added)
+        };
+        Ok(CursorState::Waiting { after })
+    }
+
+    fn set_state(&mut self, id: CursorId, state: CursorState) {
+        let Some(cursor) = self.cursors.get_mut(&id) else { return };
+        let old = std::mem::replace(&mut cursor.state, state);
+        let stream = cursor.stream.clone();
+        if let CursorState::At(pos) = old {
+            self.unpin_position(pos);
+        }
+        if matches!(old, CursorState::Waiting { .. }) {
+            self.forget_waiting(&stream, id);
+        }
+        match state {
+            CursorState::At(pos) => *self.pinned.entry(pos).or_default() += 1,
+            CursorState::Waiting { .. } => self.waiting.entry(stream).or_default().push(id),
+        }
+    }
+
+    fn forget_waiting(&mut self, stream: &StreamId, id: CursorId) {
+        if let Some(waiters) = self.waiting.get_mut(stream) {
+            waiters.retain(|w| *w != id);
+            if waiters.is_empty() {
+                self.waiting.remove(stream);
+            }
+        }
+    }
+
+    fn unpin_position(&mut self, pos: u64) {
+        if let Some(count) = self.pinned.get_mut(&pos) {
+            *count -= 1;
+            if *count == 0 {
+                self.pinned.remove(&pos);
+            }
+        }
+    }
+
+    fn item(&self, pos: u64) -> Option<&Item> {
+        self.items.get(pos.checked_sub(self.first_pos)? as usize)
+    }
+
+    fn item_mut(&mut self, pos: u64) -> Option<&mut Item> {
+        self.items.get_mut(pos.checked_sub(self.first_pos)? as usize)
+    }
+
+    fn fresh_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+}
+
+/// What `add` changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct AddOutcome {
+    /// Cursors that were caught up and now have something to deliver.
+    pub ready: Vec<CursorId>,
+    /// Containers skipped as redeliveries (token not newer than the last).
+    pub skipped: usize,
+}
+
+/// Where a cursor stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CursorPosition {
+    /// The next container to deliver has this token.
+    Next(SequenceToken),
+    /// Caught up; the last token seen (if any).
+    CaughtUp(Option<SequenceToken>),
+}
+
+/// The token just before `t`, if any.
+fn predecessor(t: SequenceToken) -> Option<SequenceToken> {
+    match (t.major, t.minor) {
+        (0, 0) => None,
+        (major, 0) => Some(SequenceToken::new(major - 1, u64::MAX)),
+        (major, minor) => Some(SequenceToken::new(major, minor - 1)),
+    }
+}
+
+#[cfg(test)]
+#[path = "cache_tests.rs"]
+mod tests;

@@ -1,0 +1,19 @@
+//! tailrace: durable, ordered event streams in the style of Microsoft
+//! Orleans' persistent streams.
+//!
+//! Nodes *pull* from durable queues. Each node's [`manager::PullingManager`]
+//! applies queue-ownership notifications in sequence order and runs one
+//! [`agent::PullingAgent`] per owned queue; an agent reads batches, caches
+//! them in a pressure-bucketed [`cache::QueueCache`] with one cursor per
+//! subscription, delivers in order with at-least-once semantics, checkpoints
+//! its progress and hands its queue over in strict order on shutdown.
+//!
+//! Start with `docs/architecture.md`; `docs/adapters.md` shows how to plug in
+//! a queue.
+
+#![warn(missing_docs)]
+
+pub mod cache;
+pub mod checkpoint;
+pub mod queue;
+pub mod stream;

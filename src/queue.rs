@@ -1,0 +1,244 @@
+//! Queues and the plug-in surface every queue adapter implements.
+//!
+//! A queue is a partition of a durable store; many streams share one and a
+//! stream lives in exactly one (the [`QueueMapper`] decides which). An adapter
+//! turns a concrete store (memory, a file directory, Redis Streams, yours) into
+//! three async traits:
+//!
+//! - [`QueueAdapterFactory`] builds the adapter, the mapper, the checkpointer
+//!   and the per-queue cache from configuration;
+//! - [`QueueAdapter`] writes (`enqueue`) and hands out receivers;
+//! - [`QueueReceiver`] reads one queue for its pulling agent: `initialize`,
+//!   `read(max)`, `delivered(tokens)` (the ack), `shutdown`.
+//!
+//! The runtime never names a concrete adapter. `docs/adapters.md` explains how
+//! to write one and [`crate::conformance`] checks it.
+
+pub mod mapper;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::cache::CacheOptions;
+use crate::checkpoint::Checkpointer;
+use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
+
+pub use mapper::QueueMapper;
+
+/// One queue of a provider: its index in `0..queue_count`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct QueueId(pub u32);
+
+impl fmt::Display for QueueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "q{}", self.0)
+    }
+}
+
+impl fmt::Debug for QueueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "q{}", self.0)
+    }
+}
+
+/// What an adapter can do with its store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Direction {
+    /// Only receivers (a generator, an external feed).
+    ReadOnly,
+    /// Only `enqueue` (a sink); no agents pull it.
+    WriteOnly,
+    /// Both.
+    ReadWrite,
+}
+
+/// Errors of the queue surface, with enough context to act on.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// `try_enqueue` found the queue full; nothing was written.
+    #[error("queue {queue} is full ({capacity} events); nothing was written, retry later")]
+    Full {
+        /// The full queue.
+        queue: QueueId,
+        /// Its capacity in events.
+        capacity: usize,
+    },
+    /// One batch cannot ever fit the queue.
+    #[error("a batch of {events} events can never fit queue {queue} (capacity {capacity} events); split it")]
+    BatchTooLarge {
+        /// The queue it was meant for.
+        queue: QueueId,
+        /// Events in the refused batch.
+        events: usize,
+        /// The queue's capacity in events.
+        capacity: usize,
+    },
+    /// An empty batch was offered.
+    #[error("refusing an empty batch for stream {0}")]
+    EmptyBatch(StreamId),
+    /// The adapter cannot do what was asked in this direction.
+    #[error("adapter `{adapter}` is {direction:?} and cannot {operation}")]
+    WrongDirection {
+        /// The adapter's name.
+        adapter: String,
+        /// Its direction.
+        direction: Direction,
+        /// What was attempted.
+        operation: &'static str,
+    },
+    /// The adapter is not rewindable and was asked for a past position.
+    #[error("this adapter is not rewindable: it cannot serve position {requested} again")]
+    NotRewindable {
+        /// The position asked for.
+        requested: SequenceToken,
+    },
+    /// The adapter cannot serve a position before what it still holds.
+    #[error("adapter `{adapter}` cannot rewind queue {queue} to {requested}: {reason}")]
+    CannotRewind {
+        /// The adapter's name.
+        adapter: String,
+        /// The queue.
+        queue: QueueId,
+        /// The position asked for.
+        requested: SequenceToken,
+        /// Why (not rewindable, or no longer held).
+        reason: String,
+    },
+    /// A newer receiver took this queue over; this one must stop.
+    #[error("receiver of queue {0} was superseded by a newer receiver")]
+    Fenced(QueueId),
+    /// The receiver was used after `shutdown`.
+    #[error("receiver of queue {0} is shut down")]
+    ShutDown(QueueId),
+    /// An operation did not finish in time.
+    #[error("{operation} on queue {queue} did not finish within {after:?}")]
+    Timeout {
+        /// What timed out.
+        operation: &'static str,
+        /// The queue.
+        queue: QueueId,
+        /// The limit that passed.
+        after: Duration,
+    },
+    /// A file-system error, with what was being done.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done (with the path).
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The backing store failed; `transient` says whether a retry may help.
+    #[error("{adapter} backend error: {message}")]
+    Backend {
+        /// The adapter's name.
+        adapter: String,
+        /// What went wrong.
+        message: String,
+        /// Whether retrying may succeed.
+        transient: bool,
+    },
+    /// Configuration that cannot work.
+    #[error("invalid queue configuration: {0}")]
+    Config(String),
+}
+
+impl QueueError {
+    /// Whether retrying the same call later may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            QueueError::Full { .. } | QueueError::Timeout { .. } | QueueError::Io { .. } => true,
+            QueueError::Backend { transient, .. } => *transient,
+            _ => false,
+        }
+    }
+}
+
+/// Builds everything a provider needs from its configuration. One factory per
+/// provider per node; every node must build the same mapper.
+#[async_trait]
+pub trait QueueAdapterFactory: Send + Sync + 'static {
+    /// The provider's name (used in logs, metrics and store keys).
+    fn name(&self) -> &str;
+
+    /// The stream-to-queue mapping. Must be identical on every node.
+    fn queue_mapper(&self) -> QueueMapper;
+
+    /// The adapter producers write to and agents pull from.
+    async fn create_adapter(&self) -> Result<Arc<dyn QueueAdapter>, QueueError>;
+
+    /// Where agents keep each queue's checkpoint. An adapter that resumes
+    /// from checkpoints shares this instance with its receivers.
+    async fn create_checkpointer(&self) -> Result<Arc<dyn Checkpointer>, QueueError>;
+
+    /// The options of each queue's cache (bounded, pressure-bucketed).
+    fn cache_options(&self) -> CacheOptions {
+        CacheOptions::default()
+    }
+}
+
+/// Writes events and hands out one receiver per queue.
+#[async_trait]
+pub trait QueueAdapter: Send + Sync + 'static {
+    /// The adapter's name.
+    fn name(&self) -> &str;
+
+    /// What the adapter can do.
+    fn direction(&self) -> Direction;
+
+    /// Whether receivers can serve positions they already passed
+    /// ([`QueueReceiver::rewind`]). A non-rewindable adapter refuses such a
+    /// start position with [`QueueError::CannotRewind`].
+    fn is_rewindable(&self) -> bool;
+
+    /// Appends `events` of `stream` to the stream's queue as one batch
+    /// container and returns its token. Waits while the queue is full
+    /// (back-pressure); never drops an event. Returns once the batch is as
+    /// durable as the adapter promises.
+    async fn enqueue(&self, stream: &StreamId, events: Vec<Event>) -> Result<SequenceToken, QueueError>;
+
+    /// Builds the receiver of one queue. Only the queue's owner calls it.
+    async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError>;
+}
+
+/// Reads one queue for its pulling agent. Owned by one task at a time.
+#[async_trait]
+pub trait QueueReceiver: Send + 'static {
+    /// Connects and positions the receiver (after the queue's checkpoint or
+    /// at its oldest unacknowledged container). Retries on its own within
+    /// `timeout`.
+    async fn initialize(&mut self, timeout: Duration) -> Result<(), QueueError>;
+
+    /// Returns up to `max` containers in queue order (possibly none).
+    /// Containers read but never acknowledged are read again by the next
+    /// receiver of the queue.
+    async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError>;
+
+    /// The ack: every subscription is done with these containers.
+    async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError>;
+
+    /// These containers failed delivery and went to the dead-letter sink.
+    /// They are not acknowledged; an adapter that can redeliver may keep them
+    /// pending. The default does nothing.
+    async fn failed(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
+        let _ = tokens;
+        Ok(())
+    }
+
+    /// Reads up to `max` containers at or after `from` without moving the
+    /// live read position (rewindable adapters only). The default refuses.
+    async fn rewind(&mut self, from: SequenceToken, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        let _ = max;
+        Err(QueueError::NotRewindable { requested: from })
+    }
+
+    /// Stops the receiver; idempotent. Called once the agent has reported
+    /// its final progress.
+    async fn shutdown(&mut self, timeout: Duration) -> Result<(), QueueError>;
+}
