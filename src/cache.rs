@@ -63,7 +63,9 @@ pub enum CursorStart {
 
 /// A cursor could not be placed: containers it needs may have been purged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("cache miss: {requested} is at or below {purged_through}, the newest position already purged from the cache")]
+#[error(
+    "cache miss: {requested} is at or below {purged_through}, the newest position already purged from the cache"
+)]
 pub struct CacheMiss {
     /// The token asked for.
     pub requested: SequenceToken,
@@ -157,7 +159,10 @@ impl QueueCache {
     pub fn new(options: CacheOptions) -> Self {
         let buckets = options.buckets.max(1);
         let cache_size = options.cache_size.max(1);
-        let options = CacheOptions { cache_size, buckets };
+        let options = CacheOptions {
+            cache_size,
+            buckets,
+        };
         Self {
             bucket_size: (cache_size / buckets).max(1) as u64,
             options,
@@ -251,7 +256,13 @@ impl QueueCache {
                     }
                 }
                 None => {
-                    self.spans.insert(batch.stream.clone(), Span { first: pos, last: pos });
+                    self.spans.insert(
+                        batch.stream.clone(),
+                        Span {
+                            first: pos,
+                            last: pos,
+                        },
+                    );
                 }
             }
             if let Some(waiters) = self.waiting.get_mut(&batch.stream) {
@@ -294,7 +305,9 @@ impl QueueCache {
                 break;
             }
             for _ in 0..bucket.len {
-                let Some(item) = self.items.pop_front() else { break };
+                let Some(item) = self.items.pop_front() else {
+                    break;
+                };
                 let pos = self.first_pos;
                 self.first_pos += 1;
                 if let Some(span) = self.spans.get_mut(&item.batch.stream)
@@ -342,7 +355,11 @@ impl QueueCache {
     }
 
     /// Creates a cursor for `stream`.
-    pub fn create_cursor(&mut self, stream: &StreamId, start: CursorStart) -> Result<CursorId, CacheMiss> {
+    pub fn create_cursor(
+        &mut self,
+        stream: &StreamId,
+        start: CursorStart,
+    ) -> Result<CursorId, CacheMiss> {
         let state = self.locate(stream, start)?;
         Ok(self.insert_cursor(stream, state))
     }
@@ -398,7 +415,9 @@ impl QueueCache {
     /// [`Self::complete`]. `None` if caught up or a batch is in flight.
     pub fn next_batch(&mut self, cursor: CursorId, max: usize) -> Option<Vec<Arc<BatchContainer>>> {
         let c = self.cursors.get(&cursor)?;
-        let CursorState::At(mut pos) = c.state else { return None };
+        let CursorState::At(mut pos) = c.state else {
+            return None;
+        };
         if c.in_flight_last.is_some() {
             return None;
         }
@@ -426,7 +445,9 @@ impl QueueCache {
     /// `failed`, its containers are flagged so purge does not ack them.
     /// Returns whether the cursor has more to deliver.
     pub fn complete(&mut self, cursor: CursorId, failed: bool) -> bool {
-        let Some(c) = self.cursors.get_mut(&cursor) else { return false };
+        let Some(c) = self.cursors.get_mut(&cursor) else {
+            return false;
+        };
         let (CursorState::At(first), Some(last)) = (c.state, c.in_flight_last.take()) else {
             return false;
         };
@@ -453,6 +474,17 @@ impl QueueCache {
         matches!(next, CursorState::At(_))
     }
 
+    /// Events of `stream` cached now.
+    pub fn stream_events(&self, stream: &StreamId) -> usize {
+        let mut total = 0;
+        let mut pos = self.spans.get(stream).map(|s| s.first);
+        while let Some(item) = pos.and_then(|p| self.item(p)) {
+            total += item.batch.events.len();
+            pos = item.next_in_stream;
+        }
+        total
+    }
+
     /// The token of the container the cursor will deliver next, or the last
     /// token it saw when caught up.
     pub fn cursor_position(&self, cursor: CursorId) -> Option<CursorPosition> {
@@ -465,7 +497,11 @@ impl QueueCache {
 
     fn locate(&self, stream: &StreamId, start: CursorStart) -> Result<CursorState, CacheMiss> {
         let (token, inclusive) = match start {
-            CursorStart::Latest => return Ok(CursorState::Waiting { after: self.last_added }),
+            CursorStart::Latest => {
+                return Ok(CursorState::Waiting {
+                    after: self.last_added,
+                });
+            }
             CursorStart::Earliest => {
                 return Ok(match self.spans.get(stream) {
                     Some(span) => CursorState::At(span.first),
@@ -478,7 +514,11 @@ impl QueueCache {
             CursorStart::After(t) => (t, false),
         };
         if let Some(purged) = self.purged_through {
-            let missed = if inclusive { token <= purged } else { token < purged };
+            let missed = if inclusive {
+                token <= purged
+            } else {
+                token < purged
+            };
             if missed {
                 return Err(CacheMiss {
                     requested: token,
@@ -509,7 +549,9 @@ impl QueueCache {
     }
 
     fn set_state(&mut self, id: CursorId, state: CursorState) {
-        let Some(cursor) = self.cursors.get_mut(&id) else { return };
+        let Some(cursor) = self.cursors.get_mut(&id) else {
+            return;
+        };
         let old = std::mem::replace(&mut cursor.state, state);
         let stream = cursor.stream.clone();
         if let CursorState::At(pos) = old {
@@ -547,7 +589,8 @@ impl QueueCache {
     }
 
     fn item_mut(&mut self, pos: u64) -> Option<&mut Item> {
-        self.items.get_mut(pos.checked_sub(self.first_pos)? as usize)
+        self.items
+            .get_mut(pos.checked_sub(self.first_pos)? as usize)
     }
 
     fn fresh_id(&mut self) -> u64 {

@@ -104,7 +104,10 @@ impl Checkpointer for MemoryCheckpointer {
 #[serde(tag = "version")]
 enum CheckpointFile {
     #[serde(rename = "1")]
-    V1 { queue: QueueId, token: SequenceToken },
+    V1 {
+        queue: QueueId,
+        token: SequenceToken,
+    },
 }
 
 /// Checkpoints as one small JSON file per queue in a directory:
@@ -152,23 +155,34 @@ fn read_checkpoint(path: &Path, queue: QueueId) -> Result<Option<SequenceToken>,
     };
     match serde_json::from_slice::<CheckpointFile>(&bytes).map_err(|e| corrupt(e.to_string()))? {
         CheckpointFile::V1 { queue: q, token } if q == queue => Ok(Some(token)),
-        CheckpointFile::V1 { queue: q, .. } => Err(corrupt(format!("it belongs to queue {q}, not {queue}"))),
+        CheckpointFile::V1 { queue: q, .. } => {
+            Err(corrupt(format!("it belongs to queue {q}, not {queue}")))
+        }
     }
 }
 
-fn write_checkpoint(dir: &Path, temp: &Path, path: &Path, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError> {
+fn write_checkpoint(
+    dir: &Path,
+    temp: &Path,
+    path: &Path,
+    queue: QueueId,
+    token: SequenceToken,
+) -> Result<(), CheckpointError> {
     use std::io::Write;
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| CheckpointError::Io { path, source }
     };
-    let body = serde_json::to_vec(&CheckpointFile::V1 { queue, token }).map_err(|e| CheckpointError::Backend(e.to_string()))?;
+    let body = serde_json::to_vec(&CheckpointFile::V1 { queue, token })
+        .map_err(|e| CheckpointError::Backend(e.to_string()))?;
     let mut file = std::fs::File::create(temp).map_err(io(temp))?;
     file.write_all(&body).map_err(io(temp))?;
     file.sync_all().map_err(io(temp))?;
     drop(file);
     std::fs::rename(temp, path).map_err(io(path))?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))
 }
 
 #[async_trait]
@@ -242,7 +256,11 @@ pub struct QueueCheckpoint {
 
 impl QueueCheckpoint {
     /// Reads `queue`'s stored checkpoint.
-    pub async fn load(store: Arc<dyn Checkpointer>, queue: QueueId, options: CheckpointOptions) -> Result<Self, CheckpointError> {
+    pub async fn load(
+        store: Arc<dyn Checkpointer>,
+        queue: QueueId,
+        options: CheckpointOptions,
+    ) -> Result<Self, CheckpointError> {
         let persisted = store.load(queue).await?;
         Ok(Self {
             store,
@@ -266,7 +284,11 @@ impl QueueCheckpoint {
 
     /// Records progress; writes if the interval since the last write passed.
     /// Returns whether it wrote.
-    pub async fn update(&mut self, token: SequenceToken, now: Instant) -> Result<bool, CheckpointError> {
+    pub async fn update(
+        &mut self,
+        token: SequenceToken,
+        now: Instant,
+    ) -> Result<bool, CheckpointError> {
         if self.options.regress == RegressPolicy::Ignore && self.latest.is_some_and(|l| token < l) {
             return Ok(false);
         }
@@ -284,7 +306,9 @@ impl QueueCheckpoint {
     /// Writes the newest progress if it is not stored yet, retrying a failed
     /// write up to `flush_attempts` times. Cancel it by dropping the future.
     pub async fn flush(&mut self) -> Result<(), CheckpointError> {
-        let Some(token) = self.latest else { return Ok(()) };
+        let Some(token) = self.latest else {
+            return Ok(());
+        };
         let mut attempt = 1;
         while self.persisted != self.latest {
             match self.write(token, Instant::now()).await {
@@ -304,7 +328,8 @@ impl QueueCheckpoint {
         self.last_write = Some(now);
         self.store.save(self.queue, token).await?;
         self.persisted = Some(token);
-        metrics::counter!("tailrace_checkpoint_writes_total", "queue" => self.queue.to_string()).increment(1);
+        metrics::counter!("tailrace_checkpoint_writes_total", "queue" => self.queue.to_string())
+            .increment(1);
         Ok(())
     }
 }

@@ -13,7 +13,14 @@
 
 #![warn(missing_docs)]
 
+pub mod adapters;
+pub mod agent;
+pub mod balancer;
 pub mod cache;
 pub mod checkpoint;
+pub mod cluster;
+pub mod failure;
+pub mod pubsub;
 pub mod queue;
+pub mod retry;
 pub mod stream;

@@ -1,0 +1,396 @@
+//! The `memory` adapter: queues in this process's memory. Not durable; for
+//! tests, benchmarks and the in-process cluster harness (every node built from
+//! one factory shares its queues).
+//!
+//! - **Bounded, with back-pressure**: each queue holds at most
+//!   `capacity_events` unacknowledged events; `enqueue` waits (FIFO) for room
+//!   and never drops. A batch larger than the capacity is refused.
+//! - **Acks**: a container stays in its queue until its receiver acks it
+//!   (`delivered`). A new receiver of the queue starts at the oldest
+//!   unacknowledged container and fences the old one (its reads fail), so a
+//!   crashed owner's in-flight containers are redelivered, not lost.
+//! - **Rewind**: the last `history` acknowledged containers are kept, so a
+//!   subscriber can ask for a recent token again.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+
+use crate::checkpoint::{Checkpointer, MemoryCheckpointer};
+use crate::queue::{
+    Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver,
+};
+use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
+
+/// Settings of the memory adapter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemoryOptions {
+    /// Number of queues.
+    pub queue_count: u32,
+    /// Most unacknowledged events one queue holds (Orleans: 16 384, and it
+    /// throws when full; here producers wait).
+    pub capacity_events: usize,
+    /// Acknowledged containers kept per queue for rewinds (0: not rewindable).
+    pub history: usize,
+}
+
+impl Default for MemoryOptions {
+    fn default() -> Self {
+        Self {
+            queue_count: 8,
+            capacity_events: 16_384,
+            history: 1_024,
+        }
+    }
+}
+
+const NAME: &str = "memory";
+
+/// Builds memory adapters that share one set of queues.
+pub struct MemoryAdapterFactory {
+    adapter: Arc<MemoryAdapter>,
+    checkpointer: Arc<MemoryCheckpointer>,
+}
+
+impl MemoryAdapterFactory {
+    /// A factory (and its queues) with these options.
+    pub fn new(options: MemoryOptions) -> Self {
+        let mapper = QueueMapper::new(options.queue_count);
+        let queues = mapper
+            .all_queues()
+            .into_iter()
+            .map(|id| Arc::new(MemoryQueue::new(id, &options)))
+            .collect();
+        Self {
+            adapter: Arc::new(MemoryAdapter {
+                mapper,
+                queues,
+                options,
+            }),
+            checkpointer: Arc::new(MemoryCheckpointer::new()),
+        }
+    }
+
+    /// The shared adapter (for producers in tests and benchmarks).
+    pub fn adapter(&self) -> Arc<MemoryAdapter> {
+        self.adapter.clone()
+    }
+
+    /// The shared checkpoint store.
+    pub fn checkpoints(&self) -> Arc<MemoryCheckpointer> {
+        self.checkpointer.clone()
+    }
+}
+
+#[async_trait]
+impl QueueAdapterFactory for MemoryAdapterFactory {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn queue_mapper(&self) -> QueueMapper {
+        self.adapter.mapper
+    }
+
+    async fn create_adapter(&self) -> Result<Arc<dyn QueueAdapter>, QueueError> {
+        Ok(self.adapter.clone())
+    }
+
+    async fn create_checkpointer(&self) -> Result<Arc<dyn Checkpointer>, QueueError> {
+        Ok(self.checkpointer.clone())
+    }
+}
+
+/// Writes to and reads from the shared in-memory queues.
+pub struct MemoryAdapter {
+    mapper: QueueMapper,
+    queues: Vec<Arc<MemoryQueue>>,
+    options: MemoryOptions,
+}
+
+impl MemoryAdapter {
+    fn queue(&self, id: QueueId) -> Result<&Arc<MemoryQueue>, QueueError> {
+        self.queues.get(id.0 as usize).ok_or_else(|| {
+            QueueError::Config(format!(
+                "queue {id} does not exist (there are {})",
+                self.queues.len()
+            ))
+        })
+    }
+
+    /// Like `enqueue` but fails with [`QueueError::Full`] instead of waiting.
+    pub fn try_enqueue(
+        &self,
+        stream: &StreamId,
+        events: Vec<Event>,
+    ) -> Result<SequenceToken, QueueError> {
+        let queue = self.queue(self.mapper.queue_for(stream))?;
+        let permits = queue.permits_for(stream, &events)?;
+        let permit = queue
+            .space
+            .try_acquire_many(permits)
+            .map_err(|_| QueueError::Full {
+                queue: queue.id,
+                capacity: queue.capacity,
+            })?;
+        permit.forget();
+        Ok(queue.push(stream, events))
+    }
+
+    /// Unacknowledged events in `queue` now (for tests and metrics).
+    pub fn held_events(&self, queue: QueueId) -> usize {
+        self.queue(queue).map_or(0, |q| q.lock().held_events)
+    }
+
+    /// The options this adapter runs with.
+    pub fn options(&self) -> &MemoryOptions {
+        &self.options
+    }
+}
+
+#[async_trait]
+impl QueueAdapter for MemoryAdapter {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn direction(&self) -> Direction {
+        Direction::ReadWrite
+    }
+
+    fn is_rewindable(&self) -> bool {
+        self.options.history > 0
+    }
+
+    async fn enqueue(
+        &self,
+        stream: &StreamId,
+        events: Vec<Event>,
+    ) -> Result<SequenceToken, QueueError> {
+        let queue = self.queue(self.mapper.queue_for(stream))?;
+        let permits = queue.permits_for(stream, &events)?;
+        let permit = queue
+            .space
+            .acquire_many(permits)
+            .await
+            .map_err(|_| QueueError::ShutDown(queue.id))?;
+        permit.forget();
+        Ok(queue.push(stream, events))
+    }
+
+    async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
+        Ok(Box::new(MemoryReceiver {
+            queue: self.queue(queue)?.clone(),
+            epoch: 0,
+            shut_down: false,
+        }))
+    }
+}
+
+struct Entry {
+    batch: Arc<BatchContainer>,
+    acked: bool,
+}
+
+struct QueueState {
+    /// Unacknowledged containers (and acked ones not yet at the front).
+    pending: VecDeque<Entry>,
+    /// Recently acknowledged containers, oldest first (for rewinds).
+    history: VecDeque<Arc<BatchContainer>>,
+    /// Index into `pending` of the next container to read.
+    read_index: usize,
+    held_events: usize,
+    next_seq: u64,
+    epoch: u64,
+    /// The newest container no longer held anywhere (dropped from history).
+    forgotten_through: Option<SequenceToken>,
+}
+
+struct MemoryQueue {
+    id: QueueId,
+    capacity: usize,
+    history: usize,
+    space: Semaphore,
+    state: Mutex<QueueState>,
+}
+
+impl MemoryQueue {
+    fn new(id: QueueId, options: &MemoryOptions) -> Self {
+        let capacity = options.capacity_events.clamp(1, Semaphore::MAX_PERMITS);
+        Self {
+            id,
+            capacity,
+            history: options.history,
+            space: Semaphore::new(capacity),
+            state: Mutex::new(QueueState {
+                pending: VecDeque::new(),
+                history: VecDeque::new(),
+                read_index: 0,
+                held_events: 0,
+                next_seq: 1,
+                epoch: 0,
+                forgotten_through: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        // The state is plain data; a panic elsewhere cannot leave it torn.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn permits_for(&self, stream: &StreamId, events: &[Event]) -> Result<u32, QueueError> {
+        if events.is_empty() {
+            return Err(QueueError::EmptyBatch(stream.clone()));
+        }
+        if events.len() > self.capacity {
+            return Err(QueueError::BatchTooLarge {
+                queue: self.id,
+                events: events.len(),
+                capacity: self.capacity,
+            });
+        }
+        u32::try_from(events.len()).map_err(|_| QueueError::BatchTooLarge {
+            queue: self.id,
+            events: events.len(),
+            capacity: self.capacity,
+        })
+    }
+
+    fn push(&self, stream: &StreamId, events: Vec<Event>) -> SequenceToken {
+        let mut state = self.lock();
+        let token = SequenceToken::new(state.next_seq, 0);
+        state.next_seq += 1;
+        state.held_events += events.len();
+        state.pending.push_back(Entry {
+            batch: Arc::new(BatchContainer {
+                stream: stream.clone(),
+                token,
+                events,
+            }),
+            acked: false,
+        });
+        token
+    }
+}
+
+/// Reads one memory queue.
+pub struct MemoryReceiver {
+    queue: Arc<MemoryQueue>,
+    epoch: u64,
+    shut_down: bool,
+}
+
+impl MemoryReceiver {
+    fn check(&self, state: &QueueState) -> Result<(), QueueError> {
+        if self.shut_down {
+            return Err(QueueError::ShutDown(self.queue.id));
+        }
+        if state.epoch != self.epoch {
+            return Err(QueueError::Fenced(self.queue.id));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl QueueReceiver for MemoryReceiver {
+    async fn initialize(&mut self, _timeout: Duration) -> Result<(), QueueError> {
+        let mut state = self.queue.lock();
+        state.epoch += 1;
+        self.epoch = state.epoch;
+        // Everything unacknowledged is read again by the new owner.
+        state.read_index = 0;
+        Ok(())
+    }
+
+    async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        let mut state = self.queue.lock();
+        self.check(&state)?;
+        let start = state.read_index;
+        let end = (start + max).min(state.pending.len());
+        let batch = state
+            .pending
+            .range(start..end)
+            .filter(|e| !e.acked)
+            .map(|e| e.batch.clone())
+            .collect();
+        state.read_index = end;
+        Ok(batch)
+    }
+
+    async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
+        let mut released = 0;
+        {
+            let mut state = self.queue.lock();
+            // Acks from a fenced receiver are still true: those containers were delivered.
+            for token in tokens {
+                let Ok(index) = state.pending.binary_search_by(|e| e.batch.token.cmp(token)) else {
+                    continue;
+                };
+                let entry = &mut state.pending[index];
+                if !entry.acked {
+                    entry.acked = true;
+                    released += entry.batch.events.len();
+                }
+            }
+            state.held_events -= released;
+            while state.pending.front().is_some_and(|e| e.acked) {
+                let Some(entry) = state.pending.pop_front() else {
+                    break;
+                };
+                state.read_index = state.read_index.saturating_sub(1);
+                state.history.push_back(entry.batch);
+                if state.history.len() > self.queue.history
+                    && let Some(gone) = state.history.pop_front()
+                {
+                    state.forgotten_through = Some(gone.token);
+                }
+            }
+        }
+        self.queue.space.add_permits(released);
+        Ok(())
+    }
+
+    async fn rewind(
+        &mut self,
+        from: SequenceToken,
+        max: usize,
+    ) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        let state = self.queue.lock();
+        self.check(&state)?;
+        if let Some(gone) = state.forgotten_through.filter(|gone| from <= *gone) {
+            let reason = if self.queue.history == 0 {
+                "history is 0, so acknowledged containers are not kept".to_string()
+            } else {
+                format!("containers up to {gone} are no longer held")
+            };
+            return Err(QueueError::CannotRewind {
+                adapter: NAME.into(),
+                queue: self.queue.id,
+                requested: from,
+                reason,
+            });
+        }
+        // Only what the live position already passed: the rest comes by `read`.
+        let read_part = state.pending.range(..state.read_index).map(|e| &e.batch);
+        Ok(state
+            .history
+            .iter()
+            .chain(read_part)
+            .filter(|b| b.token >= from)
+            .take(max)
+            .cloned()
+            .collect())
+    }
+
+    async fn shutdown(&mut self, _timeout: Duration) -> Result<(), QueueError> {
+        self.shut_down = true;
+        Ok(())
+    }
+}

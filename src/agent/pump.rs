@@ -1,0 +1,341 @@
+//! Reading: the pump. One pump at a time; each acks what the cache purged,
+//! records checkpoint progress, serves pending rewinds and reads at most one
+//! bucket, all in a task that owns the receiver while it runs.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use ractor::ActorProcessingErr;
+use rand::RngExt;
+use tokio::time::Instant;
+
+use super::state::{Agent, InternalMsg, Io, StreamEntry, panic_text};
+use super::{AgentMsg, Internal};
+use crate::cache::Purged;
+use crate::pubsub::SubscriptionId;
+use crate::queue::QueueError;
+use crate::stream::{BatchContainer, SequenceToken, StreamId};
+
+/// A rewind read's answer for one catching-up subscription.
+type RewindResult = (
+    StreamId,
+    SubscriptionId,
+    Result<Vec<Arc<BatchContainer>>, QueueError>,
+);
+
+/// What one pump did, sent back to the agent.
+pub(crate) struct PumpOutcome {
+    /// The receiver and checkpoint, or `None` if the task panicked.
+    io: Option<Io>,
+    panic: Option<String>,
+    init_error: Option<QueueError>,
+    read: Result<Vec<Arc<BatchContainer>>, QueueError>,
+    rewinds: Vec<RewindResult>,
+}
+
+struct PumpJob {
+    queue: crate::queue::QueueId,
+    initialize: bool,
+    init_timeout: Duration,
+    purged: Purged,
+    progress: Option<SequenceToken>,
+    rewinds: Vec<(StreamId, SubscriptionId, SequenceToken, usize)>,
+    read_max: usize,
+}
+
+impl Agent {
+    pub(crate) fn schedule_first_pump(&mut self) {
+        let period = self
+            .services
+            .options
+            .poll_period
+            .as_nanos()
+            .min(u128::from(u64::MAX)) as u64;
+        let offset = if period == 0 {
+            0
+        } else {
+            rand::rng().random_range(0..period)
+        };
+        self.schedule_pump(Duration::from_nanos(offset));
+    }
+
+    /// Arranges one pump after `delay` unless one is already arranged.
+    pub(crate) fn schedule_pump(&mut self, delay: Duration) {
+        if self.pump.scheduled || self.shutdown.is_some() {
+            return;
+        }
+        self.pump.scheduled = true;
+        if delay.is_zero() {
+            self.send_self(InternalMsg::Pump);
+        } else {
+            self.send_self_after(delay, || InternalMsg::Pump);
+        }
+    }
+
+    pub(crate) fn on_pump_tick(&mut self) {
+        self.pump.scheduled = false;
+        if self.shutdown.is_some() || self.pump.in_flight {
+            return;
+        }
+        let Some(io) = self.io.take() else { return };
+        let now = Instant::now();
+        self.cleanup_inactive_streams(now);
+        let purged = self.cache.purge();
+        self.status.acked += purged.acked.len() as u64;
+        let progress = self.cache.progress();
+        let paused = self.cache.is_under_pressure()
+            || self.streams.len() >= self.services.options.max_streams;
+        self.pump.blocked = paused;
+        let read_max = if paused {
+            0
+        } else {
+            self.cache.max_add_count()
+        };
+        let rewinds = self.take_rewinds();
+        let job = PumpJob {
+            queue: self.queue,
+            initialize: !self.initialized,
+            init_timeout: self.services.options.init_timeout,
+            purged,
+            progress,
+            rewinds,
+            read_max,
+        };
+        if read_max > 0 {
+            self.status.read_calls += 1;
+        }
+        self.pump.in_flight = true;
+        let myself = self.myself.clone();
+        let kill = self.services.kill.clone();
+        tokio::spawn(async move {
+            let outcome = tokio::select! {
+                _ = kill.cancelled() => return,
+                outcome = AssertUnwindSafe(run_pump(io, job)).catch_unwind() => outcome,
+            };
+            let outcome = outcome.unwrap_or_else(|panic| PumpOutcome {
+                io: None,
+                panic: Some(panic_text(&panic)),
+                init_error: None,
+                read: Ok(Vec::new()),
+                rewinds: Vec::new(),
+            });
+            let _ = myself.cast(AgentMsg::Internal(Internal(InternalMsg::PumpDone(
+                Box::new(outcome),
+            ))));
+        });
+    }
+
+    pub(crate) fn on_pump_done(&mut self, outcome: PumpOutcome) -> Result<(), ActorProcessingErr> {
+        self.pump.in_flight = false;
+        let Some(io) = outcome.io else {
+            let panic = outcome.panic.unwrap_or_default();
+            return Err(format!("the receiver of queue {} panicked: {panic}", self.queue).into());
+        };
+        self.io = Some(io);
+        let options = &self.services.options;
+        if let Some(error) = outcome.init_error {
+            self.pump.read_failures += 1;
+            let wait = options.reader_backoff.delay(self.pump.read_failures - 1);
+            tracing::warn!(queue = %self.queue, %error, ?wait, "receiver initialize failed; retrying");
+            self.schedule_pump(wait);
+            return Ok(());
+        }
+        self.initialized = true;
+        for (stream, id, result) in outcome.rewinds {
+            self.on_rewind(stream, id, result);
+        }
+        match outcome.read {
+            Err(QueueError::Fenced(queue)) => {
+                return Err(format!("queue {queue} was taken over by a newer receiver").into());
+            }
+            Err(error) => {
+                self.metrics.read_errors.increment(1);
+                self.pump.read_failures += 1;
+                let wait = self
+                    .services
+                    .options
+                    .reader_backoff
+                    .delay(self.pump.read_failures - 1);
+                tracing::warn!(queue = %self.queue, %error, ?wait, "queue read failed; backing off");
+                self.schedule_pump(wait);
+            }
+            // Admission is closed: what was read now is left unacknowledged
+            // for the next owner.
+            Ok(_) if self.shutdown.is_some() => {}
+            Ok(batch) => {
+                self.pump.read_failures = 0;
+                let got = !batch.is_empty();
+                if got {
+                    self.add_batch(batch)?;
+                }
+                let delay = if got && !self.pump.blocked || !self.rewinds.is_empty() {
+                    Duration::ZERO
+                } else {
+                    self.services.options.poll_period
+                };
+                self.schedule_pump(delay);
+            }
+        }
+        self.metrics.cached.set(self.cache.len() as f64);
+        self.metrics
+            .pressure
+            .set(if self.cache.is_under_pressure() {
+                1.0
+            } else {
+                0.0
+            });
+        Ok(())
+    }
+
+    fn add_batch(&mut self, batch: Vec<Arc<BatchContainer>>) -> Result<(), ActorProcessingErr> {
+        self.status.reads += 1;
+        self.status.containers_read += batch.len() as u64;
+        // Streams in first-appearance order, with their event counts.
+        let mut order: Vec<StreamId> = Vec::new();
+        let mut events: HashMap<StreamId, usize> = HashMap::new();
+        for container in &batch {
+            let count = events.entry(container.stream.clone()).or_insert_with(|| {
+                order.push(container.stream.clone());
+                0
+            });
+            *count += container.events.len();
+        }
+        self.metrics
+            .events_read
+            .increment(events.values().sum::<usize>() as u64);
+        // The pump reads at most what fits, so a full cache is a bug; the
+        // containers stay unacknowledged in the queue for the next owner.
+        let added = self.cache.add(batch)?;
+        for cursor in added.ready {
+            if let Some((stream, id)) = self.cursor_owner.get(&cursor).cloned() {
+                self.dispatch(&stream, id);
+            }
+        }
+        let now = Instant::now();
+        for stream in order {
+            match self.streams.get_mut(&stream) {
+                Some(entry) => {
+                    entry.last_activity = now;
+                    if entry.registered && entry.subs.is_empty() {
+                        self.metrics
+                            .events_unsubscribed
+                            .increment(events[&stream] as u64);
+                    }
+                }
+                None => self.register_stream(stream),
+            }
+        }
+        Ok(())
+    }
+
+    fn take_rewinds(&mut self) -> Vec<(StreamId, SubscriptionId, SequenceToken, usize)> {
+        let max = self.cache.max_add_count();
+        let mut jobs = Vec::new();
+        while jobs.len() < self.services.options.max_rewinds_per_pump {
+            let Some((stream, id)) = self.rewinds.pop_front() else {
+                break;
+            };
+            let next = self
+                .streams
+                .get(&stream)
+                .and_then(|e| e.subs.get(&id))
+                .and_then(|s| s.catch_up.as_ref())
+                .map(|c| c.next);
+            if let Some(next) = next {
+                jobs.push((stream, id, next, max));
+            }
+        }
+        jobs
+    }
+
+    /// Forgets streams idle for the inactivity period (or any idle stream
+    /// when over `max_streams`). Their subscriptions are found again, with a
+    /// handshake, on their next event.
+    fn cleanup_inactive_streams(&mut self, now: Instant) {
+        let period = self.services.options.stream_inactivity;
+        let crowded = self.streams.len() >= self.services.options.max_streams;
+        if !crowded && now.saturating_duration_since(self.last_cleanup) < period / 10 {
+            return;
+        }
+        self.last_cleanup = now;
+        let threshold = if crowded { Duration::ZERO } else { period };
+        let idle: Vec<StreamId> = self
+            .streams
+            .iter()
+            .filter(|(_, entry)| {
+                now.saturating_duration_since(entry.last_activity) >= threshold
+                    && self.is_idle(entry)
+            })
+            .map(|(stream, _)| stream.clone())
+            .collect();
+        for stream in idle {
+            tracing::debug!(queue = %self.queue, %stream, "stream inactive; forgetting it until its next event");
+            self.forget_stream(&stream);
+        }
+    }
+
+    fn is_idle(&self, entry: &StreamEntry) -> bool {
+        entry.registered
+            && entry.subs.values().all(|sub| {
+                !sub.delivering
+                    && !sub.handshaking
+                    && sub.catch_up.is_none()
+                    && sub.cursor.is_some_and(|c| !self.cache.has_next(c))
+            })
+    }
+}
+
+async fn run_pump(mut io: Io, job: PumpJob) -> PumpOutcome {
+    let mut outcome = PumpOutcome {
+        io: None,
+        panic: None,
+        init_error: None,
+        read: Ok(Vec::new()),
+        rewinds: Vec::new(),
+    };
+    if job.initialize {
+        let init =
+            tokio::time::timeout(job.init_timeout, io.receiver.initialize(job.init_timeout)).await;
+        let error = match init {
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(error),
+            Err(_) => Some(QueueError::Timeout {
+                operation: "initialize",
+                queue: job.queue,
+                after: job.init_timeout,
+            }),
+        };
+        if error.is_some() {
+            outcome.init_error = error;
+            outcome.io = Some(io);
+            return outcome;
+        }
+    }
+    if !job.purged.acked.is_empty()
+        && let Err(error) = io.receiver.delivered(&job.purged.acked).await
+    {
+        tracing::warn!(%error, containers = job.purged.acked.len(), "ack failed; the queue may redeliver them");
+    }
+    if !job.purged.failed.is_empty()
+        && let Err(error) = io.receiver.failed(&job.purged.failed).await
+    {
+        tracing::warn!(%error, "reporting failed containers to the receiver failed");
+    }
+    if let Some(progress) = job.progress
+        && let Err(error) = io.checkpoint.update(progress, Instant::now()).await
+    {
+        tracing::warn!(%error, "checkpoint write failed; the next one retries");
+    }
+    for (stream, id, from, max) in job.rewinds {
+        let result = io.receiver.rewind(from, max).await;
+        outcome.rewinds.push((stream, id, result));
+    }
+    if job.read_max > 0 {
+        outcome.read = io.receiver.read(job.read_max).await;
+    }
+    outcome.io = Some(io);
+    outcome
+}

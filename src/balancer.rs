@@ -1,0 +1,113 @@
+//! Queue balancers: which node pulls which queue.
+//!
+//! Both balancers are pure functions of the *set* of live nodes and the
+//! queues, so every node computes the same assignment without talking:
+//! - [`BalancerKind::BestFit`] (default): perfect balance (Orleans'
+//!   `BestFitBalancer` ideal split: the first `Q mod N` nodes in sorted order
+//!   get one queue more);
+//! - [`BalancerKind::Ring`]: consistent hashing on a `hashring` ring with
+//!   virtual nodes, which moves fewer queues when a node joins or leaves.
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+
+use hashring::HashRing;
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::NodeId;
+use crate::queue::QueueId;
+
+/// Which balancer a node runs (every node of a cluster must run the same).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum BalancerKind {
+    /// Perfect balance; reshuffles more on membership changes.
+    #[default]
+    BestFit,
+    /// Consistent hashing with this many virtual nodes per node (>= 64).
+    Ring {
+        /// Virtual nodes per node.
+        virtual_nodes: u32,
+    },
+}
+
+/// The minimum virtual nodes per node on the ring (fewer balance poorly).
+pub const MIN_VIRTUAL_NODES: u32 = 64;
+
+impl BalancerKind {
+    /// Assigns every queue to exactly one live node. Input order and
+    /// duplicates do not matter. No nodes: nothing is assigned.
+    pub fn assign(self, nodes: &[NodeId], queues: &[QueueId]) -> BTreeMap<NodeId, Vec<QueueId>> {
+        let mut nodes = nodes.to_vec();
+        nodes.sort();
+        nodes.dedup();
+        let mut queues = queues.to_vec();
+        queues.sort();
+        queues.dedup();
+        let mut out: BTreeMap<NodeId, Vec<QueueId>> =
+            nodes.iter().map(|n| (n.clone(), Vec::new())).collect();
+        if nodes.is_empty() {
+            return out;
+        }
+        match self {
+            BalancerKind::BestFit => {
+                let (per, extra) = (queues.len() / nodes.len(), queues.len() % nodes.len());
+                let mut next = queues.into_iter();
+                for (i, node) in nodes.iter().enumerate() {
+                    let take = per + usize::from(i < extra);
+                    out.entry(node.clone())
+                        .or_default()
+                        .extend(next.by_ref().take(take));
+                }
+            }
+            BalancerKind::Ring { virtual_nodes } => {
+                let mut ring = HashRing::new();
+                ring.batch_add(
+                    nodes
+                        .iter()
+                        .flat_map(|n| {
+                            (0..virtual_nodes.max(MIN_VIRTUAL_NODES))
+                                .map(move |i| VirtualNode(n.clone(), i))
+                        })
+                        .collect(),
+                );
+                for q in queues {
+                    if let Some(VirtualNode(node, _)) = ring.get(&RingKey(q)) {
+                        out.entry(node.clone()).or_default().push(q);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The queues `me` should pull.
+    pub fn queues_for(self, me: &NodeId, nodes: &[NodeId], queues: &[QueueId]) -> Vec<QueueId> {
+        self.assign(nodes, queues).remove(me).unwrap_or_default()
+    }
+}
+
+/// One point of a node on the ring. Hashes explicit bytes so the ring does
+/// not depend on how std hashes integers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct VirtualNode(NodeId, u32);
+
+impl Hash for VirtualNode {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write(self.0.as_str().as_bytes());
+        state.write(&self.1.to_le_bytes());
+    }
+}
+
+struct RingKey(QueueId);
+
+impl Hash for RingKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write(b"queue");
+        state.write(&self.0.0.to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+#[path = "balancer_tests.rs"]
+mod tests;

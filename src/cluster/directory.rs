@@ -1,0 +1,48 @@
+//! Where each queue's running agent is, so `subscribe` can attach to it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use ractor::ActorRef;
+
+use crate::agent::AgentMsg;
+use crate::queue::QueueId;
+
+/// The running agent of each queue (shared by the nodes of one process).
+#[derive(Default)]
+pub struct AgentDirectory {
+    agents: Mutex<HashMap<QueueId, ActorRef<AgentMsg>>>,
+}
+
+impl AgentDirectory {
+    /// Empty.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<QueueId, ActorRef<AgentMsg>>> {
+        // Plain data: a panic elsewhere cannot leave it torn.
+        self.agents.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `agent` now serves `queue`.
+    pub fn register(&self, queue: QueueId, agent: ActorRef<AgentMsg>) {
+        self.lock().insert(queue, agent);
+    }
+
+    /// `agent` no longer serves `queue` (a newer registration is kept).
+    pub fn unregister(&self, queue: QueueId, agent: &ActorRef<AgentMsg>) {
+        let mut agents = self.lock();
+        if agents
+            .get(&queue)
+            .is_some_and(|a| a.get_id() == agent.get_id())
+        {
+            agents.remove(&queue);
+        }
+    }
+
+    /// The agent serving `queue`, if any.
+    pub fn get(&self, queue: QueueId) -> Option<ActorRef<AgentMsg>> {
+        self.lock().get(&queue).cloned()
+    }
+}

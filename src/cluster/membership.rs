@@ -1,0 +1,51 @@
+//! Which nodes are live. Every node follows the same view through a watch
+//! channel; a membership source (a static list, the in-process harness,
+//! Redis heartbeats) keeps it current.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::NodeId;
+
+/// A shared, observable set of live nodes.
+#[derive(Clone)]
+pub struct Membership {
+    live: Arc<watch::Sender<BTreeSet<NodeId>>>,
+}
+
+impl Default for Membership {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Membership {
+    /// No live nodes yet.
+    pub fn new() -> Self {
+        Self {
+            live: Arc::new(watch::Sender::new(BTreeSet::new())),
+        }
+    }
+
+    /// Marks `node` live.
+    pub fn join(&self, node: NodeId) {
+        self.live.send_if_modified(|live| live.insert(node));
+    }
+
+    /// Marks `node` gone (it left or died).
+    pub fn leave(&self, node: &NodeId) {
+        self.live.send_if_modified(|live| live.remove(node));
+    }
+
+    /// The live nodes, sorted.
+    pub fn live(&self) -> Vec<NodeId> {
+        self.live.borrow().iter().cloned().collect()
+    }
+
+    /// Follows changes.
+    pub fn subscribe(&self) -> watch::Receiver<BTreeSet<NodeId>> {
+        self.live.subscribe()
+    }
+}

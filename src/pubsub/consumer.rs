@@ -1,0 +1,111 @@
+//! The consumer side of a subscription: what the agent calls.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::{StartPosition, SubscriptionId};
+use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
+
+/// What a consumer is told about the subscription it serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubscriptionInfo {
+    /// The subscription.
+    pub id: SubscriptionId,
+    /// Its stream.
+    pub stream: StreamId,
+}
+
+/// One in-order delivery: consecutive containers of one stream.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    /// The subscription delivered to.
+    pub subscription: SubscriptionId,
+    /// The stream.
+    pub stream: StreamId,
+    /// Containers in queue order (at least one).
+    pub batches: Vec<Arc<BatchContainer>>,
+}
+
+impl Delivery {
+    /// Every event with its container's token, in order.
+    pub fn events(&self) -> impl Iterator<Item = (&Event, SequenceToken)> {
+        self.batches
+            .iter()
+            .flat_map(|b| b.events.iter().map(move |e| (e, b.token)))
+    }
+
+    /// Number of events in the delivery.
+    pub fn event_count(&self) -> usize {
+        self.batches.iter().map(|b| b.events.len()).sum()
+    }
+
+    /// The token of the last container.
+    pub fn last_token(&self) -> Option<SequenceToken> {
+        self.batches.last().map(|b| b.token)
+    }
+}
+
+/// What the consumer wants after a delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeliveryOutcome {
+    /// Go on with the next batch.
+    Continue,
+    /// Continue just after this token instead (rewind to re-read, or skip
+    /// ahead). Delivery progress follows it.
+    SeekAfter(SequenceToken),
+}
+
+/// Why a consumer could not take a delivery or a handshake.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConsumerError {
+    /// It failed; the agent retries within the max delivery time.
+    #[error("{0}")]
+    Failed(String),
+    /// It is gone (its node left, it unsubscribed); no retry.
+    #[error("consumer unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl ConsumerError {
+    /// A failure carrying `error`'s text and the texts of its sources.
+    pub fn failed(error: impl std::fmt::Display) -> Self {
+        ConsumerError::Failed(error.to_string())
+    }
+}
+
+/// Receives a subscription's events. Calls for one subscription never
+/// overlap: the next delivery starts after the previous one returned.
+#[async_trait]
+pub trait StreamConsumer: Send + Sync + 'static {
+    /// The handshake: where this subscription continues. `None` means "the
+    /// subscription's own start position". Asked when the agent first serves
+    /// the subscription and after each re-attach.
+    async fn handshake(
+        &self,
+        subscription: &SubscriptionInfo,
+    ) -> Result<Option<StartPosition>, ConsumerError> {
+        let _ = subscription;
+        Ok(None)
+    }
+
+    /// Processes one batch, in order. An error is retried with backoff
+    /// within the max delivery time, then handed to the failure handler.
+    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError>;
+
+    /// Told when the runtime gave up on a batch (it went to the dead-letter
+    /// sink) or faulted the subscription. `error` is the original cause.
+    async fn on_error(&self, subscription: &SubscriptionInfo, error: &str) {
+        let _ = (subscription, error);
+    }
+}
+
+/// Makes the consumer of an implicit subscription, one per stream, on the
+/// node whose agent serves the stream.
+pub trait ConsumerFactory: Send + Sync + 'static {
+    /// A stable name; part of the implicit subscription's id.
+    fn name(&self) -> &str;
+
+    /// The consumer for `stream`.
+    fn create(&self, stream: &StreamId) -> Arc<dyn StreamConsumer>;
+}

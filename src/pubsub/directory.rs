@@ -1,0 +1,115 @@
+//! Finding a subscription's consumer from its address.
+//!
+//! Each node keeps its own consumers in a bounded [`LocalConsumers`]; a
+//! [`ConsumerDirectory`] answers for the local node and asks a
+//! [`ConsumerResolver`] (the cluster transport) for the others.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::{ConsumerAddress, PubSubError, StreamConsumer};
+use crate::cluster::NodeId;
+
+/// Turns an address into something the agent can call.
+pub trait ConsumerResolver: Send + Sync + 'static {
+    /// The consumer at `address`, if reachable.
+    fn resolve(&self, address: &ConsumerAddress) -> Option<Arc<dyn StreamConsumer>>;
+}
+
+/// The consumers hosted by one node, by name. Bounded.
+pub struct LocalConsumers {
+    node: NodeId,
+    limit: usize,
+    consumers: Mutex<HashMap<String, Arc<dyn StreamConsumer>>>,
+}
+
+impl LocalConsumers {
+    /// An empty directory for `node` holding at most `limit` consumers.
+    pub fn new(node: NodeId, limit: usize) -> Self {
+        Self {
+            node,
+            limit,
+            consumers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<dyn StreamConsumer>>> {
+        // Plain data: a panic elsewhere cannot leave it torn.
+        self.consumers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The node these consumers live on.
+    pub fn node(&self) -> &NodeId {
+        &self.node
+    }
+
+    /// Registers `consumer` under `name`; returns its address.
+    pub fn register(
+        &self,
+        name: String,
+        consumer: Arc<dyn StreamConsumer>,
+    ) -> Result<ConsumerAddress, PubSubError> {
+        let mut consumers = self.lock();
+        if !consumers.contains_key(&name) && consumers.len() >= self.limit {
+            return Err(PubSubError::TooManyConsumers {
+                node: self.node.to_string(),
+                limit: self.limit,
+            });
+        }
+        consumers.insert(name.clone(), consumer);
+        Ok(ConsumerAddress {
+            node: self.node.clone(),
+            name,
+        })
+    }
+
+    /// Removes a consumer.
+    pub fn unregister(&self, name: &str) {
+        self.lock().remove(name);
+    }
+
+    /// The consumer named `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<dyn StreamConsumer>> {
+        self.lock().get(name).cloned()
+    }
+
+    /// How many consumers are registered.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Resolves addresses: local ones from the node's consumers, others through
+/// the cluster transport.
+#[derive(Clone)]
+pub struct ConsumerDirectory {
+    local: Arc<LocalConsumers>,
+    remote: Option<Arc<dyn ConsumerResolver>>,
+}
+
+impl ConsumerDirectory {
+    /// A directory over `local`, asking `remote` for other nodes.
+    pub fn new(local: Arc<LocalConsumers>, remote: Option<Arc<dyn ConsumerResolver>>) -> Self {
+        Self { local, remote }
+    }
+
+    /// The node's own consumers.
+    pub fn local(&self) -> &Arc<LocalConsumers> {
+        &self.local
+    }
+}
+
+impl ConsumerResolver for ConsumerDirectory {
+    fn resolve(&self, address: &ConsumerAddress) -> Option<Arc<dyn StreamConsumer>> {
+        if &address.node == self.local.node() {
+            self.local.get(&address.name)
+        } else {
+            self.remote.as_ref()?.resolve(address)
+        }
+    }
+}
