@@ -45,6 +45,7 @@ use crate::queue::{QueueAdapter, QueueId};
 use crate::retry::Backoff;
 use crate::stream::StreamId;
 
+pub(crate) use shutdown::HANDED_OVER;
 pub(crate) use state::Agent;
 
 /// An agent's settings. Defaults are Orleans' unless noted.

@@ -29,6 +29,29 @@ use crate::cache::CursorStart;
 use crate::cluster::NodeId;
 use crate::stream::{SequenceToken, StreamId};
 
+/// Pub-sub settings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PubSubOptions {
+    /// Most subscriptions the in-memory store holds.
+    pub max_subscriptions: usize,
+    /// Most consumers one node hosts.
+    pub max_local_consumers: usize,
+    /// How long `subscribe` waits for the queue's agent to attach it.
+    #[serde(with = "humantime_serde")]
+    pub attach_timeout: std::time::Duration,
+}
+
+impl Default for PubSubOptions {
+    fn default() -> Self {
+        Self {
+            max_subscriptions: 100_000,
+            max_local_consumers: 100_000,
+            attach_timeout: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
 /// Identifies a subscription: random for explicit ones, derived from the
 /// binding and the stream for implicit ones.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
+use crate::cache::CacheOptions;
 use crate::checkpoint::{Checkpointer, MemoryCheckpointer};
 use crate::queue::{
     Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver,
@@ -30,8 +31,6 @@ use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MemoryOptions {
-    /// Number of queues.
-    pub queue_count: u32,
     /// Most unacknowledged events one queue holds (Orleans: 16 384, and it
     /// throws when full; here producers wait).
     pub capacity_events: usize,
@@ -42,7 +41,6 @@ pub struct MemoryOptions {
 impl Default for MemoryOptions {
     fn default() -> Self {
         Self {
-            queue_count: 8,
             capacity_events: 16_384,
             history: 1_024,
         }
@@ -55,12 +53,13 @@ const NAME: &str = "memory";
 pub struct MemoryAdapterFactory {
     adapter: Arc<MemoryAdapter>,
     checkpointer: Arc<MemoryCheckpointer>,
+    cache: CacheOptions,
 }
 
 impl MemoryAdapterFactory {
-    /// A factory (and its queues) with these options.
-    pub fn new(options: MemoryOptions) -> Self {
-        let mapper = QueueMapper::new(options.queue_count);
+    /// A factory (and its `queue_count` queues) with these options.
+    pub fn new(queue_count: u32, options: MemoryOptions) -> Self {
+        let mapper = QueueMapper::new(queue_count);
         let queues = mapper
             .all_queues()
             .into_iter()
@@ -73,7 +72,14 @@ impl MemoryAdapterFactory {
                 options,
             }),
             checkpointer: Arc::new(MemoryCheckpointer::new()),
+            cache: CacheOptions::default(),
         }
+    }
+
+    /// Uses these cache options for every queue.
+    pub fn with_cache(mut self, cache: CacheOptions) -> Self {
+        self.cache = cache;
+        self
     }
 
     /// The shared adapter (for producers in tests and benchmarks).
@@ -103,6 +109,10 @@ impl QueueAdapterFactory for MemoryAdapterFactory {
 
     async fn create_checkpointer(&self) -> Result<Arc<dyn Checkpointer>, QueueError> {
         Ok(self.checkpointer.clone())
+    }
+
+    fn cache_options(&self) -> CacheOptions {
+        self.cache.clone()
     }
 }
 

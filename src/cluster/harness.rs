@@ -1,10 +1,21 @@
-//! The in-process multi-node harness (filled in with the node).
+//! The in-process multi-node harness: N nodes in one process sharing a
+//! queue store (one adapter factory), a membership view, queue leases, the
+//! agent directory and a pub-sub store, so that joins, graceful leaves and
+//! crashes can be tested without OS processes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use super::NodeId;
-use crate::pubsub::{ConsumerAddress, ConsumerResolver, LocalConsumers, StreamConsumer};
+use super::{AgentDirectory, Membership, MemoryLeases, NodeId};
+use crate::config::Config;
+use crate::failure::{DeadLetterSink, LogDeadLetters};
+use crate::node::{Node, NodeError};
+use crate::pubsub::{
+    ConsumerAddress, ConsumerResolver, ImplicitSubscriptions, LocalConsumers, MemoryPubSubStore,
+    PubSubStore, StreamConsumer,
+};
+use crate::queue::{QueueAdapterFactory, QueueId};
 
 /// Reaches the consumers of the other nodes of this process.
 #[derive(Default)]
@@ -40,5 +51,143 @@ impl ConsumerResolver for InProcessTransport {
     }
 }
 
-/// Several nodes in one process (placeholder until the node lands).
-pub struct InProcessCluster;
+/// Several nodes in one process over shared queues.
+pub struct InProcessCluster {
+    factory: Arc<dyn QueueAdapterFactory>,
+    config: Config,
+    membership: Membership,
+    leases: Arc<MemoryLeases>,
+    agents: Arc<AgentDirectory>,
+    transport: Arc<InProcessTransport>,
+    store: Arc<dyn PubSubStore>,
+    implicit: ImplicitSubscriptions,
+    dead_letters: Arc<dyn DeadLetterSink>,
+    nodes: Mutex<BTreeMap<NodeId, Arc<Node>>>,
+}
+
+impl InProcessCluster {
+    /// An empty cluster over `factory`'s queues, every node using `config`.
+    pub fn new(factory: Arc<dyn QueueAdapterFactory>, config: Config) -> Self {
+        Self {
+            store: Arc::new(MemoryPubSubStore::new(config.pubsub.max_subscriptions)),
+            factory,
+            config,
+            membership: Membership::new(),
+            leases: Arc::new(MemoryLeases::new()),
+            agents: Arc::new(AgentDirectory::new()),
+            transport: Arc::new(InProcessTransport::new()),
+            implicit: ImplicitSubscriptions::new(),
+            dead_letters: Arc::new(LogDeadLetters),
+            nodes: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Binds namespaces to consumer factories on every node added later.
+    pub fn with_implicit(mut self, implicit: ImplicitSubscriptions) -> Self {
+        self.implicit = implicit;
+        self
+    }
+
+    /// Where every node sends dead letters.
+    pub fn with_dead_letters(mut self, sink: Arc<dyn DeadLetterSink>) -> Self {
+        self.dead_letters = sink;
+        self
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, Arc<Node>>> {
+        // Plain data: a panic elsewhere cannot leave it torn.
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts a node named `name` and joins it.
+    pub async fn add_node(&self, name: &str) -> Result<Arc<Node>, NodeError> {
+        let id = NodeId::new(name);
+        let consumers = Arc::new(LocalConsumers::new(
+            id.clone(),
+            self.config.pubsub.max_local_consumers,
+        ));
+        self.transport.add_node(consumers.clone());
+        let node = Node::builder(id.clone(), self.factory.clone())
+            .config(Config {
+                node: crate::config::NodeSection { name: name.into() },
+                ..self.config.clone()
+            })
+            .store(self.store.clone())
+            .implicit(self.implicit.clone())
+            .dead_letters(self.dead_letters.clone())
+            .membership(self.membership.clone())
+            .leases(self.leases.clone())
+            .agents(self.agents.clone())
+            .remote_consumers(self.transport.clone())
+            .local_consumers(consumers)
+            .start()
+            .await?;
+        let node = Arc::new(node);
+        self.lock().insert(id, node.clone());
+        Ok(node)
+    }
+
+    /// The node named `name`, if live.
+    pub fn node(&self, name: &str) -> Option<Arc<Node>> {
+        self.lock().get(&NodeId::new(name)).cloned()
+    }
+
+    /// Every live node.
+    pub fn nodes(&self) -> Vec<Arc<Node>> {
+        self.lock().values().cloned().collect()
+    }
+
+    /// Stops a node gracefully (ordered handoff of its queues).
+    pub async fn stop_node(&self, name: &str) -> Result<(), NodeError> {
+        let node = self.lock().remove(&NodeId::new(name));
+        if let Some(node) = node {
+            node.shutdown().await?;
+            self.transport.remove_node(node.id());
+        }
+        Ok(())
+    }
+
+    /// Crashes a node: its actors and tasks die at once; its leases are
+    /// dropped as if they expired; its consumers become unreachable.
+    pub fn kill_node(&self, name: &str) {
+        let node = self.lock().remove(&NodeId::new(name));
+        if let Some(node) = node {
+            node.crash();
+            self.transport.remove_node(node.id());
+            self.leases.release_node(node.id());
+        }
+    }
+
+    /// Which queues each live node runs an agent for now.
+    pub async fn running(&self) -> Result<BTreeMap<NodeId, Vec<QueueId>>, NodeError> {
+        let mut out = BTreeMap::new();
+        for node in self.nodes() {
+            out.insert(node.id().clone(), node.status().await?.running);
+        }
+        Ok(out)
+    }
+
+    /// Waits until every queue runs on exactly one live node, as the
+    /// balancer says; returns the assignment, or what it last saw.
+    pub async fn wait_balanced(
+        &self,
+        timeout: Duration,
+    ) -> Result<BTreeMap<NodeId, Vec<QueueId>>, String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let all = self.factory.queue_mapper().all_queues();
+        loop {
+            let running = self.running().await.map_err(|e| e.to_string())?;
+            let live: Vec<NodeId> = running.keys().cloned().collect();
+            let want = self.config.balancer.assign(&live, &all);
+            if running == want {
+                return Ok(running);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "not balanced after {timeout:?}: running {running:?}, want {want:?}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The TOML configuration of a node. Every setting is optional and has the
+//! documented default; unknown keys are errors (a typo never passes
+//! silently). `docs/operations.md` lists every section.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::adapters::memory::MemoryOptions;
+use crate::agent::AgentOptions;
+use crate::balancer::BalancerKind;
+use crate::cache::CacheOptions;
+use crate::checkpoint::CheckpointOptions;
+use crate::manager::ManagerOptions;
+use crate::pubsub::PubSubOptions;
+
+/// A whole node configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// This node.
+    pub node: NodeSection,
+    /// The queues and which adapter holds them.
+    pub queues: QueuesSection,
+    /// Per-adapter settings.
+    pub adapters: AdaptersSection,
+    /// Each queue's cache.
+    pub cache: CacheOptions,
+    /// Pulling agents.
+    pub agent: AgentOptions,
+    /// The pulling manager.
+    pub manager: ManagerOptions,
+    /// Checkpoints.
+    pub checkpoint: CheckpointOptions,
+    /// Subscriptions.
+    pub pubsub: PubSubOptions,
+    /// Which node pulls which queue.
+    pub balancer: BalancerKind,
+    /// Delivery failures.
+    pub failure: FailureSection,
+}
+
+/// `[node]`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeSection {
+    /// The node's name, unique in its cluster.
+    pub name: String,
+}
+
+impl Default for NodeSection {
+    fn default() -> Self {
+        Self {
+            name: "node-1".into(),
+        }
+    }
+}
+
+/// `[queues]`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueuesSection {
+    /// The adapter's name (`memory`).
+    pub adapter: String,
+    /// How many queues (every node and producer must agree).
+    pub count: u32,
+}
+
+impl Default for QueuesSection {
+    fn default() -> Self {
+        Self {
+            adapter: "memory".into(),
+            count: 8,
+        }
+    }
+}
+
+/// `[adapters.*]`
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdaptersSection {
+    /// `[adapters.memory]`
+    pub memory: MemoryOptions,
+}
+
+/// `[failure]`
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FailureSection {
+    /// Fault an explicit subscription whose batch keeps failing, instead of
+    /// skipping the batch to the dead-letter sink.
+    pub fault_on_error: bool,
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid for tailrace.
+    #[error("invalid config {path}: {message}")]
+    Invalid {
+        /// The file (or `<string>`).
+        path: String,
+        /// What is wrong, with the line.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Parses TOML text.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Invalid {
+            path: origin.into(),
+            message: e.to_string(),
+        })?;
+        config.validate(origin)?;
+        Ok(config)
+    }
+
+    /// Reads and parses a TOML file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            path: origin.into(),
+            message,
+        };
+        if self.queues.count == 0 {
+            return Err(invalid("queues.count must be at least 1".into()));
+        }
+        if self.cache.cache_size < self.cache.buckets.max(1) {
+            return Err(invalid(format!(
+                "cache.cache_size ({}) must be at least cache.buckets ({})",
+                self.cache.cache_size, self.cache.buckets
+            )));
+        }
+        if let BalancerKind::Ring { virtual_nodes } = self.balancer
+            && virtual_nodes < crate::balancer::MIN_VIRTUAL_NODES
+        {
+            return Err(invalid(format!(
+                "balancer.virtual_nodes must be at least {} (got {virtual_nodes})",
+                crate::balancer::MIN_VIRTUAL_NODES
+            )));
+        }
+        if self.node.name.is_empty() {
+            return Err(invalid("node.name must not be empty".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn an_empty_file_is_all_defaults() {
+        let config = Config::from_toml("", "<test>").unwrap();
+        assert_eq!(config, Config::default());
+        assert_eq!(config.agent.poll_period, Duration::from_millis(100));
+        assert_eq!(config.cache.cache_size, 4096);
+        assert_eq!(config.queues.count, 8);
+    }
+
+    #[test]
+    fn settings_parse_with_human_durations() {
+        let config = Config::from_toml(
+            r#"
+            [queues]
+            count = 16
+            [agent]
+            poll_period = "250ms"
+            max_delivery_time = "2m"
+            [balancer]
+            kind = "ring"
+            virtual_nodes = 128
+            "#,
+            "<test>",
+        )
+        .unwrap();
+        assert_eq!(config.queues.count, 16);
+        assert_eq!(config.agent.poll_period, Duration::from_millis(250));
+        assert_eq!(config.agent.max_delivery_time, Duration::from_secs(120));
+        assert_eq!(config.balancer, BalancerKind::Ring { virtual_nodes: 128 });
+    }
+
+    #[test]
+    fn typos_and_bad_values_are_clear_errors() {
+        let err = Config::from_toml("[agent]\npoll_perod = \"1s\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("x.toml") && err.contains("poll_perod"),
+            "{err}"
+        );
+        let err = Config::from_toml("[queues]\ncount = 0\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("queues.count must be at least 1"), "{err}");
+        let err = Config::from_toml("[balancer]\nkind = \"ring\"\nvirtual_nodes = 3\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("at least 64"), "{err}");
+        let err = Config::from_toml("[agent]\npoll_period = \"soon\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("poll_period"), "{err}");
+    }
+}
