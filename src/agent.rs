@@ -25,6 +25,7 @@ mod pump;
 mod shutdown;
 mod state;
 mod streams;
+mod worker;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,8 +39,7 @@ use crate::checkpoint::{CheckpointOptions, Checkpointer};
 use crate::cluster::NodeId;
 use crate::failure::{DeadLetterSink, FailureHandler};
 use crate::pubsub::{
-    ConsumerResolver, ImplicitSubscriptions, PubSubStore, StartPosition, Subscription,
-    SubscriptionId,
+    ConsumerResolver, ImplicitSubscriptions, PubSubStore, StartPosition, Subscription, SubscriptionId,
 };
 use crate::queue::{QueueAdapter, QueueId};
 use crate::retry::Backoff;
@@ -52,9 +52,16 @@ pub(crate) use state::Agent;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AgentOptions {
-    /// Wait after an empty read (the first read waits a random part of it).
+    /// The longest wait after an empty read (Orleans' fixed 100 ms period;
+    /// the first read waits a random part of it).
     #[serde(with = "humantime_serde")]
     pub poll_period: Duration,
+    /// The shortest wait after an empty read. The wait doubles with every
+    /// empty read up to `poll_period`, so a busy queue is read again within
+    /// milliseconds and an idle one every `poll_period`. Set it equal to
+    /// `poll_period` for Orleans' fixed period.
+    #[serde(with = "humantime_serde")]
+    pub min_poll_period: Duration,
     /// Limit for the receiver's `initialize` and `shutdown`.
     #[serde(with = "humantime_serde")]
     pub init_timeout: Duration,
@@ -89,19 +96,12 @@ impl Default for AgentOptions {
     fn default() -> Self {
         Self {
             poll_period: Duration::from_millis(100),
+            min_poll_period: Duration::from_millis(1),
             init_timeout: Duration::from_secs(5),
             max_delivery_time: Duration::from_secs(60),
             delivery_attempt_timeout: Duration::from_secs(30),
-            delivery_backoff: Backoff::new(
-                Duration::from_secs(1),
-                Duration::from_secs(30),
-                Duration::from_secs(1),
-            ),
-            reader_backoff: Backoff::new(
-                Duration::from_secs(10),
-                Duration::from_secs(20),
-                Duration::from_secs(1),
-            ),
+            delivery_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(30), Duration::from_secs(1)),
+            reader_backoff: Backoff::new(Duration::from_secs(10), Duration::from_secs(20), Duration::from_secs(1)),
             stream_inactivity: Duration::from_secs(30 * 60),
             max_delivery_batch: 16,
             max_streams: 100_000,
@@ -259,11 +259,7 @@ impl Actor for PullingAgent {
     type State = Agent;
     type Arguments = AgentArgs;
 
-    async fn pre_start(
-        &self,
-        myself: ActorRef<AgentMsg>,
-        args: AgentArgs,
-    ) -> Result<Agent, ActorProcessingErr> {
+    async fn pre_start(&self, myself: ActorRef<AgentMsg>, args: AgentArgs) -> Result<Agent, ActorProcessingErr> {
         let agent = Agent::start(myself, args.queue, args.services).await?;
         Ok(agent)
     }
@@ -275,10 +271,7 @@ impl Actor for PullingAgent {
         agent: &mut Agent,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            AgentMsg::Attach {
-                subscription,
-                reply,
-            } => agent.attach(subscription, reply),
+            AgentMsg::Attach { subscription, reply } => agent.attach(subscription, reply),
             AgentMsg::Detach { stream, id, reply } => {
                 agent.detach(&stream, id);
                 let _ = reply.send(());
@@ -289,7 +282,11 @@ impl Actor for PullingAgent {
             }
             AgentMsg::Internal(Internal(msg)) => agent.handle_internal(msg)?,
         }
-        agent.finish_shutdown_if_idle().await;
+        if agent.shutdown.is_some() {
+            // Boxed: its large future is built only while shutting down, not
+            // moved around for every message.
+            Box::pin(agent.finish_shutdown_if_idle()).await;
+        }
         Ok(())
     }
 }

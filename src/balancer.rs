@@ -44,8 +44,7 @@ impl BalancerKind {
         let mut queues = queues.to_vec();
         queues.sort();
         queues.dedup();
-        let mut out: BTreeMap<NodeId, Vec<QueueId>> =
-            nodes.iter().map(|n| (n.clone(), Vec::new())).collect();
+        let mut out: BTreeMap<NodeId, Vec<QueueId>> = nodes.iter().map(|n| (n.clone(), Vec::new())).collect();
         if nodes.is_empty() {
             return out;
         }
@@ -55,9 +54,7 @@ impl BalancerKind {
                 let mut next = queues.into_iter();
                 for (i, node) in nodes.iter().enumerate() {
                     let take = per + usize::from(i < extra);
-                    out.entry(node.clone())
-                        .or_default()
-                        .extend(next.by_ref().take(take));
+                    out.entry(node.clone()).or_default().extend(next.by_ref().take(take));
                 }
             }
             BalancerKind::Ring { virtual_nodes } => {
@@ -65,10 +62,7 @@ impl BalancerKind {
                 ring.batch_add(
                     nodes
                         .iter()
-                        .flat_map(|n| {
-                            (0..virtual_nodes.max(MIN_VIRTUAL_NODES))
-                                .map(move |i| VirtualNode(n.clone(), i))
-                        })
+                        .flat_map(|n| (0..virtual_nodes.max(MIN_VIRTUAL_NODES)).map(move |i| VirtualNode(n.clone(), i)))
                         .collect(),
                 );
                 for q in queues {

@@ -3,9 +3,7 @@
 use super::*;
 
 fn nodes(n: usize) -> Vec<NodeId> {
-    (0..n)
-        .map(|i| NodeId::new(format!("node-{i:03}")))
-        .collect()
+    (0..n).map(|i| NodeId::new(format!("node-{i:03}"))).collect()
 }
 
 fn queues(n: u32) -> Vec<QueueId> {
@@ -20,31 +18,14 @@ fn check_exactly_once(assignment: &BTreeMap<NodeId, Vec<QueueId>>, q: u32) {
 
 #[test]
 fn best_fit_gives_ideal_or_ideal_plus_one_in_every_shape() {
-    for (r, b) in [
-        (99, 10),
-        (100, 30),
-        (10, 99),
-        (30, 100),
-        (100, 100),
-        (80, 8),
-        (8, 3),
-        (1, 1),
-        (0, 4),
-    ] {
+    for (r, b) in [(99, 10), (100, 30), (10, 99), (30, 100), (100, 100), (80, 8), (8, 3), (1, 1), (0, 4)] {
         let assignment = BalancerKind::BestFit.assign(&nodes(b), &queues(r));
         check_exactly_once(&assignment, r);
         let ideal = r as usize / b;
         for (node, qs) in &assignment {
-            assert!(
-                qs.len() == ideal || qs.len() == ideal + 1,
-                "{r}/{b}: {node} got {}",
-                qs.len()
-            );
+            assert!(qs.len() == ideal || qs.len() == ideal + 1, "{r}/{b}: {node} got {}", qs.len());
         }
-        let extra = assignment
-            .values()
-            .filter(|qs| qs.len() == ideal + 1)
-            .count();
+        let extra = assignment.values().filter(|qs| qs.len() == ideal + 1).count();
         assert_eq!(extra, r as usize % b, "{r}/{b}");
     }
 }
@@ -56,10 +37,7 @@ fn best_fit_ignores_input_order_and_duplicates() {
     reversed.push(NodeId::new("node-003"));
     let mut qs = queues(50);
     qs.reverse();
-    assert_eq!(
-        BalancerKind::BestFit.assign(&reversed, &qs),
-        BalancerKind::BestFit.assign(&nodes(7), &queues(50))
-    );
+    assert_eq!(BalancerKind::BestFit.assign(&reversed, &qs), BalancerKind::BestFit.assign(&nodes(7), &queues(50)));
 }
 
 #[test]
@@ -69,21 +47,13 @@ fn best_fit_over_half_the_nodes_active() {
     let assignment = BalancerKind::BestFit.assign(&live, &queues(99));
     check_exactly_once(&assignment, 99);
     assert_eq!(assignment.len(), 5);
-    assert!(
-        assignment
-            .values()
-            .all(|qs| qs.len() == 19 || qs.len() == 20)
-    );
+    assert!(assignment.values().all(|qs| qs.len() == 19 || qs.len() == 20));
 }
 
 #[test]
 fn no_nodes_assign_nothing() {
     assert!(BalancerKind::BestFit.assign(&[], &queues(8)).is_empty());
-    assert!(
-        BalancerKind::Ring { virtual_nodes: 64 }
-            .assign(&[], &queues(8))
-            .is_empty()
-    );
+    assert!(BalancerKind::Ring { virtual_nodes: 64 }.assign(&[], &queues(8)).is_empty());
 }
 
 #[test]
@@ -103,10 +73,7 @@ fn ring_assigns_every_queue_once_and_deterministically() {
 fn ring_moves_only_the_leavers_queues() {
     let ring = BalancerKind::Ring { virtual_nodes: 64 };
     let before = ring.assign(&nodes(4), &queues(64));
-    let survivors: Vec<NodeId> = nodes(4)
-        .into_iter()
-        .filter(|n| n.as_str() != "node-002")
-        .collect();
+    let survivors: Vec<NodeId> = nodes(4).into_iter().filter(|n| n.as_str() != "node-002").collect();
     let after = ring.assign(&survivors, &queues(64));
     for node in &survivors {
         for q in &before[node] {
@@ -120,14 +87,9 @@ fn ring_golden_assignment() {
     // Pinned: nodes of different releases must agree. (With 8 queues a ring
     // balances poorly; that is why best-fit is the default.)
     let a = BalancerKind::Ring { virtual_nodes: 64 }.assign(&nodes(3), &queues(8));
-    let got: Vec<(String, Vec<u32>)> = a
-        .into_iter()
-        .map(|(n, qs)| (n.to_string(), qs.into_iter().map(|q| q.0).collect()))
-        .collect();
-    let want: Vec<(String, Vec<u32>)> = vec![
-        ("node-000".into(), vec![0, 1, 6]),
-        ("node-001".into(), vec![2, 3, 4, 5, 7]),
-        ("node-002".into(), vec![]),
-    ];
+    let got: Vec<(String, Vec<u32>)> =
+        a.into_iter().map(|(n, qs)| (n.to_string(), qs.into_iter().map(|q| q.0).collect())).collect();
+    let want: Vec<(String, Vec<u32>)> =
+        vec![("node-000".into(), vec![0, 1, 6]), ("node-001".into(), vec![2, 3, 4, 5, 7]), ("node-002".into(), vec![])];
     assert_eq!(got, want);
 }

@@ -18,7 +18,9 @@
 //! when its stream gets a newer container (an idle stream never misses one);
 //! [`QueueCache::progress`] gives the delivery progress for checkpoints.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -37,10 +39,7 @@ pub struct CacheOptions {
 
 impl Default for CacheOptions {
     fn default() -> Self {
-        Self {
-            cache_size: 4096,
-            buckets: 10,
-        }
+        Self { cache_size: 4096, buckets: 10 }
     }
 }
 
@@ -63,9 +62,7 @@ pub enum CursorStart {
 
 /// A cursor could not be placed: containers it needs may have been purged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "cache miss: {requested} is at or below {purged_through}, the newest position already purged from the cache"
-)]
+#[error("cache miss: {requested} is at or below {purged_through}, the newest position already purged from the cache")]
 pub struct CacheMiss {
     /// The token asked for.
     pub requested: SequenceToken,
@@ -116,9 +113,20 @@ struct Bucket {
 }
 
 /// First and last cached position of a stream.
+#[derive(Clone, Copy)]
 struct Span {
     first: u64,
     last: u64,
+}
+
+/// Per stream: where its containers are and which cursors wait for more.
+/// Kept while the stream has cached containers or cursors, so waiting and
+/// waking cursors does not allocate.
+#[derive(Default)]
+struct StreamIndex {
+    span: Option<Span>,
+    waiting: Vec<CursorId>,
+    cursors: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,9 +152,8 @@ pub struct QueueCache {
     /// Absolute position of `items[0]`.
     first_pos: u64,
     buckets: VecDeque<Bucket>,
-    spans: HashMap<StreamId, Span>,
+    index: HashMap<StreamId, StreamIndex>,
     cursors: HashMap<CursorId, Cursor>,
-    waiting: HashMap<StreamId, Vec<CursorId>>,
     /// Multiset of the positions cursors are `At`.
     pinned: BTreeMap<u64, u32>,
     next_id: u64,
@@ -159,19 +166,15 @@ impl QueueCache {
     pub fn new(options: CacheOptions) -> Self {
         let buckets = options.buckets.max(1);
         let cache_size = options.cache_size.max(1);
-        let options = CacheOptions {
-            cache_size,
-            buckets,
-        };
+        let options = CacheOptions { cache_size, buckets };
         Self {
             bucket_size: (cache_size / buckets).max(1) as u64,
             options,
             items: VecDeque::new(),
             first_pos: 0,
             buckets: VecDeque::new(),
-            spans: HashMap::new(),
-            cursors: HashMap::new(),
-            waiting: HashMap::new(),
+            index: HashMap::default(),
+            cursors: HashMap::default(),
             pinned: BTreeMap::new(),
             next_id: 0,
             last_added: None,
@@ -213,8 +216,7 @@ impl QueueCache {
 
     /// Under pressure the agent must not read (Orleans: 10+ buckets alive).
     pub fn is_under_pressure(&self) -> bool {
-        self.buckets.len() >= self.options.buckets
-            || self.items.len() + self.max_add_count() > self.options.cache_size
+        self.buckets.len() >= self.options.buckets || self.items.len() + self.max_add_count() > self.options.cache_size
     }
 
     /// The newest token ever added (or declared purged).
@@ -229,11 +231,7 @@ impl QueueCache {
     pub fn add(&mut self, batches: Vec<Arc<BatchContainer>>) -> Result<AddOutcome, AddError> {
         let free = self.options.cache_size - self.items.len();
         if batches.len() > free {
-            return Err(AddError::Full {
-                offered: batches.len(),
-                free,
-                capacity: self.options.cache_size,
-            });
+            return Err(AddError::Full { offered: batches.len(), free, capacity: self.options.cache_size });
         }
         let mut outcome = AddOutcome::default();
         for batch in batches {
@@ -247,50 +245,41 @@ impl QueueCache {
                 Some(bucket) if bucket.len < self.bucket_size => bucket.len += 1,
                 _ => self.buckets.push_back(Bucket { start: pos, len: 1 }),
             }
-            match self.spans.get_mut(&batch.stream) {
+            if !self.index.contains_key(&batch.stream) {
+                self.index.insert(batch.stream.clone(), StreamIndex::default());
+            }
+            let Some(index) = self.index.get_mut(&batch.stream) else {
+                continue;
+            };
+            match &mut index.span {
                 Some(span) => {
                     let prev = span.last;
                     span.last = pos;
-                    if let Some(item) = self.item_mut(prev) {
+                    if let Some(item) = prev.checked_sub(self.first_pos).and_then(|i| self.items.get_mut(i as usize)) {
                         item.next_in_stream = Some(pos);
                     }
                 }
-                None => {
-                    self.spans.insert(
-                        batch.stream.clone(),
-                        Span {
-                            first: pos,
-                            last: pos,
-                        },
-                    );
-                }
+                None => index.span = Some(Span { first: pos, last: pos }),
             }
-            if let Some(waiters) = self.waiting.get_mut(&batch.stream) {
+            if !index.waiting.is_empty() {
+                // Every cursor waiting for something older than this wakes here.
                 let token = batch.token;
-                let mut woken = Vec::new();
-                waiters.retain(|id| {
-                    let ready = self
-                        .cursors
-                        .get(id)
-                        .is_some_and(|c| matches!(c.state, CursorState::Waiting { after } if after.is_none_or(|a| a < token)));
-                    if ready {
-                        woken.push(*id);
+                let cursors = &mut self.cursors;
+                let pinned = &mut self.pinned;
+                let ready = &mut outcome.ready;
+                index.waiting.retain(|id| {
+                    let Some(cursor) = cursors.get_mut(id) else { return false };
+                    let wake =
+                        matches!(cursor.state, CursorState::Waiting { after } if after.is_none_or(|a| a < token));
+                    if wake {
+                        cursor.state = CursorState::At(pos);
+                        *pinned.entry(pos).or_default() += 1;
+                        ready.push(*id);
                     }
-                    !ready
+                    !wake
                 });
-                if waiters.is_empty() {
-                    self.waiting.remove(&batch.stream);
-                }
-                for id in woken {
-                    self.set_state(id, CursorState::At(pos));
-                    outcome.ready.push(id);
-                }
             }
-            self.items.push_back(Item {
-                batch,
-                next_in_stream: None,
-                failed: false,
-            });
+            self.items.push_back(Item { batch, next_in_stream: None, failed: false });
         }
         Ok(outcome)
     }
@@ -310,14 +299,15 @@ impl QueueCache {
                 };
                 let pos = self.first_pos;
                 self.first_pos += 1;
-                if let Some(span) = self.spans.get_mut(&item.batch.stream)
-                    && span.first == pos
+                if let Some(index) = self.index.get_mut(&item.batch.stream)
+                    && index.span.is_some_and(|span| span.first == pos)
                 {
-                    match item.next_in_stream {
-                        Some(next) => span.first = next,
-                        None => {
-                            self.spans.remove(&item.batch.stream);
-                        }
+                    match (item.next_in_stream, &mut index.span) {
+                        (Some(next), Some(span)) => span.first = next,
+                        _ => index.span = None,
+                    }
+                    if index.span.is_none() && index.cursors == 0 {
+                        self.index.remove(&item.batch.stream);
                     }
                 }
                 self.purged_through = Some(item.batch.token);
@@ -347,7 +337,7 @@ impl QueueCache {
     /// registration or handshake must not lose what arrives meanwhile). A
     /// pin is a cursor that never advances.
     pub fn pin_stream(&mut self, stream: &StreamId) -> CursorId {
-        let state = match self.spans.get(stream) {
+        let state = match self.span(stream) {
             Some(span) => CursorState::At(span.first),
             None => CursorState::Waiting { after: None },
         };
@@ -355,29 +345,20 @@ impl QueueCache {
     }
 
     /// Creates a cursor for `stream`.
-    pub fn create_cursor(
-        &mut self,
-        stream: &StreamId,
-        start: CursorStart,
-    ) -> Result<CursorId, CacheMiss> {
+    pub fn create_cursor(&mut self, stream: &StreamId, start: CursorStart) -> Result<CursorId, CacheMiss> {
         let state = self.locate(stream, start)?;
         Ok(self.insert_cursor(stream, state))
     }
 
     fn insert_cursor(&mut self, stream: &StreamId, state: CursorState) -> CursorId {
         let id = CursorId(self.fresh_id());
-        let placeholder = CursorState::Waiting { after: None };
-        self.cursors.insert(
-            id,
-            Cursor {
-                stream: stream.clone(),
-                state: placeholder,
-                in_flight_last: None,
-            },
-        );
-        // Register the placeholder as waiting so set_state can forget it.
-        self.waiting.entry(stream.clone()).or_default().push(id);
-        self.set_state(id, state);
+        let index = self.index.entry(stream.clone()).or_default();
+        index.cursors += 1;
+        match state {
+            CursorState::At(pos) => *self.pinned.entry(pos).or_default() += 1,
+            CursorState::Waiting { .. } => index.waiting.push(id),
+        }
+        self.cursors.insert(id, Cursor { stream: stream.clone(), state, in_flight_last: None });
         id
     }
 
@@ -397,17 +378,24 @@ impl QueueCache {
 
     /// Removes a cursor; what it pinned may be purged.
     pub fn remove_cursor(&mut self, cursor: CursorId) {
-        self.set_state(cursor, CursorState::Waiting { after: None });
-        if let Some(c) = self.cursors.remove(&cursor) {
-            self.forget_waiting(&c.stream, cursor);
+        let Some(c) = self.cursors.remove(&cursor) else {
+            return;
+        };
+        if let CursorState::At(pos) = c.state {
+            self.unpin_position(pos);
+        }
+        if let Some(index) = self.index.get_mut(&c.stream) {
+            index.waiting.retain(|w| *w != cursor);
+            index.cursors -= 1;
+            if index.span.is_none() && index.cursors == 0 {
+                self.index.remove(&c.stream);
+            }
         }
     }
 
     /// Whether the cursor has a container to deliver and none in flight.
     pub fn has_next(&self, cursor: CursorId) -> bool {
-        self.cursors
-            .get(&cursor)
-            .is_some_and(|c| c.in_flight_last.is_none() && matches!(c.state, CursorState::At(_)))
+        self.cursors.get(&cursor).is_some_and(|c| c.in_flight_last.is_none() && matches!(c.state, CursorState::At(_)))
     }
 
     /// Takes the cursor's next batch (up to `max` containers of its stream)
@@ -464,9 +452,7 @@ impl QueueCache {
         let next = match self.item(last) {
             Some(item) => match item.next_in_stream {
                 Some(next) => CursorState::At(next),
-                None => CursorState::Waiting {
-                    after: Some(item.batch.token),
-                },
+                None => CursorState::Waiting { after: Some(item.batch.token) },
             },
             None => CursorState::Waiting { after: None },
         };
@@ -477,7 +463,7 @@ impl QueueCache {
     /// Events of `stream` cached now.
     pub fn stream_events(&self, stream: &StreamId) -> usize {
         let mut total = 0;
-        let mut pos = self.spans.get(stream).map(|s| s.first);
+        let mut pos = self.span(stream).map(|s| s.first);
         while let Some(item) = pos.and_then(|p| self.item(p)) {
             total += item.batch.events.len();
             pos = item.next_in_stream;
@@ -498,53 +484,34 @@ impl QueueCache {
     fn locate(&self, stream: &StreamId, start: CursorStart) -> Result<CursorState, CacheMiss> {
         let (token, inclusive) = match start {
             CursorStart::Latest => {
-                return Ok(CursorState::Waiting {
-                    after: self.last_added,
-                });
+                return Ok(CursorState::Waiting { after: self.last_added });
             }
             CursorStart::Earliest => {
-                return Ok(match self.spans.get(stream) {
+                return Ok(match self.span(stream) {
                     Some(span) => CursorState::At(span.first),
-                    None => CursorState::Waiting {
-                        after: self.purged_through,
-                    },
+                    None => CursorState::Waiting { after: self.purged_through },
                 });
             }
             CursorStart::At(t) => (t, true),
             CursorStart::After(t) => (t, false),
         };
         if let Some(purged) = self.purged_through {
-            let missed = if inclusive {
-                token <= purged
-            } else {
-                token < purged
-            };
+            let missed = if inclusive { token <= purged } else { token < purged };
             if missed {
-                return Err(CacheMiss {
-                    requested: token,
-                    purged_through: purged,
-                });
+                return Err(CacheMiss { requested: token, purged_through: purged });
             }
         }
-        let mut pos = self.spans.get(stream).map(|s| s.first);
+        let mut pos = self.span(stream).map(|s| s.first);
         while let Some(p) = pos {
             let Some(item) = self.item(p) else { break };
-            let wanted = if inclusive {
-                item.batch.token >= token
-            } else {
-                item.batch.token > token
-            };
+            let wanted = if inclusive { item.batch.token >= token } else { item.batch.token > token };
             if wanted {
                 return Ok(CursorState::At(p));
             }
             pos = item.next_in_stream;
         }
         // Nothing cached at or after the token: wait for newer containers.
-        let after = if inclusive {
-            predecessor(token).max(self.last_added)
-        } else {
-            Some(token).max(self.last_added)
-        };
+        let after = if inclusive { predecessor(token).max(self.last_added) } else { Some(token).max(self.last_added) };
         Ok(CursorState::Waiting { after })
     }
 
@@ -553,26 +520,31 @@ impl QueueCache {
             return;
         };
         let old = std::mem::replace(&mut cursor.state, state);
-        let stream = cursor.stream.clone();
-        if let CursorState::At(pos) = old {
-            self.unpin_position(pos);
-        }
-        if matches!(old, CursorState::Waiting { .. }) {
-            self.forget_waiting(&stream, id);
+        let index = self.index.get_mut(&cursor.stream);
+        match (old, index) {
+            (CursorState::At(pos), _) => {
+                if let Some(count) = self.pinned.get_mut(&pos) {
+                    *count -= 1;
+                    if *count == 0 {
+                        self.pinned.remove(&pos);
+                    }
+                }
+            }
+            (CursorState::Waiting { .. }, Some(index)) => index.waiting.retain(|w| *w != id),
+            (CursorState::Waiting { .. }, None) => {}
         }
         match state {
             CursorState::At(pos) => *self.pinned.entry(pos).or_default() += 1,
-            CursorState::Waiting { .. } => self.waiting.entry(stream).or_default().push(id),
+            CursorState::Waiting { .. } => {
+                if let Some(index) = self.index.get_mut(&cursor.stream) {
+                    index.waiting.push(id);
+                }
+            }
         }
     }
 
-    fn forget_waiting(&mut self, stream: &StreamId, id: CursorId) {
-        if let Some(waiters) = self.waiting.get_mut(stream) {
-            waiters.retain(|w| *w != id);
-            if waiters.is_empty() {
-                self.waiting.remove(stream);
-            }
-        }
+    fn span(&self, stream: &StreamId) -> Option<Span> {
+        self.index.get(stream).and_then(|i| i.span)
     }
 
     fn unpin_position(&mut self, pos: u64) {
@@ -589,8 +561,7 @@ impl QueueCache {
     }
 
     fn item_mut(&mut self, pos: u64) -> Option<&mut Item> {
-        self.items
-            .get_mut(pos.checked_sub(self.first_pos)? as usize)
+        self.items.get_mut(pos.checked_sub(self.first_pos)? as usize)
     }
 
     fn fresh_id(&mut self) -> u64 {

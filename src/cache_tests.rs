@@ -21,10 +21,7 @@ fn tokens(batches: &[Arc<BatchContainer>]) -> Vec<u64> {
 }
 
 fn small(size: usize) -> QueueCache {
-    QueueCache::new(CacheOptions {
-        cache_size: size,
-        buckets: 10,
-    })
+    QueueCache::new(CacheOptions { cache_size: size, buckets: 10 })
 }
 
 #[test]
@@ -33,26 +30,14 @@ fn cursors_see_only_their_stream_in_order_across_interleaving() {
     let mut cache = small(100);
     let ca = cache.create_cursor(&a, CursorStart::Earliest).unwrap();
     let cb = cache.create_cursor(&b, CursorStart::Earliest).unwrap();
-    let added = cache
-        .add(
-            (1..=10)
-                .map(|n| batch(if n % 2 == 0 { &a } else { &b }, n))
-                .collect(),
-        )
-        .unwrap();
+    let added = cache.add((1..=10).map(|n| batch(if n % 2 == 0 { &a } else { &b }, n)).collect()).unwrap();
     assert_eq!(added.ready.len(), 2);
     assert_eq!(tokens(&cache.next_batch(ca, 3).unwrap()), vec![2, 4, 6]);
-    assert!(
-        cache.next_batch(ca, 3).is_none(),
-        "one batch in flight at a time"
-    );
+    assert!(cache.next_batch(ca, 3).is_none(), "one batch in flight at a time");
     assert!(cache.complete(ca, false));
     assert_eq!(tokens(&cache.next_batch(ca, 10).unwrap()), vec![8, 10]);
     assert!(!cache.complete(ca, false), "caught up");
-    assert_eq!(
-        tokens(&cache.next_batch(cb, 10).unwrap()),
-        vec![1, 3, 5, 7, 9]
-    );
+    assert_eq!(tokens(&cache.next_batch(cb, 10).unwrap()), vec![1, 3, 5, 7, 9]);
 }
 
 #[test]
@@ -63,9 +48,7 @@ fn pressure_after_ten_buckets_and_reads_are_one_bucket() {
     let _pin = cache.create_cursor(&a, CursorStart::Earliest).unwrap();
     for round in 0..10u64 {
         assert!(!cache.is_under_pressure(), "round {round}");
-        cache
-            .add((1..=10).map(|i| batch(&a, round * 10 + i)).collect())
-            .unwrap();
+        cache.add((1..=10).map(|i| batch(&a, round * 10 + i)).collect()).unwrap();
     }
     assert!(cache.is_under_pressure());
     assert_eq!(cache.bucket_count(), 10);
@@ -99,22 +82,12 @@ fn purge_drains_whole_buckets_from_the_oldest_end_only() {
     cache.add((1..=10).map(|n| batch(&b, n)).collect()).unwrap();
     cache.add(vec![batch(&a, 11)]).unwrap();
     let cursor = cache.create_cursor(&a, CursorStart::Earliest).unwrap();
-    cache
-        .add((12..=20).map(|n| batch(&b, n)).collect())
-        .unwrap();
+    cache.add((12..=20).map(|n| batch(&b, n)).collect()).unwrap();
     let purged = cache.purge();
-    assert_eq!(
-        purged.acked,
-        (1..=10)
-            .map(|n| SequenceToken::new(n, 0))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(purged.acked, (1..=10).map(|n| SequenceToken::new(n, 0)).collect::<Vec<_>>());
     assert_eq!(cache.len(), 10, "the bucket holding the cursor stays whole");
     assert_eq!(cache.progress(), Some(SequenceToken::new(10, 0)));
-    assert_eq!(
-        cache.cursor_position(cursor),
-        Some(CursorPosition::Next(SequenceToken::new(11, 0)))
-    );
+    assert_eq!(cache.cursor_position(cursor), Some(CursorPosition::Next(SequenceToken::new(11, 0))));
 }
 
 #[test]
@@ -129,15 +102,8 @@ fn failed_items_are_purged_but_not_acked() {
     cache.complete(c, false);
     let purged = cache.purge();
     assert_eq!(purged.failed, vec![SequenceToken::new(1, 0)]);
-    assert_eq!(
-        purged.acked,
-        vec![SequenceToken::new(2, 0), SequenceToken::new(3, 0)]
-    );
-    assert_eq!(
-        cache.progress(),
-        Some(SequenceToken::new(3, 0)),
-        "failed items are done for progress"
-    );
+    assert_eq!(purged.acked, vec![SequenceToken::new(2, 0), SequenceToken::new(3, 0)]);
+    assert_eq!(cache.progress(), Some(SequenceToken::new(3, 0)), "failed items are done for progress");
 }
 
 #[test]
@@ -160,46 +126,21 @@ fn a_waiting_cursor_wakes_for_its_stream_even_after_everything_was_purged() {
 fn start_positions() {
     let (a, b) = (s("a"), s("b"));
     let mut cache = small(100);
-    cache
-        .add(vec![batch(&a, 1), batch(&b, 2), batch(&a, 3), batch(&a, 5)])
-        .unwrap();
-    let at = cache
-        .create_cursor(&a, CursorStart::At(SequenceToken::new(3, 0)))
-        .unwrap();
-    assert_eq!(
-        tokens(&cache.next_batch(at, 10).unwrap()),
-        vec![3, 5],
-        "At is inclusive"
-    );
-    let after = cache
-        .create_cursor(&a, CursorStart::After(SequenceToken::new(3, 0)))
-        .unwrap();
-    assert_eq!(
-        tokens(&cache.next_batch(after, 10).unwrap()),
-        vec![5],
-        "After is exclusive"
-    );
-    let between = cache
-        .create_cursor(&a, CursorStart::At(SequenceToken::new(4, 0)))
-        .unwrap();
+    cache.add(vec![batch(&a, 1), batch(&b, 2), batch(&a, 3), batch(&a, 5)]).unwrap();
+    let at = cache.create_cursor(&a, CursorStart::At(SequenceToken::new(3, 0))).unwrap();
+    assert_eq!(tokens(&cache.next_batch(at, 10).unwrap()), vec![3, 5], "At is inclusive");
+    let after = cache.create_cursor(&a, CursorStart::After(SequenceToken::new(3, 0))).unwrap();
+    assert_eq!(tokens(&cache.next_batch(after, 10).unwrap()), vec![5], "After is exclusive");
+    let between = cache.create_cursor(&a, CursorStart::At(SequenceToken::new(4, 0))).unwrap();
     assert_eq!(tokens(&cache.next_batch(between, 10).unwrap()), vec![5]);
     let earliest = cache.create_cursor(&a, CursorStart::Earliest).unwrap();
-    assert_eq!(
-        tokens(&cache.next_batch(earliest, 10).unwrap()),
-        vec![1, 3, 5]
-    );
+    assert_eq!(tokens(&cache.next_batch(earliest, 10).unwrap()), vec![1, 3, 5]);
     let latest = cache.create_cursor(&a, CursorStart::Latest).unwrap();
     assert!(cache.next_batch(latest, 10).is_none());
-    let future = cache
-        .create_cursor(&a, CursorStart::At(SequenceToken::new(7, 0)))
-        .unwrap();
+    let future = cache.create_cursor(&a, CursorStart::At(SequenceToken::new(7, 0))).unwrap();
     cache.add(vec![batch(&a, 6), batch(&a, 7)]).unwrap();
     assert_eq!(tokens(&cache.next_batch(latest, 10).unwrap()), vec![6, 7]);
-    assert_eq!(
-        tokens(&cache.next_batch(future, 10).unwrap()),
-        vec![7],
-        "a future token waits for it"
-    );
+    assert_eq!(tokens(&cache.next_batch(future, 10).unwrap()), vec![7], "a future token waits for it");
 }
 
 #[test]
@@ -207,20 +148,10 @@ fn a_token_below_the_purged_range_is_a_miss() {
     let a = s("a");
     let mut cache = small(100);
     cache.set_purged_through(Some(SequenceToken::new(10, 0)));
-    let err = cache
-        .create_cursor(&a, CursorStart::At(SequenceToken::new(10, 0)))
-        .unwrap_err();
+    let err = cache.create_cursor(&a, CursorStart::At(SequenceToken::new(10, 0))).unwrap_err();
     assert_eq!(err.purged_through, SequenceToken::new(10, 0));
-    assert!(
-        cache
-            .create_cursor(&a, CursorStart::After(SequenceToken::new(10, 0)))
-            .is_ok()
-    );
-    assert!(
-        cache
-            .create_cursor(&a, CursorStart::At(SequenceToken::new(11, 0)))
-            .is_ok()
-    );
+    assert!(cache.create_cursor(&a, CursorStart::After(SequenceToken::new(10, 0))).is_ok());
+    assert!(cache.create_cursor(&a, CursorStart::At(SequenceToken::new(11, 0))).is_ok());
 }
 
 #[test]
@@ -240,17 +171,9 @@ fn a_pin_holds_a_stream_including_what_arrives_later() {
     let pin = cache.pin_stream(&a);
     cache.add((1..=10).map(|n| batch(&b, n)).collect()).unwrap();
     cache.add(vec![batch(&a, 11)]).unwrap();
-    cache
-        .add((12..=30).map(|n| batch(&b, n)).collect())
-        .unwrap();
-    assert_eq!(
-        cache.purge().acked.len(),
-        10,
-        "only the bucket before the pinned item goes"
-    );
-    let sub = cache
-        .create_cursor(&a, CursorStart::After(SequenceToken::new(10, 0)))
-        .unwrap();
+    cache.add((12..=30).map(|n| batch(&b, n)).collect()).unwrap();
+    assert_eq!(cache.purge().acked.len(), 10, "only the bucket before the pinned item goes");
+    let sub = cache.create_cursor(&a, CursorStart::After(SequenceToken::new(10, 0))).unwrap();
     cache.remove_cursor(pin);
     assert_eq!(tokens(&cache.next_batch(sub, 10).unwrap()), vec![11]);
 }
@@ -261,11 +184,7 @@ fn progress_is_just_below_the_oldest_needed_item() {
     let mut cache = small(100);
     assert_eq!(cache.progress(), None);
     cache.add(vec![batch(&b, 1), batch(&b, 2)]).unwrap();
-    assert_eq!(
-        cache.progress(),
-        Some(SequenceToken::new(2, 0)),
-        "nobody needs anything"
-    );
+    assert_eq!(cache.progress(), Some(SequenceToken::new(2, 0)), "nobody needs anything");
     let c = cache.create_cursor(&a, CursorStart::Earliest).unwrap();
     cache.add(vec![batch(&a, 3), batch(&b, 4)]).unwrap();
     assert_eq!(cache.progress(), Some(SequenceToken::new(2, 0)));
@@ -281,9 +200,7 @@ fn seek_moves_a_cursor_and_drops_its_in_flight_batch() {
     let c = cache.create_cursor(&a, CursorStart::Earliest).unwrap();
     cache.add((1..=5).map(|n| batch(&a, n)).collect()).unwrap();
     assert_eq!(tokens(&cache.next_batch(c, 2).unwrap()), vec![1, 2]);
-    cache
-        .seek(c, CursorStart::After(SequenceToken::new(3, 0)))
-        .unwrap();
+    cache.seek(c, CursorStart::After(SequenceToken::new(3, 0))).unwrap();
     assert_eq!(tokens(&cache.next_batch(c, 10).unwrap()), vec![4, 5]);
 }
 

@@ -104,10 +104,7 @@ impl Checkpointer for MemoryCheckpointer {
 #[serde(tag = "version")]
 enum CheckpointFile {
     #[serde(rename = "1")]
-    V1 {
-        queue: QueueId,
-        token: SequenceToken,
-    },
+    V1 { queue: QueueId, token: SequenceToken },
 }
 
 /// Checkpoints as one small JSON file per queue in a directory:
@@ -122,10 +119,7 @@ impl FileCheckpointer {
     /// Uses (and creates) `dir`.
     pub fn new(dir: impl Into<PathBuf>) -> Result<Self, CheckpointError> {
         let dir = dir.into();
-        std::fs::create_dir_all(&dir).map_err(|source| CheckpointError::Io {
-            path: dir.clone(),
-            source,
-        })?;
+        std::fs::create_dir_all(&dir).map_err(|source| CheckpointError::Io { path: dir.clone(), source })?;
         Ok(Self { dir })
     }
 
@@ -143,21 +137,13 @@ fn read_checkpoint(path: &Path, queue: QueueId) -> Result<Option<SequenceToken>,
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
-            return Err(CheckpointError::Io {
-                path: path.into(),
-                source,
-            });
+            return Err(CheckpointError::Io { path: path.into(), source });
         }
     };
-    let corrupt = |reason: String| CheckpointError::Corrupt {
-        path: path.into(),
-        reason,
-    };
+    let corrupt = |reason: String| CheckpointError::Corrupt { path: path.into(), reason };
     match serde_json::from_slice::<CheckpointFile>(&bytes).map_err(|e| corrupt(e.to_string()))? {
         CheckpointFile::V1 { queue: q, token } if q == queue => Ok(Some(token)),
-        CheckpointFile::V1 { queue: q, .. } => {
-            Err(corrupt(format!("it belongs to queue {q}, not {queue}")))
-        }
+        CheckpointFile::V1 { queue: q, .. } => Err(corrupt(format!("it belongs to queue {q}, not {queue}"))),
     }
 }
 
@@ -180,9 +166,7 @@ fn write_checkpoint(
     file.sync_all().map_err(io(temp))?;
     drop(file);
     std::fs::rename(temp, path).map_err(io(path))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
 #[async_trait]
@@ -235,11 +219,7 @@ pub struct CheckpointOptions {
 
 impl Default for CheckpointOptions {
     fn default() -> Self {
-        Self {
-            persist_interval: Duration::from_secs(5),
-            regress: RegressPolicy::Ignore,
-            flush_attempts: 3,
-        }
+        Self { persist_interval: Duration::from_secs(5), regress: RegressPolicy::Ignore, flush_attempts: 3 }
     }
 }
 
@@ -262,14 +242,7 @@ impl QueueCheckpoint {
         options: CheckpointOptions,
     ) -> Result<Self, CheckpointError> {
         let persisted = store.load(queue).await?;
-        Ok(Self {
-            store,
-            queue,
-            options,
-            latest: persisted,
-            persisted,
-            last_write: None,
-        })
+        Ok(Self { store, queue, options, latest: persisted, persisted, last_write: None })
     }
 
     /// The newest progress recorded (persisted or not).
@@ -284,18 +257,12 @@ impl QueueCheckpoint {
 
     /// Records progress; writes if the interval since the last write passed.
     /// Returns whether it wrote.
-    pub async fn update(
-        &mut self,
-        token: SequenceToken,
-        now: Instant,
-    ) -> Result<bool, CheckpointError> {
+    pub async fn update(&mut self, token: SequenceToken, now: Instant) -> Result<bool, CheckpointError> {
         if self.options.regress == RegressPolicy::Ignore && self.latest.is_some_and(|l| token < l) {
             return Ok(false);
         }
         self.latest = Some(token);
-        let due = self
-            .last_write
-            .is_none_or(|at| now.saturating_duration_since(at) >= self.options.persist_interval);
+        let due = self.last_write.is_none_or(|at| now.saturating_duration_since(at) >= self.options.persist_interval);
         if !due || self.persisted == self.latest {
             return Ok(false);
         }
@@ -328,8 +295,7 @@ impl QueueCheckpoint {
         self.last_write = Some(now);
         self.store.save(self.queue, token).await?;
         self.persisted = Some(token);
-        metrics::counter!("tailrace_checkpoint_writes_total", "queue" => self.queue.to_string())
-            .increment(1);
+        metrics::counter!("tailrace_checkpoint_writes_total", "queue" => self.queue.to_string()).increment(1);
         Ok(())
     }
 }

@@ -11,20 +11,12 @@ fn t(n: u64) -> SequenceToken {
 }
 
 fn opts(interval_ms: u64) -> CheckpointOptions {
-    CheckpointOptions {
-        persist_interval: Duration::from_millis(interval_ms),
-        ..CheckpointOptions::default()
-    }
+    CheckpointOptions { persist_interval: Duration::from_millis(interval_ms), ..CheckpointOptions::default() }
 }
 
-async fn checkpoint(
-    store: &Arc<MemoryCheckpointer>,
-    options: CheckpointOptions,
-) -> QueueCheckpoint {
+async fn checkpoint(store: &Arc<MemoryCheckpointer>, options: CheckpointOptions) -> QueueCheckpoint {
     let dyn_store: Arc<dyn Checkpointer> = store.clone();
-    QueueCheckpoint::load(dyn_store, q(), options)
-        .await
-        .unwrap()
+    QueueCheckpoint::load(dyn_store, q(), options).await.unwrap()
 }
 
 #[tokio::test(start_paused = true)]
@@ -33,16 +25,8 @@ async fn first_update_persists_then_updates_inside_the_interval_wait_for_flush()
     let mut cp = checkpoint(&store, opts(1000)).await;
     let start = Instant::now();
     assert!(cp.update(t(1), start).await.unwrap());
-    assert!(
-        !cp.update(t(2), start + Duration::from_millis(10))
-            .await
-            .unwrap()
-    );
-    assert!(
-        !cp.update(t(3), start + Duration::from_millis(999))
-            .await
-            .unwrap()
-    );
+    assert!(!cp.update(t(2), start + Duration::from_millis(10)).await.unwrap());
+    assert!(!cp.update(t(3), start + Duration::from_millis(999)).await.unwrap());
     assert_eq!(store.get(q()), Some(t(1)));
     cp.flush().await.unwrap();
     // Only the latest of the throttled updates is written.
@@ -56,11 +40,7 @@ async fn at_the_interval_boundary_it_persists_on_its_own() {
     let mut cp = checkpoint(&store, opts(1000)).await;
     let start = Instant::now();
     cp.update(t(1), start).await.unwrap();
-    assert!(
-        cp.update(t(2), start + Duration::from_millis(1000))
-            .await
-            .unwrap()
-    );
+    assert!(cp.update(t(2), start + Duration::from_millis(1000)).await.unwrap());
     assert_eq!(store.get(q()), Some(t(2)));
 }
 
@@ -88,10 +68,7 @@ async fn a_regressed_checkpoint_is_ignored_by_default() {
 #[tokio::test(start_paused = true)]
 async fn a_regressed_checkpoint_is_persisted_when_the_policy_says_so() {
     let store = Arc::new(MemoryCheckpointer::new());
-    let options = CheckpointOptions {
-        regress: RegressPolicy::Persist,
-        ..opts(0)
-    };
+    let options = CheckpointOptions { regress: RegressPolicy::Persist, ..opts(0) };
     let mut cp = checkpoint(&store, options).await;
     cp.update(t(9), Instant::now()).await.unwrap();
     assert!(cp.update(t(4), Instant::now()).await.unwrap());
@@ -137,14 +114,8 @@ impl Checkpointer for Flaky {
 
 #[tokio::test(start_paused = true)]
 async fn flush_retries_a_failed_write() {
-    let flaky = Arc::new(Flaky {
-        inner: MemoryCheckpointer::new(),
-        failures: Mutex::new(2),
-        hang: false,
-    });
-    let mut cp = QueueCheckpoint::load(flaky.clone(), q(), opts(60_000))
-        .await
-        .unwrap();
+    let flaky = Arc::new(Flaky { inner: MemoryCheckpointer::new(), failures: Mutex::new(2), hang: false });
+    let mut cp = QueueCheckpoint::load(flaky.clone(), q(), opts(60_000)).await.unwrap();
     let err = cp.update(t(7), Instant::now()).await.unwrap_err();
     assert!(err.to_string().contains("injected write failure"));
     cp.flush().await.unwrap();
@@ -153,14 +124,8 @@ async fn flush_retries_a_failed_write() {
 
 #[tokio::test(start_paused = true)]
 async fn flush_gives_up_after_its_attempts_with_the_cause() {
-    let flaky = Arc::new(Flaky {
-        inner: MemoryCheckpointer::new(),
-        failures: Mutex::new(10),
-        hang: false,
-    });
-    let mut cp = QueueCheckpoint::load(flaky.clone(), q(), opts(60_000))
-        .await
-        .unwrap();
+    let flaky = Arc::new(Flaky { inner: MemoryCheckpointer::new(), failures: Mutex::new(10), hang: false });
+    let mut cp = QueueCheckpoint::load(flaky.clone(), q(), opts(60_000)).await.unwrap();
     let _ = cp.update(t(7), Instant::now()).await;
     let err = cp.flush().await.unwrap_err();
     assert!(err.to_string().contains("injected write failure"));
@@ -169,20 +134,11 @@ async fn flush_gives_up_after_its_attempts_with_the_cause() {
 
 #[tokio::test(start_paused = true)]
 async fn flush_is_cancellable() {
-    let flaky = Arc::new(Flaky {
-        inner: MemoryCheckpointer::new(),
-        failures: Mutex::new(0),
-        hang: true,
-    });
-    let mut cp = QueueCheckpoint::load(flaky.clone(), q(), opts(60_000))
-        .await
-        .unwrap();
+    let flaky = Arc::new(Flaky { inner: MemoryCheckpointer::new(), failures: Mutex::new(0), hang: true });
+    let mut cp = QueueCheckpoint::load(flaky.clone(), q(), opts(60_000)).await.unwrap();
     cp.latest = Some(t(1));
     let outcome = tokio::time::timeout(Duration::from_secs(1), cp.flush()).await;
-    assert!(
-        outcome.is_err(),
-        "a hanging store must not hang the caller past its timeout"
-    );
+    assert!(outcome.is_err(), "a hanging store must not hang the caller past its timeout");
     assert_eq!(cp.persisted(), None);
 }
 
@@ -192,21 +148,12 @@ async fn file_checkpoints_survive_a_restart_and_are_replaced_atomically() {
     let store = FileCheckpointer::new(dir.path()).unwrap();
     assert_eq!(store.load(q()).await.unwrap(), None);
     store.save(q(), t(10)).await.unwrap();
-    store
-        .save(q(), SequenceToken::new(11, u64::MAX))
-        .await
-        .unwrap();
+    store.save(q(), SequenceToken::new(11, u64::MAX)).await.unwrap();
     let reopened = FileCheckpointer::new(dir.path()).unwrap();
-    assert_eq!(
-        reopened.load(q()).await.unwrap(),
-        Some(SequenceToken::new(11, u64::MAX))
-    );
+    assert_eq!(reopened.load(q()).await.unwrap(), Some(SequenceToken::new(11, u64::MAX)));
     assert!(!dir.path().join("checkpoint-q3.json.tmp").exists());
     let text = std::fs::read_to_string(dir.path().join("checkpoint-q3.json")).unwrap();
-    assert_eq!(
-        text,
-        r#"{"version":"1","queue":3,"token":"11-18446744073709551615"}"#
-    );
+    assert_eq!(text, r#"{"version":"1","queue":3,"token":"11-18446744073709551615"}"#);
 }
 
 #[tokio::test]
@@ -228,11 +175,7 @@ async fn a_corrupt_or_foreign_checkpoint_is_a_clear_error() {
     std::fs::write(dir.path().join("checkpoint-q3.json"), "garbage").unwrap();
     let err = store.load(q()).await.unwrap_err().to_string();
     assert!(err.contains("checkpoint-q3.json is corrupt"), "{err}");
-    std::fs::write(
-        dir.path().join("checkpoint-q3.json"),
-        r#"{"version":"1","queue":4,"token":"1-0"}"#,
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("checkpoint-q3.json"), r#"{"version":"1","queue":4,"token":"1-0"}"#).unwrap();
     let err = store.load(q()).await.unwrap_err().to_string();
     assert!(err.contains("belongs to queue q4"), "{err}");
 }

@@ -50,9 +50,7 @@ pub struct NodeSection {
 
 impl Default for NodeSection {
     fn default() -> Self {
-        Self {
-            name: "node-1".into(),
-        }
+        Self { name: "node-1".into() }
     }
 }
 
@@ -68,10 +66,7 @@ pub struct QueuesSection {
 
 impl Default for QueuesSection {
     fn default() -> Self {
-        Self {
-            adapter: "memory".into(),
-            count: 8,
-        }
+        Self { adapter: "memory".into(), count: 8 }
     }
 }
 
@@ -117,28 +112,21 @@ pub enum ConfigError {
 impl Config {
     /// Parses TOML text.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Invalid {
-            path: origin.into(),
-            message: e.to_string(),
-        })?;
+        let config: Config =
+            toml::from_str(text).map_err(|e| ConfigError::Invalid { path: origin.into(), message: e.to_string() })?;
         config.validate(origin)?;
         Ok(config)
     }
 
     /// Reads and parses a TOML file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
         Self::from_toml(&text, &path.display().to_string())
     }
 
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |message: String| ConfigError::Invalid {
-            path: origin.into(),
-            message,
-        };
+        let invalid = |message: String| ConfigError::Invalid { path: origin.into(), message };
         if self.queues.count == 0 {
             return Err(invalid("queues.count must be at least 1".into()));
         }
@@ -201,24 +189,14 @@ mod tests {
 
     #[test]
     fn typos_and_bad_values_are_clear_errors() {
-        let err = Config::from_toml("[agent]\npoll_perod = \"1s\"\n", "x.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("x.toml") && err.contains("poll_perod"),
-            "{err}"
-        );
-        let err = Config::from_toml("[queues]\ncount = 0\n", "x.toml")
-            .unwrap_err()
-            .to_string();
+        let err = Config::from_toml("[agent]\npoll_perod = \"1s\"\n", "x.toml").unwrap_err().to_string();
+        assert!(err.contains("x.toml") && err.contains("poll_perod"), "{err}");
+        let err = Config::from_toml("[queues]\ncount = 0\n", "x.toml").unwrap_err().to_string();
         assert!(err.contains("queues.count must be at least 1"), "{err}");
-        let err = Config::from_toml("[balancer]\nkind = \"ring\"\nvirtual_nodes = 3\n", "x.toml")
-            .unwrap_err()
-            .to_string();
+        let err =
+            Config::from_toml("[balancer]\nkind = \"ring\"\nvirtual_nodes = 3\n", "x.toml").unwrap_err().to_string();
         assert!(err.contains("at least 64"), "{err}");
-        let err = Config::from_toml("[agent]\npoll_period = \"soon\"\n", "x.toml")
-            .unwrap_err()
-            .to_string();
+        let err = Config::from_toml("[agent]\npoll_period = \"soon\"\n", "x.toml").unwrap_err().to_string();
         assert!(err.contains("poll_period"), "{err}");
     }
 }

@@ -24,20 +24,11 @@ pub enum FailureAction {
 /// Decides what to do after delivery or handshake retries ran out.
 pub trait FailureHandler: Send + Sync + 'static {
     /// A batch could not be delivered within the max delivery time.
-    fn on_delivery_failure(
-        &self,
-        subscription: &SubscriptionInfo,
-        token: SequenceToken,
-        error: &str,
-    ) -> FailureAction;
+    fn on_delivery_failure(&self, subscription: &SubscriptionInfo, token: SequenceToken, error: &str) -> FailureAction;
 
     /// The handshake kept failing (the subscription then starts at its own
     /// start position unless faulted).
-    fn on_subscription_failure(
-        &self,
-        subscription: &SubscriptionInfo,
-        error: &str,
-    ) -> FailureAction;
+    fn on_subscription_failure(&self, subscription: &SubscriptionInfo, error: &str) -> FailureAction;
 }
 
 /// Skips (the default, like Orleans) or faults on every failure.
@@ -48,25 +39,12 @@ pub struct DefaultFailureHandler {
 }
 
 impl FailureHandler for DefaultFailureHandler {
-    fn on_delivery_failure(
-        &self,
-        _: &SubscriptionInfo,
-        _: SequenceToken,
-        _: &str,
-    ) -> FailureAction {
-        if self.fault_on_error {
-            FailureAction::Fault
-        } else {
-            FailureAction::Skip
-        }
+    fn on_delivery_failure(&self, _: &SubscriptionInfo, _: SequenceToken, _: &str) -> FailureAction {
+        if self.fault_on_error { FailureAction::Fault } else { FailureAction::Skip }
     }
 
     fn on_subscription_failure(&self, _: &SubscriptionInfo, _: &str) -> FailureAction {
-        if self.fault_on_error {
-            FailureAction::Fault
-        } else {
-            FailureAction::Skip
-        }
+        if self.fault_on_error { FailureAction::Fault } else { FailureAction::Skip }
     }
 }
 
@@ -123,20 +101,12 @@ pub struct MemoryDeadLetters {
 impl MemoryDeadLetters {
     /// Holds at most `capacity` letters; the oldest go first.
     pub fn new(capacity: usize) -> Self {
-        Self {
-            capacity: capacity.max(1),
-            letters: Mutex::new(VecDeque::new()),
-        }
+        Self { capacity: capacity.max(1), letters: Mutex::new(VecDeque::new()) }
     }
 
     /// The letters kept, oldest first.
     pub fn letters(&self) -> Vec<DeadLetter> {
-        self.letters
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+        self.letters.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
     }
 }
 

@@ -61,11 +61,7 @@ impl Default for ManagerOptions {
     fn default() -> Self {
         Self {
             start_agents: true,
-            restart_backoff: Backoff::new(
-                Duration::from_secs(1),
-                Duration::from_secs(30),
-                Duration::from_secs(1),
-            ),
+            restart_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(30), Duration::from_secs(1)),
             lease_poll: Duration::from_millis(250),
             agent_shutdown_timeout: Duration::from_secs(90),
         }
@@ -128,10 +124,7 @@ pub struct ManagerInternal(Internal);
 enum Internal {
     Lease(QueueId, Result<bool, String>),
     RetryLease(QueueId),
-    Spawned(
-        QueueId,
-        Result<(ActorRef<AgentMsg>, CancellationToken), String>,
-    ),
+    Spawned(QueueId, Result<(ActorRef<AgentMsg>, CancellationToken), String>),
     Restart(QueueId),
     ShutdownTimeout(QueueId, ractor::ActorId),
 }
@@ -180,17 +173,9 @@ impl Actor for PullingManager {
     type State = Manager;
     type Arguments = ManagerArgs;
 
-    async fn pre_start(
-        &self,
-        myself: ActorRef<ManagerMsg>,
-        args: ManagerArgs,
-    ) -> Result<Manager, ActorProcessingErr> {
+    async fn pre_start(&self, myself: ActorRef<ManagerMsg>, args: ManagerArgs) -> Result<Manager, ActorProcessingErr> {
         let node = args.services.node.clone();
-        let state = if args.options.start_agents {
-            RunState::AgentsStarted
-        } else {
-            RunState::Initialized
-        };
+        let state = if args.options.start_agents { RunState::AgentsStarted } else { RunState::Initialized };
         tracing::info!(%node, ?state, "pulling manager started");
         Ok(Manager {
             running_gauge: metrics::gauge!("tailrace_agents_running", "node" => node.to_string()),
@@ -262,12 +247,9 @@ impl Actor for PullingManager {
         m: &mut Manager,
     ) -> Result<(), ActorProcessingErr> {
         match event {
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                m.on_agent_exit(cell.get_id(), None, reason).await
-            }
+            SupervisionEvent::ActorTerminated(cell, _, reason) => m.on_agent_exit(cell.get_id(), None, reason).await,
             SupervisionEvent::ActorFailed(cell, error) => {
-                m.on_agent_exit(cell.get_id(), Some(error.to_string()), None)
-                    .await
+                m.on_agent_exit(cell.get_id(), Some(error.to_string()), None).await
             }
             _ => {}
         }
@@ -278,10 +260,7 @@ impl Actor for PullingManager {
 
 impl Manager {
     fn running(&self) -> impl Iterator<Item = QueueId> + '_ {
-        self.slots
-            .iter()
-            .filter(|(_, s)| matches!(s, Slot::Running(..)))
-            .map(|(q, _)| *q)
+        self.slots.iter().filter(|(_, s)| matches!(s, Slot::Running(..))).map(|(q, _)| *q)
     }
 
     fn desired(&self, queue: QueueId) -> bool {
@@ -302,35 +281,22 @@ impl Manager {
 
     /// Moves every queue toward what is desired.
     async fn reconcile(&mut self) {
-        let wanted: Vec<QueueId> = self
-            .owned
-            .iter()
-            .copied()
-            .filter(|q| self.desired(*q))
-            .collect();
+        let wanted: Vec<QueueId> = self.owned.iter().copied().filter(|q| self.desired(*q)).collect();
         for queue in wanted {
             if !self.slots.contains_key(&queue) {
                 self.acquire(queue);
             }
         }
-        let unwanted: Vec<QueueId> = self
-            .slots
-            .keys()
-            .copied()
-            .filter(|q| !self.desired(*q))
-            .collect();
+        let unwanted: Vec<QueueId> = self.slots.keys().copied().filter(|q| !self.desired(*q)).collect();
         for queue in unwanted {
             match self.slots.remove(&queue) {
                 Some(Slot::Running(agent, kill)) => {
                     self.args.agents.unregister(queue, &agent);
                     let _ = agent.cast(AgentMsg::Shutdown(None));
                     let id = agent.get_id();
-                    self.myself
-                        .send_after(self.args.options.agent_shutdown_timeout, move || {
-                            ManagerMsg::Internal(ManagerInternal(Internal::ShutdownTimeout(
-                                queue, id,
-                            )))
-                        });
+                    self.myself.send_after(self.args.options.agent_shutdown_timeout, move || {
+                        ManagerMsg::Internal(ManagerInternal(Internal::ShutdownTimeout(queue, id)))
+                    });
                     self.slots.insert(queue, Slot::Stopping(agent, kill));
                 }
                 Some(Slot::WaitingLease | Slot::Backoff) => self.release(queue).await,
@@ -346,19 +312,10 @@ impl Manager {
 
     fn acquire(&mut self, queue: QueueId) {
         self.slots.insert(queue, Slot::Acquiring);
-        let (leases, node, myself) = (
-            self.args.leases.clone(),
-            self.node.clone(),
-            self.myself.clone(),
-        );
+        let (leases, node, myself) = (self.args.leases.clone(), self.node.clone(), self.myself.clone());
         tokio::spawn(async move {
-            let result = leases
-                .try_acquire(queue, &node)
-                .await
-                .map_err(|e| e.to_string());
-            let _ = myself.cast(ManagerMsg::Internal(ManagerInternal(Internal::Lease(
-                queue, result,
-            ))));
+            let result = leases.try_acquire(queue, &node).await.map_err(|e| e.to_string());
+            let _ = myself.cast(ManagerMsg::Internal(ManagerInternal(Internal::Lease(queue, result))));
         });
     }
 
@@ -374,25 +331,12 @@ impl Manager {
     fn spawn_agent(&mut self, queue: QueueId) {
         self.slots.insert(queue, Slot::Spawning);
         let kill = self.args.services.kill.child_token();
-        let services = Arc::new(AgentServices {
-            kill: kill.clone(),
-            ..(*self.args.services).clone()
-        });
+        let services = Arc::new(AgentServices { kill: kill.clone(), ..(*self.args.services).clone() });
         let (myself, supervisor) = (self.myself.clone(), self.myself.get_cell());
         tokio::spawn(async move {
-            let spawned = Actor::spawn_linked(
-                None,
-                PullingAgent,
-                AgentArgs { queue, services },
-                supervisor,
-            )
-            .await;
-            let result = spawned
-                .map(|(agent, _)| (agent, kill))
-                .map_err(|e| e.to_string());
-            let _ = myself.cast(ManagerMsg::Internal(ManagerInternal(Internal::Spawned(
-                queue, result,
-            ))));
+            let spawned = Actor::spawn_linked(None, PullingAgent, AgentArgs { queue, services }, supervisor).await;
+            let result = spawned.map(|(agent, _)| (agent, kill)).map_err(|e| e.to_string());
+            let _ = myself.cast(ManagerMsg::Internal(ManagerInternal(Internal::Spawned(queue, result))));
         });
     }
 
@@ -412,16 +356,14 @@ impl Manager {
                             tracing::warn!(node = %self.node, %queue, %error, "lease store failed; retrying");
                         }
                         self.slots.insert(queue, Slot::WaitingLease);
-                        self.myself
-                            .send_after(self.args.options.lease_poll, move || {
-                                ManagerMsg::Internal(ManagerInternal(Internal::RetryLease(queue)))
-                            });
+                        self.myself.send_after(self.args.options.lease_poll, move || {
+                            ManagerMsg::Internal(ManagerInternal(Internal::RetryLease(queue)))
+                        });
                     }
                 }
             }
             Internal::RetryLease(queue) => {
-                if matches!(self.slots.get(&queue), Some(Slot::WaitingLease)) && self.desired(queue)
-                {
+                if matches!(self.slots.get(&queue), Some(Slot::WaitingLease)) && self.desired(queue) {
                     self.acquire(queue);
                 }
             }
@@ -464,12 +406,7 @@ impl Manager {
         self.reconcile().await;
     }
 
-    async fn on_agent_exit(
-        &mut self,
-        id: ractor::ActorId,
-        failure: Option<String>,
-        reason: Option<String>,
-    ) {
+    async fn on_agent_exit(&mut self, id: ractor::ActorId, failure: Option<String>, reason: Option<String>) {
         let Some(queue) = self.slots.iter().find_map(|(q, s)| match s {
             Slot::Running(a, _) | Slot::Stopping(a, _) if a.get_id() == id => Some(*q),
             _ => None,
@@ -487,13 +424,11 @@ impl Manager {
         // Whatever the agent left running must not outlive it.
         kill.cancel();
         self.args.agents.unregister(queue, &agent);
-        let crashed = failure.is_some()
-            || (was_running && reason.as_deref() != Some(crate::agent::HANDED_OVER));
+        let crashed = failure.is_some() || (was_running && reason.as_deref() != Some(crate::agent::HANDED_OVER));
         if crashed && self.desired(queue) {
             tracing::error!(node = %self.node, %queue, error = ?failure, ?reason, "pulling agent crashed; restarting with backoff");
             self.status.restarts += 1;
-            metrics::counter!("tailrace_agent_restarts_total", "node" => self.node.to_string())
-                .increment(1);
+            metrics::counter!("tailrace_agent_restarts_total", "node" => self.node.to_string()).increment(1);
             self.schedule_restart(queue);
         } else if self.desired(queue) {
             // Moved off and back: a fresh agent, now that the old one is gone.
@@ -510,16 +445,11 @@ impl Manager {
         let wait = self.args.options.restart_backoff.delay(*attempt);
         *attempt += 1;
         self.slots.insert(queue, Slot::Backoff);
-        self.myself.send_after(wait, move || {
-            ManagerMsg::Internal(ManagerInternal(Internal::Restart(queue)))
-        });
+        self.myself.send_after(wait, move || ManagerMsg::Internal(ManagerInternal(Internal::Restart(queue))));
     }
 
     fn answer_waiters(&mut self) {
-        let busy = self
-            .slots
-            .values()
-            .any(|s| !matches!(s, Slot::WaitingLease | Slot::Backoff));
+        let busy = self.slots.values().any(|s| !matches!(s, Slot::WaitingLease | Slot::Backoff));
         if busy || self.state == RunState::AgentsStarted {
             return;
         }
@@ -536,13 +466,7 @@ impl Manager {
     }
 
     fn report(&self) -> ManagerStatus {
-        let pick = |f: fn(&Slot) -> bool| {
-            self.slots
-                .iter()
-                .filter(|(_, s)| f(s))
-                .map(|(q, _)| *q)
-                .collect()
-        };
+        let pick = |f: fn(&Slot) -> bool| self.slots.iter().filter(|(_, s)| f(s)).map(|(q, _)| *q).collect();
         ManagerStatus {
             owned: self.owned.iter().copied().collect(),
             running: pick(|s| matches!(s, Slot::Running(..))),

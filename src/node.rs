@@ -26,9 +26,8 @@ use crate::config::Config;
 use crate::failure::{DeadLetterSink, DefaultFailureHandler, FailureHandler, LogDeadLetters};
 use crate::manager::{ManagerArgs, ManagerMsg, ManagerStatus, PullingManager, RunState};
 use crate::pubsub::{
-    ConsumerDirectory, ConsumerResolver, ImplicitSubscriptions, LocalConsumers, MemoryPubSubStore,
-    PubSubError, PubSubStore, StartPosition, StreamConsumer, Subscription, SubscriptionId,
-    SubscriptionState,
+    ConsumerDirectory, ConsumerResolver, ImplicitSubscriptions, LocalConsumers, MemoryPubSubStore, PubSubError,
+    PubSubStore, StartPosition, StreamConsumer, Subscription, SubscriptionId, SubscriptionState,
 };
 use crate::queue::{QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper};
 use crate::stream::{Event, SequenceToken, StreamId};
@@ -59,9 +58,7 @@ pub enum SubscribeError {
     Attach(#[from] AttachError),
     /// No agent attached it in time (no node pulls the queue, or agents are
     /// stopped).
-    #[error(
-        "no pulling agent attached subscription {id} to {stream} within {timeout:?} (are agents running?)"
-    )]
+    #[error("no pulling agent attached subscription {id} to {stream} within {timeout:?} (are agents running?)")]
     NotAttached {
         /// The subscription.
         id: SubscriptionId,
@@ -174,21 +171,14 @@ impl NodeBuilder {
         let adapter = self.factory.create_adapter().await?;
         let checkpointer = self.factory.create_checkpointer().await?;
         let mapper = self.factory.queue_mapper();
-        let store = self
-            .store
-            .unwrap_or_else(|| Arc::new(MemoryPubSubStore::new(config.pubsub.max_subscriptions)));
-        let consumers = self.consumers.unwrap_or_else(|| {
-            Arc::new(LocalConsumers::new(
-                self.id.clone(),
-                config.pubsub.max_local_consumers,
-            ))
-        });
+        let store = self.store.unwrap_or_else(|| Arc::new(MemoryPubSubStore::new(config.pubsub.max_subscriptions)));
+        let consumers = self
+            .consumers
+            .unwrap_or_else(|| Arc::new(LocalConsumers::new(self.id.clone(), config.pubsub.max_local_consumers)));
         let directory = ConsumerDirectory::new(consumers.clone(), self.remote);
-        let failure = self.failure.unwrap_or_else(|| {
-            Arc::new(DefaultFailureHandler {
-                fault_on_error: config.failure.fault_on_error,
-            })
-        });
+        let failure = self
+            .failure
+            .unwrap_or_else(|| Arc::new(DefaultFailureHandler { fault_on_error: config.failure.fault_on_error }));
         let services = Arc::new(AgentServices {
             node: self.id.clone(),
             adapter: adapter.clone(),
@@ -209,12 +199,7 @@ impl NodeBuilder {
         let (manager, manager_task) = Actor::spawn(
             None,
             PullingManager,
-            ManagerArgs {
-                services,
-                leases,
-                agents: agents.clone(),
-                options: config.manager.clone(),
-            },
+            ManagerArgs { services, leases, agents: agents.clone(), options: config.manager.clone() },
         )
         .await
         .map_err(|e| NodeError::Spawn(e.to_string()))?;
@@ -306,11 +291,7 @@ impl Node {
     }
 
     /// Appends events to a stream (waits while its queue is full).
-    pub async fn produce(
-        &self,
-        stream: &StreamId,
-        events: Vec<Event>,
-    ) -> Result<SequenceToken, QueueError> {
+    pub async fn produce(&self, stream: &StreamId, events: Vec<Event>) -> Result<SequenceToken, QueueError> {
         self.adapter.enqueue(stream, events).await
     }
 
@@ -322,8 +303,7 @@ impl Node {
         consumer: Arc<dyn StreamConsumer>,
         start: StartPosition,
     ) -> Result<SubscriptionHandle, SubscribeError> {
-        self.bind(SubscriptionId::random(), stream, consumer, start)
-            .await
+        self.bind(SubscriptionId::random(), stream, consumer, start).await
     }
 
     /// Re-binds a consumer to an existing subscription (after a restart);
@@ -348,13 +328,8 @@ impl Node {
         let tracked = Arc::new(TrackedConsumer::new(consumer));
         let address = self.consumers.register(id.to_string(), tracked.clone())?;
         self.lock_tracked().insert(id, tracked.clone());
-        let mut subscription = Subscription {
-            id,
-            stream: stream.clone(),
-            consumer: address,
-            start,
-            state: SubscriptionState::Active,
-        };
+        let mut subscription =
+            Subscription { id, stream: stream.clone(), consumer: address, start, state: SubscriptionState::Active };
         let outcome = async {
             self.store.upsert(subscription.clone()).await?;
             let concrete = self.attach(subscription.clone()).await?;
@@ -366,11 +341,7 @@ impl Node {
         }
         .await;
         match outcome {
-            Ok(start) => Ok(SubscriptionHandle {
-                id,
-                stream: stream.clone(),
-                start,
-            }),
+            Ok(start) => Ok(SubscriptionHandle { id, stream: stream.clone(), start }),
             Err(error) => {
                 self.forget(id, stream).await;
                 Err(error)
@@ -386,15 +357,7 @@ impl Node {
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
             if let Some(agent) = self.agents.get(queue) {
                 let sub = subscription.clone();
-                let answer = agent
-                    .call(
-                        |reply| AgentMsg::Attach {
-                            subscription: sub,
-                            reply,
-                        },
-                        Some(remaining),
-                    )
-                    .await;
+                let answer = agent.call(|reply| AgentMsg::Attach { subscription: sub, reply }, Some(remaining)).await;
                 match answer {
                     Ok(CallResult::Success(Ok(start))) => return Ok(start),
                     Ok(CallResult::Success(Err(AttachError::NotServing(_)))) => {}
@@ -403,11 +366,7 @@ impl Node {
                 }
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(SubscribeError::NotAttached {
-                    id: subscription.id,
-                    stream: subscription.stream,
-                    timeout,
-                });
+                return Err(SubscribeError::NotAttached { id: subscription.id, stream: subscription.stream, timeout });
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -430,17 +389,12 @@ impl Node {
         if let Some(agent) = self.agents.get(self.mapper.queue_for(stream)) {
             let stream = stream.clone();
             let _ = agent
-                .call(
-                    |reply| AgentMsg::Detach { stream, id, reply },
-                    Some(self.config.pubsub.attach_timeout),
-                )
+                .call(|reply| AgentMsg::Detach { stream, id, reply }, Some(self.config.pubsub.attach_timeout))
                 .await;
         }
     }
 
-    fn lock_tracked(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<SubscriptionId, Arc<TrackedConsumer>>> {
+    fn lock_tracked(&self) -> std::sync::MutexGuard<'_, HashMap<SubscriptionId, Arc<TrackedConsumer>>> {
         // Plain data: a panic elsewhere cannot leave it torn.
         self.tracked.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -492,11 +446,7 @@ impl Node {
         self.membership.leave(&self.id);
         self.driver_stop.cancel();
         self.ask(ManagerMsg::Stop).await?;
-        let task = self
-            .manager_task
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let task = self.manager_task.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(task) = task {
             let _ = task.await;
         }

@@ -14,9 +14,7 @@ mod consumer;
 mod directory;
 mod store;
 
-pub use consumer::{
-    ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StreamConsumer, SubscriptionInfo,
-};
+pub use consumer::{ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StreamConsumer, SubscriptionInfo};
 pub use directory::{ConsumerDirectory, ConsumerResolver, LocalConsumers};
 pub use store::{MemoryPubSubStore, PubSubError, PubSubStore};
 
@@ -104,11 +102,7 @@ impl<'de> Deserialize<'de> for SubscriptionId {
         let text = std::borrow::Cow::<str>::deserialize(deserializer)?;
         u128::from_str_radix(&text, 16)
             .map(SubscriptionId)
-            .map_err(|_| {
-                serde::de::Error::custom(format!(
-                    "`{text}` is not a subscription id (32 hex digits)"
-                ))
-            })
+            .map_err(|_| serde::de::Error::custom(format!("`{text}` is not a subscription id (32 hex digits)")))
     }
 }
 
@@ -192,14 +186,8 @@ impl ImplicitSubscriptions {
     }
 
     /// The factories bound to `stream`'s namespace.
-    pub fn for_stream<'a>(
-        &'a self,
-        stream: &'a StreamId,
-    ) -> impl Iterator<Item = &'a Arc<dyn ConsumerFactory>> + 'a {
-        self.bindings
-            .iter()
-            .filter(move |(ns, _)| ns == stream.namespace())
-            .map(|(_, f)| f)
+    pub fn for_stream<'a>(&'a self, stream: &'a StreamId) -> impl Iterator<Item = &'a Arc<dyn ConsumerFactory>> + 'a {
+        self.bindings.iter().filter(move |(ns, _)| ns == stream.namespace()).map(|(_, f)| f)
     }
 }
 
@@ -211,15 +199,9 @@ mod tests {
     fn implicit_ids_are_stable_and_marked() {
         let s = StreamId::new("logs", "a/1");
         let id = SubscriptionId::implicit("archiver", &s);
-        assert_eq!(
-            id,
-            SubscriptionId::implicit("archiver", &StreamId::new("logs", "a/1"))
-        );
+        assert_eq!(id, SubscriptionId::implicit("archiver", &StreamId::new("logs", "a/1")));
         assert!(id.is_implicit());
-        assert_ne!(
-            id,
-            SubscriptionId::implicit("archiver", &StreamId::new("logs", "a/2"))
-        );
+        assert_ne!(id, SubscriptionId::implicit("archiver", &StreamId::new("logs", "a/2")));
         assert!(!SubscriptionId(7).is_implicit());
     }
 
@@ -228,29 +210,15 @@ mod tests {
         let sub = Subscription {
             id: SubscriptionId(0xabc),
             stream: StreamId::new("logs", "p/r"),
-            consumer: ConsumerAddress {
-                node: NodeId::new("n1"),
-                name: "viewer".into(),
-            },
+            consumer: ConsumerAddress { node: NodeId::new("n1"), name: "viewer".into() },
             start: StartPosition::After(SequenceToken::new(3, 4)),
             state: SubscriptionState::Active,
         };
         let json = serde_json::to_string(&sub).unwrap();
-        assert!(
-            json.contains(r#""id":"00000000000000000000000000000abc""#),
-            "{json}"
-        );
-        assert!(
-            json.contains(r#""start":{"kind":"after","token":"3-4"}"#),
-            "{json}"
-        );
+        assert!(json.contains(r#""id":"00000000000000000000000000000abc""#), "{json}");
+        assert!(json.contains(r#""start":{"kind":"after","token":"3-4"}"#), "{json}");
         assert_eq!(serde_json::from_str::<Subscription>(&json).unwrap(), sub);
         let bad = json.replace("00000000000000000000000000000abc", "zz");
-        assert!(
-            serde_json::from_str::<Subscription>(&bad)
-                .unwrap_err()
-                .to_string()
-                .contains("not a subscription id")
-        );
+        assert!(serde_json::from_str::<Subscription>(&bad).unwrap_err().to_string().contains("not a subscription id"));
     }
 }

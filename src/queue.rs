@@ -69,9 +69,7 @@ pub enum QueueError {
         capacity: usize,
     },
     /// One batch cannot ever fit the queue.
-    #[error(
-        "a batch of {events} events can never fit queue {queue} (capacity {capacity} events); split it"
-    )]
+    #[error("a batch of {events} events can never fit queue {queue} (capacity {capacity} events); split it")]
     BatchTooLarge {
         /// The queue it was meant for.
         queue: QueueId,
@@ -203,11 +201,7 @@ pub trait QueueAdapter: Send + Sync + 'static {
     /// container and returns its token. Waits while the queue is full
     /// (back-pressure); never drops an event. Returns once the batch is as
     /// durable as the adapter promises.
-    async fn enqueue(
-        &self,
-        stream: &StreamId,
-        events: Vec<Event>,
-    ) -> Result<SequenceToken, QueueError>;
+    async fn enqueue(&self, stream: &StreamId, events: Vec<Event>) -> Result<SequenceToken, QueueError>;
 
     /// Builds the receiver of one queue. Only the queue's owner calls it.
     async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError>;
@@ -239,11 +233,7 @@ pub trait QueueReceiver: Send + 'static {
 
     /// Reads up to `max` containers at or after `from` without moving the
     /// live read position (rewindable adapters only). The default refuses.
-    async fn rewind(
-        &mut self,
-        from: SequenceToken,
-        max: usize,
-    ) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+    async fn rewind(&mut self, from: SequenceToken, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
         let _ = max;
         Err(QueueError::NotRewindable { requested: from })
     }

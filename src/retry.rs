@@ -30,18 +30,12 @@ impl Backoff {
 
     /// A fixed wait.
     pub const fn fixed(wait: Duration) -> Self {
-        Self {
-            min: wait,
-            max: wait,
-            step: Duration::ZERO,
-        }
+        Self { min: wait, max: wait, step: Duration::ZERO }
     }
 
     /// How long to wait before retry number `attempt` (0-based).
     pub fn delay(&self, attempt: u32) -> Duration {
-        let growth = self
-            .step
-            .saturating_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX));
+        let growth = self.step.saturating_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX));
         let upper = self.min.saturating_add(growth).min(self.max);
         if upper <= self.min {
             return self.min.min(self.max);
@@ -57,23 +51,13 @@ mod tests {
 
     #[test]
     fn delays_grow_within_bounds() {
-        let b = Backoff::new(
-            Duration::from_secs(1),
-            Duration::from_secs(30),
-            Duration::from_secs(1),
-        );
+        let b = Backoff::new(Duration::from_secs(1), Duration::from_secs(30), Duration::from_secs(1));
         for attempt in 0..40 {
             let d = b.delay(attempt);
-            assert!(
-                d >= Duration::from_secs(1) && d < Duration::from_secs(30),
-                "{attempt}: {d:?}"
-            );
+            assert!(d >= Duration::from_secs(1) && d < Duration::from_secs(30), "{attempt}: {d:?}");
         }
         // The first retry waits less than min + step.
         assert!((0..100).all(|_| b.delay(0) < Duration::from_secs(2)));
-        assert_eq!(
-            Backoff::fixed(Duration::from_millis(100)).delay(9),
-            Duration::from_millis(100)
-        );
+        assert_eq!(Backoff::fixed(Duration::from_millis(100)).delay(9), Duration::from_millis(100));
     }
 }

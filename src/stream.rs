@@ -123,11 +123,7 @@ struct StreamIdRepr<'a> {
 
 impl Serialize for StreamId {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        StreamIdRepr {
-            namespace: self.namespace().into(),
-            key: self.key().into(),
-        }
-        .serialize(serializer)
+        StreamIdRepr { namespace: self.namespace().into(), key: self.key().into() }.serialize(serializer)
     }
 }
 
@@ -194,20 +190,13 @@ pub struct Event {
 impl Event {
     /// Builds an event stamped with the current wall-clock time.
     pub fn new(id: impl Into<EventId>, payload: impl Into<Bytes>) -> Self {
-        Self {
-            id: id.into(),
-            timestamp_ms: now_ms(),
-            payload: payload.into(),
-        }
+        Self { id: id.into(), timestamp_ms: now_ms(), payload: payload.into() }
     }
 }
 
 /// Milliseconds since the Unix epoch (0 if the clock is before 1970).
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// What a queue holds: events of one stream plus the position the queue gave
@@ -263,10 +252,7 @@ impl FromStr for SequenceToken {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = || ParseTokenError(s.chars().take(64).collect());
         let (major, minor) = s.split_once('-').ok_or_else(err)?;
-        Ok(Self {
-            major: major.parse().map_err(|_| err())?,
-            minor: minor.parse().map_err(|_| err())?,
-        })
+        Ok(Self { major: major.parse().map_err(|_| err())?, minor: minor.parse().map_err(|_| err())? })
     }
 }
 

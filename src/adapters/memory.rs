@@ -3,10 +3,13 @@
 //! one factory shares its queues).
 //!
 //! - **Bounded, with back-pressure**: each queue holds at most
-//!   `capacity_events` unacknowledged events; `enqueue` waits (FIFO) for room
-//!   and never drops. A batch larger than the capacity is refused.
+//!   `capacity_events` events not yet read; `enqueue` waits (FIFO) for room
+//!   and never drops. A batch larger than the capacity is refused. What was
+//!   read but not yet acknowledged is bounded by the reader's cache, so a
+//!   queue never holds more than its capacity plus one cache.
 //! - **Acks**: a container stays in its queue until its receiver acks it
-//!   (`delivered`). A new receiver of the queue starts at the oldest
+//!   (`delivered`) or reports it dead-lettered (`failed`: its copy is in the
+//!   dead-letter sink). A new receiver of the queue starts at the oldest
 //!   unacknowledged container and fences the old one (its reads fail), so a
 //!   crashed owner's in-flight containers are redelivered, not lost.
 //! - **Rewind**: the last `history` acknowledged containers are kept, so a
@@ -18,32 +21,31 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 
 use crate::cache::CacheOptions;
 use crate::checkpoint::{Checkpointer, MemoryCheckpointer};
-use crate::queue::{
-    Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver,
-};
+use crate::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
 use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
 
 /// Settings of the memory adapter.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MemoryOptions {
-    /// Most unacknowledged events one queue holds (Orleans: 16 384, and it
-    /// throws when full; here producers wait).
+    /// Most events one queue holds unread (Orleans: 16 384 unacknowledged,
+    /// and it throws when full; here producers wait).
     pub capacity_events: usize,
     /// Acknowledged containers kept per queue for rewinds (0: not rewindable).
     pub history: usize,
+    /// How long a read of an empty queue waits for new data (a long poll,
+    /// like Redis' `XREADGROUP BLOCK`); 0 answers at once.
+    #[serde(with = "humantime_serde")]
+    pub read_wait: Duration,
 }
 
 impl Default for MemoryOptions {
     fn default() -> Self {
-        Self {
-            capacity_events: 16_384,
-            history: 1_024,
-        }
+        Self { capacity_events: 16_384, history: 1_024, read_wait: Duration::from_millis(100) }
     }
 }
 
@@ -60,17 +62,9 @@ impl MemoryAdapterFactory {
     /// A factory (and its `queue_count` queues) with these options.
     pub fn new(queue_count: u32, options: MemoryOptions) -> Self {
         let mapper = QueueMapper::new(queue_count);
-        let queues = mapper
-            .all_queues()
-            .into_iter()
-            .map(|id| Arc::new(MemoryQueue::new(id, &options)))
-            .collect();
+        let queues = mapper.all_queues().into_iter().map(|id| Arc::new(MemoryQueue::new(id, &options))).collect();
         Self {
-            adapter: Arc::new(MemoryAdapter {
-                mapper,
-                queues,
-                options,
-            }),
+            adapter: Arc::new(MemoryAdapter { mapper, queues, options }),
             checkpointer: Arc::new(MemoryCheckpointer::new()),
             cache: CacheOptions::default(),
         }
@@ -125,29 +119,19 @@ pub struct MemoryAdapter {
 
 impl MemoryAdapter {
     fn queue(&self, id: QueueId) -> Result<&Arc<MemoryQueue>, QueueError> {
-        self.queues.get(id.0 as usize).ok_or_else(|| {
-            QueueError::Config(format!(
-                "queue {id} does not exist (there are {})",
-                self.queues.len()
-            ))
-        })
+        self.queues
+            .get(id.0 as usize)
+            .ok_or_else(|| QueueError::Config(format!("queue {id} does not exist (there are {})", self.queues.len())))
     }
 
     /// Like `enqueue` but fails with [`QueueError::Full`] instead of waiting.
-    pub fn try_enqueue(
-        &self,
-        stream: &StreamId,
-        events: Vec<Event>,
-    ) -> Result<SequenceToken, QueueError> {
+    pub fn try_enqueue(&self, stream: &StreamId, events: Vec<Event>) -> Result<SequenceToken, QueueError> {
         let queue = self.queue(self.mapper.queue_for(stream))?;
         let permits = queue.permits_for(stream, &events)?;
         let permit = queue
             .space
             .try_acquire_many(permits)
-            .map_err(|_| QueueError::Full {
-                queue: queue.id,
-                capacity: queue.capacity,
-            })?;
+            .map_err(|_| QueueError::Full { queue: queue.id, capacity: queue.capacity })?;
         permit.forget();
         Ok(queue.push(stream, events))
     }
@@ -177,34 +161,24 @@ impl QueueAdapter for MemoryAdapter {
         self.options.history > 0
     }
 
-    async fn enqueue(
-        &self,
-        stream: &StreamId,
-        events: Vec<Event>,
-    ) -> Result<SequenceToken, QueueError> {
+    async fn enqueue(&self, stream: &StreamId, events: Vec<Event>) -> Result<SequenceToken, QueueError> {
         let queue = self.queue(self.mapper.queue_for(stream))?;
         let permits = queue.permits_for(stream, &events)?;
-        let permit = queue
-            .space
-            .acquire_many(permits)
-            .await
-            .map_err(|_| QueueError::ShutDown(queue.id))?;
+        let permit = queue.space.acquire_many(permits).await.map_err(|_| QueueError::ShutDown(queue.id))?;
         permit.forget();
         Ok(queue.push(stream, events))
     }
 
     async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
-        Ok(Box::new(MemoryReceiver {
-            queue: self.queue(queue)?.clone(),
-            epoch: 0,
-            shut_down: false,
-        }))
+        Ok(Box::new(MemoryReceiver { queue: self.queue(queue)?.clone(), epoch: 0, shut_down: false }))
     }
 }
 
 struct Entry {
     batch: Arc<BatchContainer>,
     acked: bool,
+    /// Read at least once: its room was given back to producers.
+    read: bool,
 }
 
 struct QueueState {
@@ -225,7 +199,11 @@ struct MemoryQueue {
     id: QueueId,
     capacity: usize,
     history: usize,
+    read_wait: Duration,
+    /// Room for unread events; producers wait on it.
     space: Semaphore,
+    /// Signalled on every enqueue (a stored permit if nobody waits).
+    data: Notify,
     state: Mutex<QueueState>,
 }
 
@@ -236,7 +214,9 @@ impl MemoryQueue {
             id,
             capacity,
             history: options.history,
+            read_wait: options.read_wait,
             space: Semaphore::new(capacity),
+            data: Notify::new(),
             state: Mutex::new(QueueState {
                 pending: VecDeque::new(),
                 history: VecDeque::new(),
@@ -255,21 +235,14 @@ impl MemoryQueue {
     }
 
     fn permits_for(&self, stream: &StreamId, events: &[Event]) -> Result<u32, QueueError> {
+        let too_large = || QueueError::BatchTooLarge { queue: self.id, events: events.len(), capacity: self.capacity };
         if events.is_empty() {
             return Err(QueueError::EmptyBatch(stream.clone()));
         }
         if events.len() > self.capacity {
-            return Err(QueueError::BatchTooLarge {
-                queue: self.id,
-                events: events.len(),
-                capacity: self.capacity,
-            });
+            return Err(too_large());
         }
-        u32::try_from(events.len()).map_err(|_| QueueError::BatchTooLarge {
-            queue: self.id,
-            events: events.len(),
-            capacity: self.capacity,
-        })
+        u32::try_from(events.len()).map_err(|_| too_large())
     }
 
     fn push(&self, stream: &StreamId, events: Vec<Event>) -> SequenceToken {
@@ -277,15 +250,64 @@ impl MemoryQueue {
         let token = SequenceToken::new(state.next_seq, 0);
         state.next_seq += 1;
         state.held_events += events.len();
-        state.pending.push_back(Entry {
-            batch: Arc::new(BatchContainer {
-                stream: stream.clone(),
-                token,
-                events,
-            }),
-            acked: false,
-        });
+        let batch = Arc::new(BatchContainer { stream: stream.clone(), token, events });
+        state.pending.push_back(Entry { batch, acked: false, read: false });
+        drop(state);
+        self.data.notify_one();
         token
+    }
+
+    /// Takes up to `max` unread containers for receiver `epoch`; their room
+    /// goes back to producers (what was read is bounded by the reader's
+    /// cache from here on).
+    fn take(&self, epoch: u64, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        let mut released = 0;
+        let batch = {
+            let mut state = self.lock();
+            if state.epoch != epoch {
+                return Err(QueueError::Fenced(self.id));
+            }
+            let start = state.read_index;
+            let end = (start + max).min(state.pending.len());
+            let mut batch = Vec::with_capacity(end - start);
+            for entry in state.pending.range_mut(start..end).filter(|e| !e.acked) {
+                if !entry.read {
+                    entry.read = true;
+                    released += entry.batch.events.len();
+                }
+                batch.push(entry.batch.clone());
+            }
+            state.read_index = end;
+            batch
+        };
+        self.space.add_permits(released);
+        Ok(batch)
+    }
+
+    /// Marks containers done; drains finished ones from the front into the
+    /// rewind history. Acks from a fenced receiver still count: those
+    /// containers were delivered.
+    fn acknowledge(&self, tokens: &[SequenceToken]) {
+        let mut state = self.lock();
+        for token in tokens {
+            let Ok(index) = state.pending.binary_search_by(|e| e.batch.token.cmp(token)) else { continue };
+            let entry = &mut state.pending[index];
+            if !entry.acked {
+                entry.acked = true;
+                let events = entry.batch.events.len();
+                state.held_events -= events;
+            }
+        }
+        while state.pending.front().is_some_and(|e| e.acked) {
+            let Some(entry) = state.pending.pop_front() else { break };
+            state.read_index = state.read_index.saturating_sub(1);
+            state.history.push_back(entry.batch);
+            if state.history.len() > self.history
+                && let Some(gone) = state.history.pop_front()
+            {
+                state.forgotten_through = Some(gone.token);
+            }
+        }
     }
 }
 
@@ -297,14 +319,8 @@ pub struct MemoryReceiver {
 }
 
 impl MemoryReceiver {
-    fn check(&self, state: &QueueState) -> Result<(), QueueError> {
-        if self.shut_down {
-            return Err(QueueError::ShutDown(self.queue.id));
-        }
-        if state.epoch != self.epoch {
-            return Err(QueueError::Fenced(self.queue.id));
-        }
-        Ok(())
+    fn check(&self) -> Result<(), QueueError> {
+        if self.shut_down { Err(QueueError::ShutDown(self.queue.id)) } else { Ok(()) }
     }
 }
 
@@ -320,60 +336,35 @@ impl QueueReceiver for MemoryReceiver {
     }
 
     async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
-        let mut state = self.queue.lock();
-        self.check(&state)?;
-        let start = state.read_index;
-        let end = (start + max).min(state.pending.len());
-        let batch = state
-            .pending
-            .range(start..end)
-            .filter(|e| !e.acked)
-            .map(|e| e.batch.clone())
-            .collect();
-        state.read_index = end;
-        Ok(batch)
+        self.check()?;
+        let batch = self.queue.take(self.epoch, max)?;
+        if !batch.is_empty() || self.queue.read_wait.is_zero() {
+            return Ok(batch);
+        }
+        // A permit stored by an earlier enqueue may end the wait at once;
+        // then this read is simply empty.
+        let _ = tokio::time::timeout(self.queue.read_wait, self.queue.data.notified()).await;
+        self.queue.take(self.epoch, max)
     }
 
     async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
-        let mut released = 0;
-        {
-            let mut state = self.queue.lock();
-            // Acks from a fenced receiver are still true: those containers were delivered.
-            for token in tokens {
-                let Ok(index) = state.pending.binary_search_by(|e| e.batch.token.cmp(token)) else {
-                    continue;
-                };
-                let entry = &mut state.pending[index];
-                if !entry.acked {
-                    entry.acked = true;
-                    released += entry.batch.events.len();
-                }
-            }
-            state.held_events -= released;
-            while state.pending.front().is_some_and(|e| e.acked) {
-                let Some(entry) = state.pending.pop_front() else {
-                    break;
-                };
-                state.read_index = state.read_index.saturating_sub(1);
-                state.history.push_back(entry.batch);
-                if state.history.len() > self.queue.history
-                    && let Some(gone) = state.history.pop_front()
-                {
-                    state.forgotten_through = Some(gone.token);
-                }
-            }
-        }
-        self.queue.space.add_permits(released);
+        self.queue.acknowledge(tokens);
         Ok(())
     }
 
-    async fn rewind(
-        &mut self,
-        from: SequenceToken,
-        max: usize,
-    ) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+    /// Dead-lettered containers are released: their copy is in the sink, and
+    /// a memory queue has no later redelivery to offer them.
+    async fn failed(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
+        self.queue.acknowledge(tokens);
+        Ok(())
+    }
+
+    async fn rewind(&mut self, from: SequenceToken, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        self.check()?;
         let state = self.queue.lock();
-        self.check(&state)?;
+        if state.epoch != self.epoch {
+            return Err(QueueError::Fenced(self.queue.id));
+        }
         if let Some(gone) = state.forgotten_through.filter(|gone| from <= *gone) {
             let reason = if self.queue.history == 0 {
                 "history is 0, so acknowledged containers are not kept".to_string()
@@ -389,14 +380,7 @@ impl QueueReceiver for MemoryReceiver {
         }
         // Only what the live position already passed: the rest comes by `read`.
         let read_part = state.pending.range(..state.read_index).map(|e| &e.batch);
-        Ok(state
-            .history
-            .iter()
-            .chain(read_part)
-            .filter(|b| b.token >= from)
-            .take(max)
-            .cloned()
-            .collect())
+        Ok(state.history.iter().chain(read_part).filter(|b| b.token >= from).take(max).cloned().collect())
     }
 
     async fn shutdown(&mut self, _timeout: Duration) -> Result<(), QueueError> {

@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -15,8 +16,7 @@ use super::state::{Agent, InternalMsg};
 use super::streams::successor;
 use crate::failure::{DeadLetter, FailureAction};
 use crate::pubsub::{
-    ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionId,
-    SubscriptionInfo,
+    ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionId, SubscriptionInfo,
 };
 use crate::queue::QueueError;
 use crate::retry::Backoff;
@@ -67,13 +67,26 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, ConsumerError>>,
 {
-    let started = Instant::now();
+    let mut started = None;
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let outcome = tokio::select! {
-            _ = revoke.cancelled() => return Attempted::Revoked,
-            outcome = tokio::time::timeout(limits.attempt_timeout, call()) => outcome,
+        if revoke.is_cancelled() {
+            return Attempted::Revoked;
+        }
+        let call = call();
+        tokio::pin!(call);
+        // Most consumers answer on the first poll: only a call that waits
+        // pays for a timer and for watching the revoke signal.
+        let outcome = match std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await {
+            Poll::Ready(outcome) => Ok(outcome),
+            Poll::Pending => {
+                started.get_or_insert_with(Instant::now);
+                tokio::select! {
+                    _ = revoke.cancelled() => return Attempted::Revoked,
+                    outcome = tokio::time::timeout(limits.attempt_timeout, call) => outcome,
+                }
+            }
         };
         let error = match outcome {
             Ok(Ok(value)) => return Attempted::Done(value),
@@ -82,6 +95,7 @@ where
             Err(_) => format!("no answer within {:?}", limits.attempt_timeout),
         };
         let wait = limits.backoff.delay(attempts - 1);
+        let started = *started.get_or_insert_with(Instant::now);
         if stop.is_cancelled() || started.elapsed() + wait > limits.max_time {
             return Attempted::Failed { error, attempts };
         }
@@ -101,11 +115,7 @@ impl Agent {
             return;
         }
         let max = self.services.options.max_delivery_batch.max(1);
-        let Some(sub) = self
-            .streams
-            .get_mut(stream)
-            .and_then(|e| e.subs.get_mut(&id))
-        else {
+        let Some(sub) = self.streams.get_mut(stream).and_then(|e| e.subs.get_mut(&id)) else {
             return;
         };
         if sub.handshaking || sub.delivering {
@@ -140,31 +150,18 @@ impl Agent {
             },
         };
         sub.delivering = true;
-        sub.in_flight = Some(batches.clone());
+        let delivery = Arc::new(Delivery { subscription: id, stream: stream.clone(), batches });
+        sub.in_flight = Some(delivery.clone());
         let generation = sub.generation;
         let revoke = sub.revoke.clone();
-        let delivery = Delivery {
-            subscription: id,
-            stream: stream.clone(),
-            batches,
-        };
         let last = delivery.last_token();
         let limits = RetryLimits::from(&self.services.options);
         let stop = self.stop_retries.clone();
         let (s1, s2) = (stream.clone(), stream.clone());
         self.spawn_work(
             async move {
-                let report =
-                    call_with_retries(|| consumer.deliver(&delivery), &limits, &stop, &revoke)
-                        .await;
-                InternalMsg::Delivered {
-                    stream: s1,
-                    id,
-                    generation,
-                    catch_up: from_catch_up,
-                    last,
-                    report,
-                }
+                let report = call_with_retries(|| consumer.deliver(&delivery), &limits, &stop, &revoke).await;
+                InternalMsg::Delivered { stream: s1, id, generation, catch_up: from_catch_up, last, report }
             },
             move |panic| InternalMsg::Delivered {
                 stream: s2,
@@ -172,10 +169,7 @@ impl Agent {
                 generation,
                 catch_up: from_catch_up,
                 last,
-                report: Attempted::Failed {
-                    error: format!("consumer panicked: {panic}"),
-                    attempts: 1,
-                },
+                report: Attempted::Failed { error: format!("consumer panicked: {panic}"), attempts: 1 },
             },
         );
     }
@@ -190,16 +184,15 @@ impl Agent {
         report: DeliveryReport,
     ) {
         self.work -= 1;
-        let now = Instant::now();
         let Some(entry) = self.streams.get_mut(&stream) else {
             return;
         };
-        entry.last_activity = now;
+        entry.last_activity = self.clock;
         let Some(sub) = entry.subs.get_mut(&id) else {
             return;
         };
         sub.delivering = false;
-        let batches = sub.in_flight.take().unwrap_or_default();
+        let delivery = sub.in_flight.take();
         if sub.generation == generation {
             let cursor = sub.cursor;
             let info = sub.info.clone();
@@ -216,7 +209,7 @@ impl Agent {
             match report {
                 Attempted::Done(outcome) => {
                     moved(false, &mut self.cache);
-                    let events: usize = batches.iter().map(|b| b.events.len()).sum();
+                    let events = delivery.as_ref().map_or(0, |d| d.event_count());
                     self.status.events_delivered += events as u64;
                     self.metrics.events_delivered.increment(events as u64);
                     if let DeliveryOutcome::SeekAfter(token) = outcome {
@@ -226,32 +219,23 @@ impl Agent {
                 }
                 Attempted::Unavailable(reason) => {
                     tracing::warn!(queue = %self.queue, %stream, subscription = %id, %reason, "consumer unavailable; subscription detached");
-                    self.remove_sub(
-                        &stream,
-                        id,
-                        super::AttachError::ConsumerUnavailable { id, reason },
-                    );
+                    self.remove_sub(&stream, id, super::AttachError::ConsumerUnavailable { id, reason });
                     return;
                 }
                 Attempted::Failed { error, attempts } => {
                     moved(true, &mut self.cache);
                     self.metrics.delivery_failures.increment(1);
+                    let batches = delivery.map(|d| d.batches.clone()).unwrap_or_default();
                     let first = batches.first().map(|b| b.token).unwrap_or_default();
                     let action = if id.is_implicit() {
                         FailureAction::Skip
                     } else {
-                        self.services
-                            .failure
-                            .on_delivery_failure(&info, first, &error)
+                        self.services.failure.on_delivery_failure(&info, first, &error)
                     };
                     tracing::warn!(queue = %self.queue, %stream, subscription = %id, %error, attempts, ?action, "delivery given up");
                     self.dead_letter(info, batches, error.clone(), attempts, consumer);
                     if action == FailureAction::Fault {
-                        self.fault_sub(
-                            &stream,
-                            id,
-                            format!("delivery failed after {attempts} attempts: {error}"),
-                        );
+                        self.fault_sub(&stream, id, format!("delivery failed after {attempts} attempts: {error}"));
                         return;
                     }
                 }
@@ -259,9 +243,10 @@ impl Agent {
             }
         }
         self.dispatch(&stream, id);
-        if self.pump.blocked && !self.cache.is_under_pressure() {
-            self.schedule_pump(Duration::ZERO);
-        }
+        // Progress may free queue capacity (acks) and cache room: pump now
+        // (coalesced: at most one pump is arranged or in flight).
+        self.pump.empty_reads = 0;
+        self.schedule_pump(Duration::ZERO);
     }
 
     /// A rewind read for a catching-up subscription came back.
@@ -271,11 +256,7 @@ impl Agent {
         id: SubscriptionId,
         result: Result<Vec<Arc<BatchContainer>>, QueueError>,
     ) {
-        let Some(sub) = self
-            .streams
-            .get_mut(&stream)
-            .and_then(|e| e.subs.get_mut(&id))
-        else {
+        let Some(sub) = self.streams.get_mut(&stream).and_then(|e| e.subs.get_mut(&id)) else {
             return;
         };
         let Some(catch_up) = sub.catch_up.as_mut() else {
@@ -290,11 +271,9 @@ impl Agent {
                 };
                 let until = catch_up.until;
                 let from = catch_up.next;
-                catch_up.buffer.extend(
-                    batches
-                        .into_iter()
-                        .filter(|b| b.stream == stream && b.token >= from && b.token <= until),
-                );
+                catch_up
+                    .buffer
+                    .extend(batches.into_iter().filter(|b| b.stream == stream && b.token >= from && b.token <= until));
                 catch_up.next = successor(newest);
                 catch_up.exhausted = newest >= until;
             }

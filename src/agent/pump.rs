@@ -2,7 +2,7 @@
 //! records checkpoint progress, serves pending rewinds and reads at most one
 //! bucket, all in a task that owns the receiver while it runs.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,11 +20,7 @@ use crate::queue::QueueError;
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
 
 /// A rewind read's answer for one catching-up subscription.
-type RewindResult = (
-    StreamId,
-    SubscriptionId,
-    Result<Vec<Arc<BatchContainer>>, QueueError>,
-);
+type RewindResult = (StreamId, SubscriptionId, Result<Vec<Arc<BatchContainer>>, QueueError>);
 
 /// What one pump did, sent back to the agent.
 pub(crate) struct PumpOutcome {
@@ -48,52 +44,46 @@ struct PumpJob {
 
 impl Agent {
     pub(crate) fn schedule_first_pump(&mut self) {
-        let period = self
-            .services
-            .options
-            .poll_period
-            .as_nanos()
-            .min(u128::from(u64::MAX)) as u64;
-        let offset = if period == 0 {
-            0
-        } else {
-            rand::rng().random_range(0..period)
-        };
+        let period = self.services.options.poll_period.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let offset = if period == 0 { 0 } else { rand::rng().random_range(0..period) };
         self.schedule_pump(Duration::from_nanos(offset));
     }
 
-    /// Arranges one pump after `delay` unless one is already arranged.
+    /// Arranges a pump after `delay` unless one is already due by then.
     pub(crate) fn schedule_pump(&mut self, delay: Duration) {
-        if self.pump.scheduled || self.shutdown.is_some() {
+        if self.pump.immediate || self.shutdown.is_some() {
             return;
         }
-        self.pump.scheduled = true;
         if delay.is_zero() {
+            self.pump.immediate = true;
             self.send_self(InternalMsg::Pump);
-        } else {
-            self.send_self_after(delay, || InternalMsg::Pump);
+            return;
         }
+        let due = Instant::now() + delay;
+        if self.pump.scheduled.is_some_and(|at| at <= due) {
+            return;
+        }
+        self.pump.scheduled = Some(due);
+        self.send_self_after(delay, || InternalMsg::Pump);
     }
 
     pub(crate) fn on_pump_tick(&mut self) {
-        self.pump.scheduled = false;
+        // A timer superseded by a sooner one may still fire: one extra pump.
+        self.pump.scheduled = None;
+        self.pump.immediate = false;
         if self.shutdown.is_some() || self.pump.in_flight {
             return;
         }
         let Some(io) = self.io.take() else { return };
         let now = Instant::now();
+        self.clock = now;
         self.cleanup_inactive_streams(now);
         let purged = self.cache.purge();
         self.status.acked += purged.acked.len() as u64;
         let progress = self.cache.progress();
-        let paused = self.cache.is_under_pressure()
-            || self.streams.len() >= self.services.options.max_streams;
+        let paused = self.cache.is_under_pressure() || self.streams.len() >= self.services.options.max_streams;
         self.pump.blocked = paused;
-        let read_max = if paused {
-            0
-        } else {
-            self.cache.max_add_count()
-        };
+        let read_max = if paused { 0 } else { self.cache.max_add_count() };
         let rewinds = self.take_rewinds();
         let job = PumpJob {
             queue: self.queue,
@@ -109,7 +99,7 @@ impl Agent {
         }
         self.pump.in_flight = true;
         let myself = self.myself.clone();
-        let kill = self.services.kill.clone();
+        let kill = self.kill.clone();
         tokio::spawn(async move {
             let outcome = tokio::select! {
                 _ = kill.cancelled() => return,
@@ -122,9 +112,7 @@ impl Agent {
                 read: Ok(Vec::new()),
                 rewinds: Vec::new(),
             });
-            let _ = myself.cast(AgentMsg::Internal(Internal(InternalMsg::PumpDone(
-                Box::new(outcome),
-            ))));
+            let _ = myself.cast(AgentMsg::Internal(Internal(InternalMsg::PumpDone(Box::new(outcome)))));
         });
     }
 
@@ -154,11 +142,7 @@ impl Agent {
             Err(error) => {
                 self.metrics.read_errors.increment(1);
                 self.pump.read_failures += 1;
-                let wait = self
-                    .services
-                    .options
-                    .reader_backoff
-                    .delay(self.pump.read_failures - 1);
+                let wait = self.services.options.reader_backoff.delay(self.pump.read_failures - 1);
                 tracing::warn!(queue = %self.queue, %error, ?wait, "queue read failed; backing off");
                 self.schedule_pump(wait);
             }
@@ -172,22 +156,29 @@ impl Agent {
                     self.add_batch(batch)?;
                 }
                 let delay = if got && !self.pump.blocked || !self.rewinds.is_empty() {
+                    self.pump.empty_reads = 0;
                     Duration::ZERO
                 } else {
-                    self.services.options.poll_period
+                    self.idle_wait()
                 };
                 self.schedule_pump(delay);
             }
         }
         self.metrics.cached.set(self.cache.len() as f64);
-        self.metrics
-            .pressure
-            .set(if self.cache.is_under_pressure() {
-                1.0
-            } else {
-                0.0
-            });
+        self.metrics.pressure.set(if self.cache.is_under_pressure() { 1.0 } else { 0.0 });
         Ok(())
+    }
+
+    /// The wait after an empty (or paused) read: `min_poll_period` doubled
+    /// per consecutive empty read, up to `poll_period`.
+    fn idle_wait(&mut self) -> Duration {
+        let options = &self.services.options;
+        let shift = self.pump.empty_reads.min(20);
+        self.pump.empty_reads += 1;
+        options
+            .min_poll_period
+            .saturating_mul(1 << shift)
+            .clamp(options.min_poll_period.min(options.poll_period), options.poll_period)
     }
 
     fn add_batch(&mut self, batch: Vec<Arc<BatchContainer>>) -> Result<(), ActorProcessingErr> {
@@ -195,7 +186,7 @@ impl Agent {
         self.status.containers_read += batch.len() as u64;
         // Streams in first-appearance order, with their event counts.
         let mut order: Vec<StreamId> = Vec::new();
-        let mut events: HashMap<StreamId, usize> = HashMap::new();
+        let mut events: HashMap<StreamId, usize> = HashMap::default();
         for container in &batch {
             let count = events.entry(container.stream.clone()).or_insert_with(|| {
                 order.push(container.stream.clone());
@@ -203,9 +194,7 @@ impl Agent {
             });
             *count += container.events.len();
         }
-        self.metrics
-            .events_read
-            .increment(events.values().sum::<usize>() as u64);
+        self.metrics.events_read.increment(events.values().sum::<usize>() as u64);
         // The pump reads at most what fits, so a full cache is a bug; the
         // containers stay unacknowledged in the queue for the next owner.
         let added = self.cache.add(batch)?;
@@ -214,15 +203,13 @@ impl Agent {
                 self.dispatch(&stream, id);
             }
         }
-        let now = Instant::now();
+        let now = self.clock;
         for stream in order {
             match self.streams.get_mut(&stream) {
                 Some(entry) => {
                     entry.last_activity = now;
                     if entry.registered && entry.subs.is_empty() {
-                        self.metrics
-                            .events_unsubscribed
-                            .increment(events[&stream] as u64);
+                        self.metrics.events_unsubscribed.increment(events[&stream] as u64);
                     }
                 }
                 None => self.register_stream(stream),
@@ -265,10 +252,7 @@ impl Agent {
         let idle: Vec<StreamId> = self
             .streams
             .iter()
-            .filter(|(_, entry)| {
-                now.saturating_duration_since(entry.last_activity) >= threshold
-                    && self.is_idle(entry)
-            })
+            .filter(|(_, entry)| now.saturating_duration_since(entry.last_activity) >= threshold && self.is_idle(entry))
             .map(|(stream, _)| stream.clone())
             .collect();
         for stream in idle {
@@ -289,24 +273,14 @@ impl Agent {
 }
 
 async fn run_pump(mut io: Io, job: PumpJob) -> PumpOutcome {
-    let mut outcome = PumpOutcome {
-        io: None,
-        panic: None,
-        init_error: None,
-        read: Ok(Vec::new()),
-        rewinds: Vec::new(),
-    };
+    let mut outcome =
+        PumpOutcome { io: None, panic: None, init_error: None, read: Ok(Vec::new()), rewinds: Vec::new() };
     if job.initialize {
-        let init =
-            tokio::time::timeout(job.init_timeout, io.receiver.initialize(job.init_timeout)).await;
+        let init = tokio::time::timeout(job.init_timeout, io.receiver.initialize(job.init_timeout)).await;
         let error = match init {
             Ok(Ok(())) => None,
             Ok(Err(error)) => Some(error),
-            Err(_) => Some(QueueError::Timeout {
-                operation: "initialize",
-                queue: job.queue,
-                after: job.init_timeout,
-            }),
+            Err(_) => Some(QueueError::Timeout { operation: "initialize", queue: job.queue, after: job.init_timeout }),
         };
         if error.is_some() {
             outcome.init_error = error;

@@ -22,10 +22,7 @@ impl Agent {
             Some(state) => state.waiters.extend(reply),
             None => {
                 tracing::info!(node = %self.services.node, queue = %self.queue, "ordered shutdown begins");
-                self.shutdown = Some(ShutdownState {
-                    waiters: reply.into_iter().collect(),
-                    done: false,
-                });
+                self.shutdown = Some(ShutdownState { waiters: reply.into_iter().collect(), done: false });
                 self.stop_retries.cancel();
             }
         }
@@ -77,12 +74,7 @@ impl Agent {
                 }
             }
             self.status.checkpoint = io.checkpoint.latest().map(|t| t.to_string());
-            match tokio::time::timeout(
-                timeout + Duration::from_millis(100),
-                io.receiver.shutdown(timeout),
-            )
-            .await
-            {
+            match tokio::time::timeout(timeout + Duration::from_millis(100), io.receiver.shutdown(timeout)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => {
                     tracing::warn!(queue = %self.queue, %error, "receiver shutdown failed")

@@ -1,11 +1,11 @@
 //! The agent's state, its internal messages, and the task helper.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use rustc_hash::FxHashMap as HashMap;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use futures::FutureExt;
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -16,8 +16,8 @@ use super::{AgentMsg, AgentServices, AgentStatus, AttachError, Internal};
 use crate::cache::{CursorId, QueueCache};
 use crate::checkpoint::QueueCheckpoint;
 use crate::pubsub::{
-    ConsumerAddress, ConsumerError, PubSubError, StartPosition, StreamConsumer, Subscription,
-    SubscriptionId, SubscriptionInfo,
+    ConsumerAddress, ConsumerError, Delivery, PubSubError, StartPosition, StreamConsumer, Subscription, SubscriptionId,
+    SubscriptionInfo,
 };
 use crate::queue::{QueueId, QueueReceiver};
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
@@ -46,6 +46,8 @@ pub(crate) enum InternalMsg {
         report: DeliveryReport,
     },
     SideWorkDone,
+    /// Several completions reported together by the work lane.
+    Batch(Vec<InternalMsg>),
 }
 
 /// The receiver and checkpoint: owned by the agent, lent to the pump task.
@@ -87,18 +89,25 @@ pub(crate) struct Sub {
     pub generation: u64,
     pub handshaking: bool,
     pub delivering: bool,
-    /// The batch being delivered (for dead letters).
-    pub in_flight: Option<Vec<Arc<BatchContainer>>>,
-    pub revoke: CancellationToken,
+    /// The delivery in flight (kept for dead letters).
+    pub in_flight: Option<Arc<Delivery>>,
+    /// Cancelled to revoke the in-flight handshake or delivery. Shared by
+    /// `Arc` so handing it to a task costs one increment, not a lock.
+    pub revoke: Arc<CancellationToken>,
     pub catch_up: Option<CatchUp>,
     pub attach_replies: Vec<RpcReplyPort<Result<StartPosition, AttachError>>>,
 }
 
 pub(crate) struct PumpState {
     pub in_flight: bool,
-    pub scheduled: bool,
+    /// When the next timed pump is due, if one is arranged.
+    pub scheduled: Option<Instant>,
+    /// A pump message is already on its way with no delay.
+    pub immediate: bool,
     pub blocked: bool,
     pub read_failures: u32,
+    /// Consecutive empty reads (the idle wait doubles with each).
+    pub empty_reads: u32,
 }
 
 pub(crate) struct ShutdownState {
@@ -153,9 +162,15 @@ pub struct Agent {
     /// Registrations, handshakes, deliveries and side work in flight.
     pub(crate) work: usize,
     /// Cancelled at shutdown: tasks finish their current attempt, no retry.
-    pub(crate) stop_retries: CancellationToken,
+    pub(crate) stop_retries: Arc<CancellationToken>,
+    /// The node's kill switch (see [`AgentServices::kill`]).
+    pub(crate) kill: Arc<CancellationToken>,
+    /// Where waiting work goes (see `worker.rs`).
+    pub(crate) lane: tokio::sync::mpsc::UnboundedSender<super::worker::Job>,
     pub(crate) shutdown: Option<ShutdownState>,
     pub(crate) last_cleanup: Instant,
+    /// The time as of the last pump: a cheap clock for stream activity.
+    pub(crate) clock: Instant,
     pub(crate) status: AgentStatus,
     pub(crate) metrics: AgentMetrics,
 }
@@ -168,12 +183,10 @@ impl Agent {
         services: Arc<AgentServices>,
     ) -> Result<Self, ActorProcessingErr> {
         let receiver = services.adapter.create_receiver(queue).await?;
-        let checkpoint = QueueCheckpoint::load(
-            services.checkpointer.clone(),
-            queue,
-            services.checkpoint.clone(),
-        )
-        .await?;
+        let checkpoint =
+            QueueCheckpoint::load(services.checkpointer.clone(), queue, services.checkpoint.clone()).await?;
+        let kill = Arc::new(services.kill.clone());
+        let lane = super::worker::start(myself.clone(), kill.clone());
         let mut cache = QueueCache::new(services.cache.clone());
         cache.set_purged_through(checkpoint.latest());
         tracing::info!(node = %services.node, %queue, checkpoint = ?checkpoint.latest(), "pulling agent started");
@@ -181,28 +194,27 @@ impl Agent {
             queue,
             myself,
             cache,
-            io: Some(Io {
-                receiver,
-                checkpoint,
-            }),
+            io: Some(Io { receiver, checkpoint }),
             initialized: false,
             pump: PumpState {
                 in_flight: false,
-                scheduled: false,
+                scheduled: None,
+                immediate: false,
                 blocked: false,
                 read_failures: 0,
+                empty_reads: 0,
             },
-            streams: HashMap::new(),
-            cursor_owner: HashMap::new(),
+            streams: HashMap::default(),
+            cursor_owner: HashMap::default(),
             rewinds: VecDeque::new(),
             work: 0,
-            stop_retries: CancellationToken::new(),
+            stop_retries: Arc::new(CancellationToken::new()),
+            lane,
+            kill,
             shutdown: None,
             last_cleanup: Instant::now(),
-            status: AgentStatus {
-                queue: Some(queue),
-                ..AgentStatus::default()
-            },
+            clock: Instant::now(),
+            status: AgentStatus { queue: Some(queue), ..AgentStatus::default() },
             metrics: AgentMetrics::new(queue),
             services,
         };
@@ -215,22 +227,18 @@ impl Agent {
             InternalMsg::Pump => self.on_pump_tick(),
             InternalMsg::PumpDone(outcome) => self.on_pump_done(*outcome)?,
             InternalMsg::Registered { stream, result } => self.on_registered(stream, result),
-            InternalMsg::HandshakeDone {
-                stream,
-                id,
-                generation,
-                consumer,
-                result,
-            } => self.on_handshake_done(stream, id, generation, consumer, result),
-            InternalMsg::Delivered {
-                stream,
-                id,
-                generation,
-                catch_up,
-                last,
-                report,
-            } => self.on_delivered(stream, id, generation, catch_up, last, report),
+            InternalMsg::HandshakeDone { stream, id, generation, consumer, result } => {
+                self.on_handshake_done(stream, id, generation, consumer, result)
+            }
+            InternalMsg::Delivered { stream, id, generation, catch_up, last, report } => {
+                self.on_delivered(stream, id, generation, catch_up, last, report)
+            }
             InternalMsg::SideWorkDone => self.work -= 1,
+            InternalMsg::Batch(done) => {
+                for msg in done {
+                    self.handle_internal(msg)?;
+                }
+            }
         }
         Ok(())
     }
@@ -241,8 +249,7 @@ impl Agent {
         delay: std::time::Duration,
         msg: impl FnOnce() -> InternalMsg + Send + 'static,
     ) {
-        self.myself
-            .send_after(delay, move || AgentMsg::Internal(Internal(msg())));
+        self.myself.send_after(delay, move || AgentMsg::Internal(Internal(msg())));
     }
 
     /// Sends `msg` to this agent now.
@@ -251,27 +258,16 @@ impl Agent {
         let _ = self.myself.cast(AgentMsg::Internal(Internal(msg)));
     }
 
-    /// Runs `work` in a task counted as in-flight work; its result comes back
-    /// as a message. A panic in it is reported through `on_panic`; a node
-    /// crash (the kill switch) drops it silently.
-    pub(crate) fn spawn_work<F>(
-        &mut self,
-        work: F,
-        on_panic: impl FnOnce(String) -> InternalMsg + Send + 'static,
-    ) where
+    /// Runs `work` on the agent's lane, counted as in-flight work; its
+    /// result comes back as a message. A panic in it is reported through
+    /// `on_panic`; a node crash (the kill switch) drops it silently.
+    pub(crate) fn spawn_work<F>(&mut self, work: F, on_panic: impl FnOnce(String) -> InternalMsg + Send + 'static)
+    where
         F: Future<Output = InternalMsg> + Send + 'static,
     {
         self.work += 1;
-        let myself = self.myself.clone();
-        let kill = self.services.kill.clone();
-        tokio::spawn(async move {
-            let outcome = tokio::select! {
-                _ = kill.cancelled() => return,
-                outcome = AssertUnwindSafe(work).catch_unwind() => outcome,
-            };
-            let msg = outcome.unwrap_or_else(|panic| on_panic(panic_text(&panic)));
-            let _ = myself.cast(AgentMsg::Internal(Internal(msg)));
-        });
+        // Fails only when the lane was killed, and then the node is gone.
+        let _ = self.lane.send(super::worker::job(work, on_panic));
     }
 
     pub(crate) fn status(&self) -> AgentStatus {
@@ -282,11 +278,7 @@ impl Agent {
         status.cached = self.cache.len();
         status.buckets = self.cache.bucket_count();
         status.under_pressure = self.cache.is_under_pressure();
-        status.checkpoint = self
-            .io
-            .as_ref()
-            .and_then(|io| io.checkpoint.latest())
-            .map(|t| t.to_string());
+        status.checkpoint = self.io.as_ref().and_then(|io| io.checkpoint.latest()).map(|t| t.to_string());
         status.shutting_down = self.shutdown.is_some();
         status
     }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::RpcReplyPort;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::AttachError;
@@ -15,8 +14,8 @@ use super::delivery::{Attempted, RetryLimits, call_with_retries};
 use super::state::{Agent, CatchUp, InternalMsg, StreamEntry, Sub};
 use crate::failure::FailureAction;
 use crate::pubsub::{
-    ConsumerError, PubSubError, PubSubStore, StartPosition, StreamConsumer, Subscription,
-    SubscriptionId, SubscriptionInfo, SubscriptionState,
+    ConsumerError, PubSubError, PubSubStore, StartPosition, StreamConsumer, Subscription, SubscriptionId,
+    SubscriptionInfo, SubscriptionState,
 };
 use crate::retry::Backoff;
 use crate::stream::{SequenceToken, StreamId};
@@ -32,7 +31,7 @@ impl Agent {
                 subs: BTreeMap::new(),
                 registration_pin: Some(pin),
                 registered: false,
-                last_activity: Instant::now(),
+                last_activity: self.clock,
             },
         );
         let store = self.services.store.clone();
@@ -51,11 +50,7 @@ impl Agent {
         );
     }
 
-    pub(crate) fn on_registered(
-        &mut self,
-        stream: StreamId,
-        result: Result<Vec<Subscription>, PubSubError>,
-    ) {
+    pub(crate) fn on_registered(&mut self, stream: StreamId, result: Result<Vec<Subscription>, PubSubError>) {
         self.work -= 1;
         if self.shutdown.is_some() {
             // Admission is closed; the pin keeps these containers unacked.
@@ -80,17 +75,10 @@ impl Agent {
         }
         for factory in self.services.implicit.for_stream(&stream) {
             let id = SubscriptionId::implicit(factory.name(), &stream);
-            entry
-                .subs
-                .entry(id)
-                .or_insert_with(|| Sub::implicit(id, &stream, factory.create(&stream)));
+            entry.subs.entry(id).or_insert_with(|| Sub::implicit(id, &stream, factory.create(&stream)));
         }
-        let waiting: Vec<SubscriptionId> = entry
-            .subs
-            .iter()
-            .filter(|(_, sub)| sub.cursor.is_none() && !sub.handshaking)
-            .map(|(id, _)| *id)
-            .collect();
+        let waiting: Vec<SubscriptionId> =
+            entry.subs.iter().filter(|(_, sub)| sub.cursor.is_none() && !sub.handshaking).map(|(id, _)| *id).collect();
         let unsubscribed = entry.subs.is_empty();
         let pin = entry.registration_pin.take();
         for id in waiting {
@@ -100,9 +88,7 @@ impl Agent {
             self.cache.remove_cursor(pin);
         }
         if unsubscribed {
-            self.metrics
-                .events_unsubscribed
-                .increment(self.cache.stream_events(&stream) as u64);
+            self.metrics.events_unsubscribed.increment(self.cache.stream_events(&stream) as u64);
         }
     }
 
@@ -123,15 +109,9 @@ impl Agent {
         let Some(entry) = self.streams.get_mut(&stream) else {
             return;
         };
-        entry.last_activity = Instant::now();
-        let strict = matches!(
-            subscription.start,
-            StartPosition::At(_) | StartPosition::After(_)
-        );
-        let sub = entry
-            .subs
-            .entry(subscription.id)
-            .or_insert_with(|| Sub::explicit(&subscription, strict));
+        entry.last_activity = self.clock;
+        let strict = matches!(subscription.start, StartPosition::At(_) | StartPosition::After(_));
+        let sub = entry.subs.entry(subscription.id).or_insert_with(|| Sub::explicit(&subscription, strict));
         sub.address = Some(subscription.consumer.clone());
         sub.start = subscription.start;
         sub.strict_start = strict;
@@ -144,10 +124,8 @@ impl Agent {
     /// revoked.
     pub(crate) fn detach(&mut self, stream: &StreamId, id: SubscriptionId) {
         self.remove_sub(stream, id, AttachError::Removed(id));
-        let drop_stream = self
-            .streams
-            .get(stream)
-            .is_some_and(|e| e.registered && e.subs.is_empty() && e.registration_pin.is_none());
+        let drop_stream =
+            self.streams.get(stream).is_some_and(|e| e.registered && e.subs.is_empty() && e.registration_pin.is_none());
         if drop_stream {
             self.streams.remove(stream);
         }
@@ -160,17 +138,10 @@ impl Agent {
         if self.shutdown.is_some() {
             return;
         }
-        let pin_needed = self
-            .streams
-            .get(stream)
-            .and_then(|e| e.subs.get(&id))
-            .is_some_and(|s| s.handshake_pin.is_none());
+        let pin_needed =
+            self.streams.get(stream).and_then(|e| e.subs.get(&id)).is_some_and(|s| s.handshake_pin.is_none());
         let pin = pin_needed.then(|| self.cache.pin_stream(stream));
-        let Some(sub) = self
-            .streams
-            .get_mut(stream)
-            .and_then(|e| e.subs.get_mut(&id))
-        else {
+        let Some(sub) = self.streams.get_mut(stream).and_then(|e| e.subs.get_mut(&id)) else {
             if let Some(pin) = pin {
                 self.cache.remove_cursor(pin);
             }
@@ -182,7 +153,7 @@ impl Agent {
         sub.generation += 1;
         sub.handshaking = true;
         sub.revoke.cancel();
-        sub.revoke = CancellationToken::new();
+        sub.revoke = Arc::new(CancellationToken::new());
         let generation = sub.generation;
         let known = sub.consumer.clone();
         let address = sub.address.clone();
@@ -196,43 +167,30 @@ impl Agent {
             async move {
                 let consumer = known.or_else(|| address.as_ref().and_then(|a| resolver.resolve(a)));
                 let Some(consumer) = consumer else {
-                    let at = address
-                        .map(|a| format!("{}/{}", a.node, a.name))
-                        .unwrap_or_default();
+                    let at = address.map(|a| format!("{}/{}", a.node, a.name)).unwrap_or_default();
                     return InternalMsg::HandshakeDone {
                         stream: s1,
                         id,
                         generation,
                         consumer: None,
-                        result: Err(ConsumerError::Unavailable(format!(
-                            "no consumer is registered at {at}"
-                        ))),
+                        result: Err(ConsumerError::Unavailable(format!("no consumer is registered at {at}"))),
                     };
                 };
-                let attempted =
-                    call_with_retries(|| consumer.handshake(&info), &limits, &stop, &revoke).await;
+                let attempted = call_with_retries(|| consumer.handshake(&info), &limits, &stop, &revoke).await;
                 let result = match attempted {
                     Attempted::Done(start) => Ok(start),
                     Attempted::Unavailable(reason) => Err(ConsumerError::Unavailable(reason)),
                     Attempted::Failed { error, .. } => Err(ConsumerError::Failed(error)),
                     Attempted::Revoked => Err(ConsumerError::Failed("revoked".into())),
                 };
-                InternalMsg::HandshakeDone {
-                    stream: s1,
-                    id,
-                    generation,
-                    consumer: Some(consumer),
-                    result,
-                }
+                InternalMsg::HandshakeDone { stream: s1, id, generation, consumer: Some(consumer), result }
             },
             move |panic| InternalMsg::HandshakeDone {
                 stream: s2,
                 id,
                 generation,
                 consumer: None,
-                result: Err(ConsumerError::Failed(format!(
-                    "handshake panicked: {panic}"
-                ))),
+                result: Err(ConsumerError::Failed(format!("handshake panicked: {panic}"))),
             },
         );
     }
@@ -246,11 +204,7 @@ impl Agent {
         result: Result<Option<StartPosition>, ConsumerError>,
     ) {
         self.work -= 1;
-        let Some(sub) = self
-            .streams
-            .get_mut(&stream)
-            .and_then(|e| e.subs.get_mut(&id))
-        else {
+        let Some(sub) = self.streams.get_mut(&stream).and_then(|e| e.subs.get_mut(&id)) else {
             return;
         };
         if sub.generation != generation {
@@ -271,9 +225,7 @@ impl Agent {
                 let action = if id.is_implicit() {
                     FailureAction::Skip
                 } else {
-                    self.services
-                        .failure
-                        .on_subscription_failure(&sub.info, &error)
+                    self.services.failure.on_subscription_failure(&sub.info, &error)
                 };
                 if action == FailureAction::Fault {
                     self.fault_sub(&stream, id, format!("handshake failed: {error}"));
@@ -289,25 +241,13 @@ impl Agent {
     /// Puts the subscription's cursor at `start`, catching up from the queue
     /// when the cache no longer holds it, then answers waiting attaches and
     /// starts delivering.
-    pub(crate) fn place_cursor(
-        &mut self,
-        stream: &StreamId,
-        id: SubscriptionId,
-        start: StartPosition,
-    ) {
+    pub(crate) fn place_cursor(&mut self, stream: &StreamId, id: SubscriptionId, start: StartPosition) {
         let rewindable = self.services.adapter.is_rewindable();
-        let Some(sub) = self
-            .streams
-            .get_mut(stream)
-            .and_then(|e| e.subs.get_mut(&id))
-        else {
+        let Some(sub) = self.streams.get_mut(stream).and_then(|e| e.subs.get_mut(&id)) else {
             return;
         };
         let placed = match sub.cursor {
-            Some(cursor) => self
-                .cache
-                .seek(cursor, start.cursor_start())
-                .map(|()| cursor),
+            Some(cursor) => self.cache.seek(cursor, start.cursor_start()).map(|()| cursor),
             None => self.cache.create_cursor(stream, start.cursor_start()),
         };
         sub.catch_up = None;
@@ -331,10 +271,7 @@ impl Agent {
                     let error = AttachError::CannotStart {
                         id,
                         requested: format!("{start:?}"),
-                        reason: crate::queue::QueueError::NotRewindable {
-                            requested: miss.requested,
-                        }
-                        .to_string(),
+                        reason: crate::queue::QueueError::NotRewindable { requested: miss.requested }.to_string(),
                     };
                     self.remove_sub(stream, id, error);
                     return;
@@ -342,11 +279,7 @@ impl Agent {
                     tracing::warn!(queue = %self.queue, %stream, subscription = %id, requested = %miss.requested, purged_through = %miss.purged_through,
                         "the adapter is not rewindable: resuming at the oldest cached event; events in between may be missed");
                 }
-                let fallback = if rewindable {
-                    boundary
-                } else {
-                    crate::cache::CursorStart::Earliest
-                };
+                let fallback = if rewindable { boundary } else { crate::cache::CursorStart::Earliest };
                 let placed = match sub.cursor {
                     Some(cursor) => self.cache.seek(cursor, fallback).map(|()| cursor),
                     None => self.cache.create_cursor(stream, fallback),
@@ -364,10 +297,9 @@ impl Agent {
             self.cache.remove_cursor(pin);
         }
         let concrete = match start {
-            StartPosition::Latest => self
-                .cache
-                .last_added()
-                .map_or(StartPosition::EarliestAvailable, StartPosition::After),
+            StartPosition::Latest => {
+                self.cache.last_added().map_or(StartPosition::EarliestAvailable, StartPosition::After)
+            }
             other => other,
         };
         for reply in sub.attach_replies.drain(..) {
@@ -378,20 +310,10 @@ impl Agent {
 
     /// Drops a subscription from this agent (not from the store): revokes
     /// its work, frees its cursor and pins, answers waiting attaches.
-    pub(crate) fn remove_sub(
-        &mut self,
-        stream: &StreamId,
-        id: SubscriptionId,
-        error: AttachError,
-    ) -> Option<Sub> {
+    pub(crate) fn remove_sub(&mut self, stream: &StreamId, id: SubscriptionId, error: AttachError) -> Option<Sub> {
         let mut sub = self.streams.get_mut(stream)?.subs.remove(&id)?;
         sub.revoke.cancel();
-        for cursor in sub
-            .cursor
-            .take()
-            .into_iter()
-            .chain(sub.handshake_pin.take())
-        {
+        for cursor in sub.cursor.take().into_iter().chain(sub.handshake_pin.take()) {
             self.cache.remove_cursor(cursor);
             self.cursor_owner.remove(&cursor);
         }
@@ -405,14 +327,7 @@ impl Agent {
     /// told why, and gets no more events.
     pub(crate) fn fault_sub(&mut self, stream: &StreamId, id: SubscriptionId, reason: String) {
         tracing::warn!(queue = %self.queue, %stream, subscription = %id, %reason, "subscription faulted");
-        let Some(sub) = self.remove_sub(
-            stream,
-            id,
-            AttachError::Faulted {
-                id,
-                reason: reason.clone(),
-            },
-        ) else {
+        let Some(sub) = self.remove_sub(stream, id, AttachError::Faulted { id, reason: reason.clone() }) else {
             return;
         };
         let store = self.services.store.clone();
@@ -424,7 +339,11 @@ impl Agent {
                     tracing::error!(%stream, subscription = %id, %error, "could not mark the subscription faulted");
                 }
                 if let Some(consumer) = consumer {
-                    let _ = tokio::time::timeout(timeout, consumer.on_error(&info, &format!("subscription faulted: {reason}"))).await;
+                    let _ = tokio::time::timeout(
+                        timeout,
+                        consumer.on_error(&info, &format!("subscription faulted: {reason}")),
+                    )
+                    .await;
                 }
                 InternalMsg::SideWorkDone
             },
@@ -434,11 +353,8 @@ impl Agent {
 
     /// Forgets a stream: every subscription's cursor and the pins go.
     pub(crate) fn forget_stream(&mut self, stream: &StreamId) {
-        let ids: Vec<SubscriptionId> = self
-            .streams
-            .get(stream)
-            .map(|e| e.subs.keys().copied().collect())
-            .unwrap_or_default();
+        let ids: Vec<SubscriptionId> =
+            self.streams.get(stream).map(|e| e.subs.keys().copied().collect()).unwrap_or_default();
         for id in ids {
             self.remove_sub(stream, id, AttachError::NotServing(self.queue));
         }
@@ -462,33 +378,20 @@ impl Sub {
             handshaking: false,
             delivering: false,
             in_flight: None,
-            revoke: CancellationToken::new(),
+            revoke: Arc::new(CancellationToken::new()),
             catch_up: None,
             attach_replies: Vec::new(),
         }
     }
 
     fn explicit(record: &Subscription, strict_start: bool) -> Self {
-        let info = SubscriptionInfo {
-            id: record.id,
-            stream: record.stream.clone(),
-        };
-        Self {
-            address: Some(record.consumer.clone()),
-            strict_start,
-            ..Self::new(info, record.start)
-        }
+        let info = SubscriptionInfo { id: record.id, stream: record.stream.clone() };
+        Self { address: Some(record.consumer.clone()), strict_start, ..Self::new(info, record.start) }
     }
 
     fn implicit(id: SubscriptionId, stream: &StreamId, consumer: Arc<dyn StreamConsumer>) -> Self {
-        let info = SubscriptionInfo {
-            id,
-            stream: stream.clone(),
-        };
-        Self {
-            consumer: Some(consumer),
-            ..Self::new(info, StartPosition::EarliestAvailable)
-        }
+        let info = SubscriptionInfo { id, stream: stream.clone() };
+        Self { consumer: Some(consumer), ..Self::new(info, StartPosition::EarliestAvailable) }
     }
 }
 

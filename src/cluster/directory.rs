@@ -33,10 +33,7 @@ impl AgentDirectory {
     /// `agent` no longer serves `queue` (a newer registration is kept).
     pub fn unregister(&self, queue: QueueId, agent: &ActorRef<AgentMsg>) {
         let mut agents = self.lock();
-        if agents
-            .get(&queue)
-            .is_some_and(|a| a.get_id() == agent.get_id())
-        {
+        if agents.get(&queue).is_some_and(|a| a.get_id() == agent.get_id()) {
             agents.remove(&queue);
         }
     }

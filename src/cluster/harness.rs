@@ -12,8 +12,8 @@ use crate::config::Config;
 use crate::failure::{DeadLetterSink, LogDeadLetters};
 use crate::node::{Node, NodeError};
 use crate::pubsub::{
-    ConsumerAddress, ConsumerResolver, ImplicitSubscriptions, LocalConsumers, MemoryPubSubStore,
-    PubSubStore, StreamConsumer,
+    ConsumerAddress, ConsumerResolver, ImplicitSubscriptions, LocalConsumers, MemoryPubSubStore, PubSubStore,
+    StreamConsumer,
 };
 use crate::queue::{QueueAdapterFactory, QueueId};
 
@@ -102,16 +102,10 @@ impl InProcessCluster {
     /// Starts a node named `name` and joins it.
     pub async fn add_node(&self, name: &str) -> Result<Arc<Node>, NodeError> {
         let id = NodeId::new(name);
-        let consumers = Arc::new(LocalConsumers::new(
-            id.clone(),
-            self.config.pubsub.max_local_consumers,
-        ));
+        let consumers = Arc::new(LocalConsumers::new(id.clone(), self.config.pubsub.max_local_consumers));
         self.transport.add_node(consumers.clone());
         let node = Node::builder(id.clone(), self.factory.clone())
-            .config(Config {
-                node: crate::config::NodeSection { name: name.into() },
-                ..self.config.clone()
-            })
+            .config(Config { node: crate::config::NodeSection { name: name.into() }, ..self.config.clone() })
             .store(self.store.clone())
             .implicit(self.implicit.clone())
             .dead_letters(self.dead_letters.clone())
@@ -169,10 +163,7 @@ impl InProcessCluster {
 
     /// Waits until every queue runs on exactly one live node, as the
     /// balancer says; returns the assignment, or what it last saw.
-    pub async fn wait_balanced(
-        &self,
-        timeout: Duration,
-    ) -> Result<BTreeMap<NodeId, Vec<QueueId>>, String> {
+    pub async fn wait_balanced(&self, timeout: Duration) -> Result<BTreeMap<NodeId, Vec<QueueId>>, String> {
         let deadline = tokio::time::Instant::now() + timeout;
         let all = self.factory.queue_mapper().all_queues();
         loop {
@@ -183,9 +174,7 @@ impl InProcessCluster {
                 return Ok(running);
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(format!(
-                    "not balanced after {timeout:?}: running {running:?}, want {want:?}"
-                ));
+                return Err(format!("not balanced after {timeout:?}: running {running:?}, want {want:?}"));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -24,9 +24,7 @@ impl Default for Membership {
 impl Membership {
     /// No live nodes yet.
     pub fn new() -> Self {
-        Self {
-            live: Arc::new(watch::Sender::new(BTreeSet::new())),
-        }
+        Self { live: Arc::new(watch::Sender::new(BTreeSet::new())) }
     }
 
     /// Marks `node` live.

@@ -10,9 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 
-use crate::pubsub::{
-    ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionInfo,
-};
+use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionInfo};
 use crate::stream::SequenceToken;
 
 pub(crate) struct TrackedConsumer {
@@ -23,11 +21,7 @@ pub(crate) struct TrackedConsumer {
 
 impl TrackedConsumer {
     pub(crate) fn new(inner: Arc<dyn StreamConsumer>) -> Self {
-        Self {
-            inner,
-            last: Mutex::new(None),
-            closed: AtomicBool::new(false),
-        }
+        Self { inner, last: Mutex::new(None), closed: AtomicBool::new(false) }
     }
 
     pub(crate) fn close(&self) {
@@ -45,10 +39,7 @@ impl TrackedConsumer {
 
 #[async_trait]
 impl StreamConsumer for TrackedConsumer {
-    async fn handshake(
-        &self,
-        subscription: &SubscriptionInfo,
-    ) -> Result<Option<StartPosition>, ConsumerError> {
+    async fn handshake(&self, subscription: &SubscriptionInfo) -> Result<Option<StartPosition>, ConsumerError> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(ConsumerError::Unavailable("unsubscribed".into()));
         }
@@ -67,19 +58,11 @@ impl StreamConsumer for TrackedConsumer {
         let outcome = if delivery.batches.iter().all(|b| fresh(b.token)) {
             self.inner.deliver(delivery).await?
         } else {
-            let batches: Vec<_> = delivery
-                .batches
-                .iter()
-                .filter(|b| fresh(b.token))
-                .cloned()
-                .collect();
+            let batches: Vec<_> = delivery.batches.iter().filter(|b| fresh(b.token)).cloned().collect();
             if batches.is_empty() {
                 return Ok(DeliveryOutcome::Continue);
             }
-            let fresh_part = Delivery {
-                batches,
-                ..delivery.clone()
-            };
+            let fresh_part = Delivery { batches, ..delivery.clone() };
             self.inner.deliver(&fresh_part).await?
         };
         match outcome {

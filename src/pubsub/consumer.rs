@@ -30,9 +30,7 @@ pub struct Delivery {
 impl Delivery {
     /// Every event with its container's token, in order.
     pub fn events(&self) -> impl Iterator<Item = (&Event, SequenceToken)> {
-        self.batches
-            .iter()
-            .flat_map(|b| b.events.iter().map(move |e| (e, b.token)))
+        self.batches.iter().flat_map(|b| b.events.iter().map(move |e| (e, b.token)))
     }
 
     /// Number of events in the delivery.
@@ -81,10 +79,7 @@ pub trait StreamConsumer: Send + Sync + 'static {
     /// The handshake: where this subscription continues. `None` means "the
     /// subscription's own start position". Asked when the agent first serves
     /// the subscription and after each re-attach.
-    async fn handshake(
-        &self,
-        subscription: &SubscriptionInfo,
-    ) -> Result<Option<StartPosition>, ConsumerError> {
+    async fn handshake(&self, subscription: &SubscriptionInfo) -> Result<Option<StartPosition>, ConsumerError> {
         let _ = subscription;
         Ok(None)
     }

@@ -26,11 +26,7 @@ pub struct LocalConsumers {
 impl LocalConsumers {
     /// An empty directory for `node` holding at most `limit` consumers.
     pub fn new(node: NodeId, limit: usize) -> Self {
-        Self {
-            node,
-            limit,
-            consumers: Mutex::new(HashMap::new()),
-        }
+        Self { node, limit, consumers: Mutex::new(HashMap::new()) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<dyn StreamConsumer>>> {
@@ -44,23 +40,13 @@ impl LocalConsumers {
     }
 
     /// Registers `consumer` under `name`; returns its address.
-    pub fn register(
-        &self,
-        name: String,
-        consumer: Arc<dyn StreamConsumer>,
-    ) -> Result<ConsumerAddress, PubSubError> {
+    pub fn register(&self, name: String, consumer: Arc<dyn StreamConsumer>) -> Result<ConsumerAddress, PubSubError> {
         let mut consumers = self.lock();
         if !consumers.contains_key(&name) && consumers.len() >= self.limit {
-            return Err(PubSubError::TooManyConsumers {
-                node: self.node.to_string(),
-                limit: self.limit,
-            });
+            return Err(PubSubError::TooManyConsumers { node: self.node.to_string(), limit: self.limit });
         }
         consumers.insert(name.clone(), consumer);
-        Ok(ConsumerAddress {
-            node: self.node.clone(),
-            name,
-        })
+        Ok(ConsumerAddress { node: self.node.clone(), name })
     }
 
     /// Removes a consumer.

@@ -16,17 +16,13 @@ pub enum PubSubError {
     #[error("pub-sub store failed: {0}")]
     Store(String),
     /// The store is at its bound.
-    #[error(
-        "the pub-sub store already holds its limit of {limit} subscriptions (setting pubsub.max_subscriptions)"
-    )]
+    #[error("the pub-sub store already holds its limit of {limit} subscriptions (setting pubsub.max_subscriptions)")]
     TooManySubscriptions {
         /// The bound.
         limit: usize,
     },
     /// The node's consumer directory is at its bound.
-    #[error(
-        "node {node} already hosts its limit of {limit} consumers (setting pubsub.max_local_consumers)"
-    )]
+    #[error("node {node} already hosts its limit of {limit} consumers (setting pubsub.max_local_consumers)")]
     TooManyConsumers {
         /// The node.
         node: String,
@@ -48,19 +44,11 @@ pub trait PubSubStore: Send + Sync + 'static {
     async fn remove(&self, stream: &StreamId, id: SubscriptionId) -> Result<bool, PubSubError>;
 
     /// Marks a subscription faulted with the cause; it gets no more events.
-    async fn fault(
-        &self,
-        stream: &StreamId,
-        id: SubscriptionId,
-        reason: &str,
-    ) -> Result<(), PubSubError>;
+    async fn fault(&self, stream: &StreamId, id: SubscriptionId, reason: &str) -> Result<(), PubSubError>;
 }
 
 /// The store's count and its subscriptions per stream.
-type Table = (
-    usize,
-    HashMap<StreamId, BTreeMap<SubscriptionId, Subscription>>,
-);
+type Table = (usize, HashMap<StreamId, BTreeMap<SubscriptionId, Subscription>>);
 
 /// Subscriptions in memory; lost when the process ends.
 pub struct MemoryPubSubStore {
@@ -71,10 +59,7 @@ pub struct MemoryPubSubStore {
 impl MemoryPubSubStore {
     /// A store holding at most `max_subscriptions`.
     pub fn new(max_subscriptions: usize) -> Self {
-        Self {
-            max_subscriptions,
-            state: Mutex::new((0, HashMap::new())),
-        }
+        Self { max_subscriptions, state: Mutex::new((0, HashMap::new())) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -92,31 +77,20 @@ impl Default for MemoryPubSubStore {
 #[async_trait]
 impl PubSubStore for MemoryPubSubStore {
     async fn subscriptions(&self, stream: &StreamId) -> Result<Vec<Subscription>, PubSubError> {
-        Ok(self
-            .lock()
-            .1
-            .get(stream)
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default())
+        Ok(self.lock().1.get(stream).map(|m| m.values().cloned().collect()).unwrap_or_default())
     }
 
     async fn upsert(&self, subscription: Subscription) -> Result<(), PubSubError> {
         let mut guard = self.lock();
         let (count, map) = &mut *guard;
-        let exists = map
-            .get(&subscription.stream)
-            .is_some_and(|m| m.contains_key(&subscription.id));
+        let exists = map.get(&subscription.stream).is_some_and(|m| m.contains_key(&subscription.id));
         if !exists && *count >= self.max_subscriptions {
-            return Err(PubSubError::TooManySubscriptions {
-                limit: self.max_subscriptions,
-            });
+            return Err(PubSubError::TooManySubscriptions { limit: self.max_subscriptions });
         }
         if !exists {
             *count += 1;
         }
-        map.entry(subscription.stream.clone())
-            .or_default()
-            .insert(subscription.id, subscription);
+        map.entry(subscription.stream.clone()).or_default().insert(subscription.id, subscription);
         Ok(())
     }
 
@@ -136,12 +110,7 @@ impl PubSubStore for MemoryPubSubStore {
         Ok(removed)
     }
 
-    async fn fault(
-        &self,
-        stream: &StreamId,
-        id: SubscriptionId,
-        reason: &str,
-    ) -> Result<(), PubSubError> {
+    async fn fault(&self, stream: &StreamId, id: SubscriptionId, reason: &str) -> Result<(), PubSubError> {
         if let Some(sub) = self.lock().1.get_mut(stream).and_then(|m| m.get_mut(&id)) {
             sub.state = SubscriptionState::Faulted(reason.to_string());
         }

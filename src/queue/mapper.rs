@@ -16,9 +16,7 @@ pub struct QueueMapper {
 impl QueueMapper {
     /// A mapper over `queue_count` queues (at least 1).
     pub fn new(queue_count: u32) -> Self {
-        Self {
-            queue_count: queue_count.max(1),
-        }
+        Self { queue_count: queue_count.max(1) }
     }
 
     /// How many queues there are.
@@ -77,19 +75,13 @@ mod tests {
         for (ns, key, hash, n, queue) in cases {
             let s = StreamId::new(ns, key);
             assert_eq!(s.stable_hash(), *hash, "hash of {ns}/{key}; all:\n{report}");
-            assert_eq!(
-                QueueMapper::new(*n).queue_for(&s).0,
-                *queue,
-                "queue of {ns}/{key}"
-            );
+            assert_eq!(QueueMapper::new(*n).queue_for(&s).0, *queue, "queue of {ns}/{key}");
         }
     }
 
     #[test]
     fn spreads_streams_evenly_and_moves_few_when_growing() {
-        let streams: Vec<StreamId> = (0..10_000)
-            .map(|i| StreamId::new("s", i.to_string()))
-            .collect();
+        let streams: Vec<StreamId> = (0..10_000).map(|i| StreamId::new("s", i.to_string())).collect();
         let eight = QueueMapper::new(8);
         let mut counts = [0usize; 8];
         for s in &streams {
@@ -99,17 +91,10 @@ mod tests {
             assert!((1_000..1_500).contains(&c), "uneven: {counts:?}");
         }
         let nine = QueueMapper::new(9);
-        let moved = streams
-            .iter()
-            .filter(|s| eight.queue_for(s) != nine.queue_for(s))
-            .count();
+        let moved = streams.iter().filter(|s| eight.queue_for(s) != nine.queue_for(s)).count();
         // Ideal is 1/9 of the streams.
         assert!(moved < 1_400, "moved {moved}");
-        assert!(
-            streams
-                .iter()
-                .all(|s| nine.queue_for(s) == eight.queue_for(s) || nine.queue_for(s).0 == 8)
-        );
+        assert!(streams.iter().all(|s| nine.queue_for(s) == eight.queue_for(s) || nine.queue_for(s).0 == 8));
     }
 
     #[test]

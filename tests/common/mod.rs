@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tailrace::pubsub::{
-    ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StreamConsumer, SubscriptionInfo,
-};
+use tailrace::pubsub::{ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StreamConsumer, SubscriptionInfo};
 use tailrace::stream::{Event, EventId, SequenceToken, StreamId};
 
 /// Polls `check` every 10 ms until it holds or `timeout` passes; returns
@@ -77,10 +75,7 @@ impl Recorder {
         let mut seen = self.seen.lock().unwrap();
         seen.deliveries += 1;
         for batch in &delivery.batches {
-            seen.tokens
-                .entry(delivery.stream.clone())
-                .or_default()
-                .push(batch.token);
+            seen.tokens.entry(delivery.stream.clone()).or_default().push(batch.token);
         }
         let ids = seen.events.entry(delivery.stream.clone()).or_default();
         for (event, _) in delivery.events() {
@@ -120,9 +115,7 @@ impl ConsumerFactory for RecordingFactory {
 
 /// `n` events with ids `{prefix}{i}` for `i` in `range`.
 pub fn events(prefix: &str, range: std::ops::Range<u64>) -> Vec<Event> {
-    range
-        .map(|i| Event::new(EventId::new(format!("{prefix}{i}")), format!("payload {i}")))
-        .collect()
+    range.map(|i| Event::new(EventId::new(format!("{prefix}{i}")), format!("payload {i}"))).collect()
 }
 
 /// The ids `events` would produce.

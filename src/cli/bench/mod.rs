@@ -1,0 +1,71 @@
+//! `tailrace bench <scenario> [--quick]`: each scenario runs tailrace and a
+//! baseline of the same shape in one process and ends with
+//! `RESULT scenario=<name> tailrace_eps=… baseline_eps=… ratio=…`.
+
+mod pipeline;
+
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Runs one scenario by name.
+pub async fn run(scenario: &str, quick: bool) -> anyhow::Result<()> {
+    match scenario {
+        "pipeline" => pipeline::run(quick).await,
+        other => anyhow::bail!("unknown bench scenario `{other}` (known: pipeline)"),
+    }
+}
+
+/// The last line every scenario prints, from `(tailrace, baseline)` rates
+/// measured in alternating rounds: the round with the median ratio is
+/// reported (its rates and its ratio).
+pub fn median_line(scenario: &str, rounds: &[(f64, f64)], extra: &[(&str, String)]) -> String {
+    let ratio = |(t, b): (f64, f64)| if b > 0.0 { t / b } else { 0.0 };
+    let mut sorted = rounds.to_vec();
+    sorted.sort_by(|x, y| ratio(*x).total_cmp(&ratio(*y)));
+    let (tailrace, baseline) = sorted.get(sorted.len() / 2).copied().unwrap_or_default();
+    let ratio = ratio((tailrace, baseline));
+    let mut line =
+        format!("RESULT scenario={scenario} tailrace_eps={tailrace:.0} baseline_eps={baseline:.0} ratio={ratio:.3}");
+    for (key, value) in extra {
+        line.push_str(&format!(" {key}={value}"));
+    }
+    line
+}
+
+/// Prints a progress line every second while a run goes.
+pub struct Progress {
+    stop: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Progress {
+    pub fn start(label: &'static str, total: u64, done: Arc<AtomicU64>) -> Self {
+        let stop = Arc::new(AtomicU64::new(0));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if flag.load(Ordering::Relaxed) == 1 {
+                    return;
+                }
+                let n = done.load(Ordering::Relaxed);
+                eprint!(
+                    "\r  {label}: {n}/{total} events ({:.0}%) after {:.0?}   ",
+                    n as f64 * 100.0 / total.max(1) as f64,
+                    started.elapsed()
+                );
+                let _ = std::io::stderr().flush();
+            }
+        });
+        Self { stop, task }
+    }
+
+    pub fn finish(self) {
+        self.stop.store(1, Ordering::Relaxed);
+        self.task.abort();
+        eprint!("\r\x1b[2K");
+    }
+}

@@ -1,0 +1,264 @@
+//! `tailrace bench pipeline`: one node, 8 queues, 1 000 streams with one
+//! subscriber each, memory adapter — against a hand-written tokio pipeline of
+//! the same shape (producers -> bounded channel per queue -> router ->
+//! bounded channel per stream -> consumer task), same batch size, same
+//! events, same order check, in the same run.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use async_trait::async_trait;
+use bytes::Bytes;
+use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
+use tailrace::cluster::NodeId;
+use tailrace::config::Config;
+use tailrace::node::Node;
+use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
+use tailrace::queue::QueueMapper;
+use tailrace::stream::{Event, EventId, StreamId};
+use tokio::sync::{Notify, mpsc};
+
+use super::Progress;
+
+/// The shape of one run.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub streams: usize,
+    pub queues: u32,
+    pub batch: usize,
+    pub events_per_stream: u64,
+    pub producers: usize,
+    pub queue_capacity_events: usize,
+}
+
+impl Shape {
+    pub fn new(quick: bool) -> Self {
+        Self {
+            streams: 1_000,
+            queues: 8,
+            batch: 64,
+            events_per_stream: if quick { 4_096 } else { 20_480 },
+            producers: 4,
+            queue_capacity_events: MemoryOptions::default().capacity_events,
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.streams as u64 * self.events_per_stream
+    }
+}
+
+pub async fn run(quick: bool) -> anyhow::Result<()> {
+    let shape = Shape::new(quick);
+    println!(
+        "pipeline: {} streams over {} queues, {} events each ({} total), batches of {}, {} producers",
+        shape.streams,
+        shape.queues,
+        shape.events_per_stream,
+        shape.total(),
+        shape.batch,
+        shape.producers
+    );
+    // Rounds alternate tailrace and baseline so both see the same machine;
+    // the ratio reported is the median of the rounds' ratios.
+    let runs = if quick { 1 } else { 5 };
+    // TAILRACE_BENCH_ONLY=tailrace|baseline runs one side (for profiling).
+    let only = std::env::var("TAILRACE_BENCH_ONLY").unwrap_or_default();
+    let mut rounds = Vec::new();
+    for round in 1..=runs {
+        let t = if only == "baseline" { 0.0 } else { tailrace_run(shape).await? };
+        let b = if only == "tailrace" { 0.0 } else { baseline_run(shape).await? };
+        println!(
+            "  round {round}: tailrace {t:>12.0} events/s   baseline {b:>12.0} events/s   ratio {:.3}",
+            if b > 0.0 { t / b } else { 0.0 }
+        );
+        rounds.push((t, b));
+    }
+    println!("{}", super::median_line("pipeline", &rounds, &[("events", shape.total().to_string())]));
+    Ok(())
+}
+
+/// Counts a stream's events and checks they arrive in order.
+struct Counter {
+    next: AtomicU64,
+    delivered: Arc<AtomicU64>,
+    total: u64,
+    done: Arc<Notify>,
+    disorder: Arc<AtomicU64>,
+}
+
+impl Counter {
+    fn take(&self, first_id: &str, count: u64) {
+        let expected = self.next.fetch_add(count, Ordering::Relaxed);
+        if first_id.parse::<u64>().ok() != Some(expected) {
+            self.disorder.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.delivered.fetch_add(count, Ordering::Relaxed) + count >= self.total {
+            self.done.notify_one();
+        }
+    }
+}
+
+#[async_trait]
+impl StreamConsumer for Counter {
+    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        for batch in &delivery.batches {
+            if let Some(first) = batch.events.first() {
+                self.take(first.id.as_str(), batch.events.len() as u64);
+            }
+        }
+        Ok(DeliveryOutcome::Continue)
+    }
+}
+
+fn batch_of(first: u64, len: usize, payload: &Bytes, now: u64) -> Vec<Event> {
+    (first..first + len as u64)
+        .map(|i| Event { id: EventId::from_u64(i), timestamp_ms: now, payload: payload.clone() })
+        .collect()
+}
+
+fn stream_ids(shape: Shape) -> Vec<StreamId> {
+    (0..shape.streams).map(|i| StreamId::new("bench", format!("stream-{i}"))).collect()
+}
+
+async fn tailrace_run(shape: Shape) -> anyhow::Result<f64> {
+    let factory = Arc::new(MemoryAdapterFactory::new(
+        shape.queues,
+        MemoryOptions { capacity_events: shape.queue_capacity_events, history: 0, ..MemoryOptions::default() },
+    ));
+    let adapter = factory.adapter();
+    let node = Node::builder(NodeId::new("bench"), factory).config(Config::default()).start().await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while node.running_agents().await? < shape.queues as usize {
+        if Instant::now() > deadline {
+            bail!("agents did not start");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let streams = stream_ids(shape);
+    let delivered = Arc::new(AtomicU64::new(0));
+    let disorder = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(Notify::new());
+    for stream in &streams {
+        let counter = Counter {
+            next: AtomicU64::new(0),
+            delivered: delivered.clone(),
+            total: shape.total(),
+            done: done.clone(),
+            disorder: disorder.clone(),
+        };
+        node.subscribe(stream, Arc::new(counter), StartPosition::Latest).await.context("subscribe")?;
+    }
+    let progress = Progress::start("tailrace", shape.total(), delivered.clone());
+    let started = Instant::now();
+    let streams = Arc::new(streams);
+    let mut producers = Vec::new();
+    for p in 0..shape.producers {
+        let (adapter, streams) = (adapter.clone(), streams.clone());
+        producers.push(tokio::spawn(async move {
+            let payload = Bytes::from_static(b"0123456789abcdef0123456789abcdef");
+            let now = tailrace::stream::now_ms();
+            let mut sent = 0;
+            while sent < shape.events_per_stream {
+                for stream in streams.iter().skip(p).step_by(shape.producers) {
+                    let events = batch_of(sent, shape.batch, &payload, now);
+                    tailrace::queue::QueueAdapter::enqueue(adapter.as_ref(), stream, events).await?;
+                }
+                sent += shape.batch as u64;
+            }
+            Ok::<_, tailrace::queue::QueueError>(())
+        }));
+    }
+    for producer in producers {
+        producer.await??;
+    }
+    while delivered.load(Ordering::Relaxed) < shape.total() {
+        done.notified().await;
+    }
+    let elapsed = started.elapsed();
+    progress.finish();
+    if disorder.load(Ordering::Relaxed) > 0 {
+        bail!("tailrace delivered {} batches out of order", disorder.load(Ordering::Relaxed));
+    }
+    node.shutdown().await?;
+    Ok(shape.total() as f64 / elapsed.as_secs_f64())
+}
+
+async fn baseline_run(shape: Shape) -> anyhow::Result<f64> {
+    let streams = stream_ids(shape);
+    let mapper = QueueMapper::new(shape.queues);
+    let delivered = Arc::new(AtomicU64::new(0));
+    let disorder = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(Notify::new());
+    // Per stream: a bounded channel and a consumer task with the same check.
+    let mut stream_tx = Vec::new();
+    for _ in &streams {
+        let (tx, mut rx) = mpsc::channel::<Vec<Event>>(16);
+        let counter = Counter {
+            next: AtomicU64::new(0),
+            delivered: delivered.clone(),
+            total: shape.total(),
+            done: done.clone(),
+            disorder: disorder.clone(),
+        };
+        tokio::spawn(async move {
+            while let Some(batch) = rx.recv().await {
+                if let Some(first) = batch.first() {
+                    counter.take(first.id.as_str(), batch.len() as u64);
+                }
+            }
+        });
+        stream_tx.push(tx);
+    }
+    // Per queue: a bounded channel and a router to the stream channels.
+    let stream_tx = Arc::new(stream_tx);
+    let mut queue_tx = Vec::new();
+    for _ in 0..shape.queues {
+        let (tx, mut rx) = mpsc::channel::<(usize, Vec<Event>)>(shape.queue_capacity_events / shape.batch);
+        let stream_tx = stream_tx.clone();
+        tokio::spawn(async move {
+            while let Some((stream, batch)) = rx.recv().await {
+                if stream_tx[stream].send(batch).await.is_err() {
+                    return;
+                }
+            }
+        });
+        queue_tx.push(tx);
+    }
+    let routes: Arc<Vec<usize>> = Arc::new(streams.iter().map(|s| mapper.queue_for(s).0 as usize).collect());
+    let queue_tx = Arc::new(queue_tx);
+    let progress = Progress::start("baseline", shape.total(), delivered.clone());
+    let started = Instant::now();
+    let mut producers = Vec::new();
+    for p in 0..shape.producers {
+        let (queue_tx, routes) = (queue_tx.clone(), routes.clone());
+        producers.push(tokio::spawn(async move {
+            let payload = Bytes::from_static(b"0123456789abcdef0123456789abcdef");
+            let now = tailrace::stream::now_ms();
+            let mut sent = 0;
+            while sent < shape.events_per_stream {
+                for stream in (p..shape.streams).step_by(shape.producers) {
+                    let events = batch_of(sent, shape.batch, &payload, now);
+                    if queue_tx[routes[stream]].send((stream, events)).await.is_err() {
+                        return;
+                    }
+                }
+                sent += shape.batch as u64;
+            }
+        }));
+    }
+    for producer in producers {
+        producer.await?;
+    }
+    while delivered.load(Ordering::Relaxed) < shape.total() {
+        done.notified().await;
+    }
+    let elapsed = started.elapsed();
+    progress.finish();
+    if disorder.load(Ordering::Relaxed) > 0 {
+        bail!("baseline delivered {} batches out of order", disorder.load(Ordering::Relaxed));
+    }
+    Ok(shape.total() as f64 / elapsed.as_secs_f64())
+}

@@ -1,0 +1,3 @@
+//! The `tailrace` command line.
+
+pub mod bench;
