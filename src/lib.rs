@@ -20,6 +20,7 @@ pub mod cache;
 pub mod checkpoint;
 pub mod cluster;
 pub mod config;
+pub mod conformance;
 pub mod failure;
 pub mod manager;
 pub mod node;

@@ -365,12 +365,11 @@ impl QueueReceiver for MemoryReceiver {
         if state.epoch != self.epoch {
             return Err(QueueError::Fenced(self.queue.id));
         }
+        if self.queue.history == 0 {
+            return Err(QueueError::NotRewindable { requested: from });
+        }
         if let Some(gone) = state.forgotten_through.filter(|gone| from <= *gone) {
-            let reason = if self.queue.history == 0 {
-                "history is 0, so acknowledged containers are not kept".to_string()
-            } else {
-                format!("containers up to {gone} are no longer held")
-            };
+            let reason = format!("containers up to {gone} are no longer held");
             return Err(QueueError::CannotRewind {
                 adapter: NAME.into(),
                 queue: self.queue.id,

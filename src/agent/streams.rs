@@ -36,11 +36,12 @@ impl Agent {
         );
         let store = self.services.store.clone();
         let backoff = self.services.options.delivery_backoff;
+        let attempt_timeout = self.services.options.delivery_attempt_timeout;
         let stop = self.stop_retries.clone();
         let (s1, s2) = (stream.clone(), stream);
         self.spawn_work(
             async move {
-                let result = lookup_with_retries(store.as_ref(), &s1, backoff, &stop).await;
+                let result = lookup_with_retries(store.as_ref(), &s1, backoff, attempt_timeout, &stop).await;
                 InternalMsg::Registered { stream: s1, result }
             },
             move |panic| InternalMsg::Registered {
@@ -407,22 +408,25 @@ async fn lookup_with_retries(
     store: &dyn PubSubStore,
     stream: &StreamId,
     backoff: Backoff,
+    attempt_timeout: Duration,
     stop: &CancellationToken,
 ) -> Result<Vec<Subscription>, PubSubError> {
     let mut attempt = 0;
     loop {
-        match store.subscriptions(stream).await {
-            Ok(subs) => return Ok(subs),
-            Err(error) if stop.is_cancelled() => return Err(error),
-            Err(error) => {
-                let wait: Duration = backoff.delay(attempt);
-                tracing::warn!(%stream, %error, ?wait, "pub-sub lookup failed; retrying");
-                attempt += 1;
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = stop.cancelled() => return Err(error),
-                }
-            }
+        let error = match tokio::time::timeout(attempt_timeout, store.subscriptions(stream)).await {
+            Ok(Ok(subs)) => return Ok(subs),
+            Ok(Err(error)) => error,
+            Err(_) => PubSubError::Store(format!("no answer within {attempt_timeout:?}")),
+        };
+        if stop.is_cancelled() {
+            return Err(error);
+        }
+        let wait: Duration = backoff.delay(attempt);
+        tracing::warn!(%stream, %error, ?wait, "pub-sub lookup failed; retrying");
+        attempt += 1;
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.cancelled() => return Err(error),
         }
     }
 }

@@ -126,3 +126,136 @@ pub fn ids(prefix: &str, range: std::ops::Range<u64>) -> Vec<String> {
 pub fn stream(ns: &str, key: &str) -> StreamId {
     StreamId::new(ns, key)
 }
+
+pub mod scripted;
+pub mod store;
+
+use tailrace::agent::{AgentMsg, AgentStatus};
+use tailrace::cluster::{AgentDirectory, NodeId};
+use tailrace::config::Config;
+use tailrace::node::Node;
+use tailrace::pubsub::ImplicitSubscriptions;
+use tailrace::queue::{QueueAdapterFactory, QueueId};
+
+/// One node over a factory, with its agent directory and store exposed.
+pub struct TestNode {
+    pub node: Node,
+    pub agents: Arc<AgentDirectory>,
+    pub store: Arc<store::GatedStore>,
+}
+
+impl TestNode {
+    pub async fn start(factory: Arc<dyn QueueAdapterFactory>, config: Config, implicit: ImplicitSubscriptions) -> Self {
+        Self::start_with(factory, config, implicit, |b| b).await
+    }
+
+    pub async fn start_with(
+        factory: Arc<dyn QueueAdapterFactory>,
+        config: Config,
+        implicit: ImplicitSubscriptions,
+        extra: impl FnOnce(tailrace::node::NodeBuilder) -> tailrace::node::NodeBuilder,
+    ) -> Self {
+        let agents = Arc::new(AgentDirectory::new());
+        let store = store::GatedStore::new();
+        let builder = Node::builder(NodeId::new("test"), factory)
+            .config(config)
+            .implicit(implicit)
+            .agents(agents.clone())
+            .store(store.clone());
+        let node = extra(builder).start().await.unwrap();
+        Self { node, agents, store }
+    }
+
+    /// The agent of `queue`, once it runs.
+    pub async fn agent(&self, queue: u32) -> ractor::ActorRef<AgentMsg> {
+        for _ in 0..2_000 {
+            if let Some(agent) = self.agents.get(QueueId(queue)) {
+                return agent;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("no agent for queue {queue}");
+    }
+
+    pub async fn status(&self, queue: u32) -> AgentStatus {
+        let agent = self.agent(queue).await;
+        ractor::call!(agent, AgentMsg::GetStatus).unwrap()
+    }
+}
+
+/// Test settings: quick retries, quick polls.
+pub fn quick_config() -> Config {
+    let mut config = Config::default();
+    config.agent.delivery_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(10));
+    config.agent.reader_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(10));
+    config.agent.max_delivery_time = Duration::from_secs(2);
+    config.agent.delivery_attempt_timeout = Duration::from_secs(1);
+    config.checkpoint.persist_interval = Duration::ZERO;
+    config.pubsub.attach_timeout = Duration::from_secs(5);
+    config
+}
+
+/// Implicit subscriptions of namespace `ns` recording into `recorder`.
+pub fn implicit(ns: &str, recorder: &Recorder) -> ImplicitSubscriptions {
+    ImplicitSubscriptions::new()
+        .bind(ns, Arc::new(RecordingFactory { name: "recorder".into(), recorder: recorder.clone() }))
+}
+
+/// A consumer whose deliveries wait for a permit each; counts arrivals.
+#[derive(Clone)]
+pub struct GatedConsumer {
+    pub recorder: Recorder,
+    pub gate: Arc<tokio::sync::Semaphore>,
+    pub entered: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl GatedConsumer {
+    pub fn new() -> Self {
+        Self { recorder: Recorder::new(), gate: Arc::new(tokio::sync::Semaphore::new(0)), entered: Default::default() }
+    }
+
+    pub fn entered(&self) -> usize {
+        self.entered.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn open(&self) {
+        self.gate.add_permits(1_000_000);
+    }
+}
+
+#[async_trait]
+impl StreamConsumer for GatedConsumer {
+    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        self.entered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Ok(permit) = self.gate.acquire().await {
+            permit.forget();
+        }
+        self.recorder.record(delivery);
+        Ok(DeliveryOutcome::Continue)
+    }
+}
+
+/// An implicit factory handing out one shared consumer.
+pub struct SharedFactory {
+    pub name: String,
+    pub consumer: Arc<dyn StreamConsumer>,
+}
+
+impl ConsumerFactory for SharedFactory {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn create(&self, _: &StreamId) -> Arc<dyn StreamConsumer> {
+        self.consumer.clone()
+    }
+}
+
+pub fn bind(
+    implicit: ImplicitSubscriptions,
+    ns: &str,
+    name: &str,
+    consumer: Arc<dyn StreamConsumer>,
+) -> ImplicitSubscriptions {
+    implicit.bind(ns, Arc::new(SharedFactory { name: name.into(), consumer }))
+}

@@ -1,0 +1,176 @@
+//! A queue adapter the test drives by hand: it hands out the containers the
+//! test pushes (with the tokens the test chooses), can hold reads back,
+//! fail them, and records every call. One queue.
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tailrace::cache::CacheOptions;
+use tailrace::checkpoint::{Checkpointer, MemoryCheckpointer};
+use tailrace::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
+use tailrace::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
+use tokio::sync::Semaphore;
+
+/// What the receiver did and will do.
+#[derive(Default)]
+pub struct Script {
+    /// Containers waiting to be read, in order.
+    pub pending: Mutex<VecDeque<Arc<BatchContainer>>>,
+    /// Errors the next reads return, in order.
+    pub read_errors: Mutex<VecDeque<QueueError>>,
+    /// `read` calls and the `max` each asked for.
+    pub read_max: Mutex<Vec<usize>>,
+    /// Every `delivered` call.
+    pub acks: Mutex<Vec<Vec<SequenceToken>>>,
+    /// Every `failed` call.
+    pub failed: Mutex<Vec<Vec<SequenceToken>>>,
+    pub inits: AtomicUsize,
+    pub shutdowns: AtomicUsize,
+    pub receivers: AtomicUsize,
+    /// When set, each read takes one permit first (holds reads back).
+    pub gate: Mutex<Option<Arc<Semaphore>>>,
+}
+
+impl Script {
+    pub fn push(&self, stream: &StreamId, token: u64, ids: &[&str]) {
+        let events = ids.iter().map(|id| Event::new(EventId::new(*id), format!("payload of {id}"))).collect();
+        self.pending.lock().unwrap().push_back(Arc::new(BatchContainer {
+            stream: stream.clone(),
+            token: SequenceToken::new(token, 0),
+            events,
+        }));
+    }
+
+    pub fn read_calls(&self) -> usize {
+        self.read_max.lock().unwrap().len()
+    }
+
+    pub fn acked(&self) -> Vec<u64> {
+        self.acks.lock().unwrap().iter().flatten().map(|t| t.major).collect()
+    }
+
+    /// Holds every read until `release` is called.
+    pub fn hold_reads(&self) -> Arc<Semaphore> {
+        let gate = Arc::new(Semaphore::new(0));
+        *self.gate.lock().unwrap() = Some(gate.clone());
+        gate
+    }
+
+    pub fn release_reads(&self) {
+        if let Some(gate) = self.gate.lock().unwrap().take() {
+            gate.add_permits(1_000_000);
+        }
+    }
+}
+
+pub struct ScriptedFactory {
+    pub script: Arc<Script>,
+    pub checkpoints: Arc<MemoryCheckpointer>,
+    pub cache: CacheOptions,
+}
+
+impl ScriptedFactory {
+    pub fn new() -> Arc<Self> {
+        Self::with_cache(CacheOptions::default())
+    }
+
+    pub fn with_cache(cache: CacheOptions) -> Arc<Self> {
+        Arc::new(Self { script: Arc::new(Script::default()), checkpoints: Arc::new(MemoryCheckpointer::new()), cache })
+    }
+}
+
+#[async_trait]
+impl QueueAdapterFactory for ScriptedFactory {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    fn queue_mapper(&self) -> QueueMapper {
+        QueueMapper::new(1)
+    }
+
+    async fn create_adapter(&self) -> Result<Arc<dyn QueueAdapter>, QueueError> {
+        Ok(Arc::new(ScriptedAdapter { script: self.script.clone() }))
+    }
+
+    async fn create_checkpointer(&self) -> Result<Arc<dyn Checkpointer>, QueueError> {
+        Ok(self.checkpoints.clone())
+    }
+
+    fn cache_options(&self) -> CacheOptions {
+        self.cache.clone()
+    }
+}
+
+pub struct ScriptedAdapter {
+    script: Arc<Script>,
+}
+
+#[async_trait]
+impl QueueAdapter for ScriptedAdapter {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    fn direction(&self) -> Direction {
+        Direction::ReadWrite
+    }
+
+    fn is_rewindable(&self) -> bool {
+        false
+    }
+
+    async fn enqueue(&self, _: &StreamId, _: Vec<Event>) -> Result<SequenceToken, QueueError> {
+        Err(QueueError::Config("the scripted adapter is fed by the test".into()))
+    }
+
+    async fn create_receiver(&self, _: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
+        self.script.receivers.fetch_add(1, Ordering::SeqCst);
+        Ok(Box::new(ScriptedReceiver { script: self.script.clone() }))
+    }
+}
+
+struct ScriptedReceiver {
+    script: Arc<Script>,
+}
+
+#[async_trait]
+impl QueueReceiver for ScriptedReceiver {
+    async fn initialize(&mut self, _: Duration) -> Result<(), QueueError> {
+        self.script.inits.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        self.script.read_max.lock().unwrap().push(max);
+        let gate = self.script.gate.lock().unwrap().clone();
+        if let Some(gate) = gate {
+            let _ = gate.acquire().await.map(|p| p.forget());
+        }
+        if let Some(error) = self.script.read_errors.lock().unwrap().pop_front() {
+            return Err(error);
+        }
+        let mut pending = self.script.pending.lock().unwrap();
+        let n = pending.len().min(max);
+        Ok(pending.drain(..n).collect())
+    }
+
+    async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
+        self.script.acks.lock().unwrap().push(tokens.to_vec());
+        Ok(())
+    }
+
+    async fn failed(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
+        self.script.failed.lock().unwrap().push(tokens.to_vec());
+        Ok(())
+    }
+
+    async fn shutdown(&mut self, _: Duration) -> Result<(), QueueError> {
+        self.script.shutdowns.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}

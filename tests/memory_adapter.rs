@@ -1,0 +1,95 @@
+//! The memory adapter: the conformance kit, bounded back-pressure, fencing.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
+use tailrace::queue::{QueueAdapter, QueueError, QueueId, QueueReceiver};
+
+fn factory(options: MemoryOptions) -> Arc<MemoryAdapterFactory> {
+    Arc::new(MemoryAdapterFactory::new(4, options))
+}
+
+#[tokio::test]
+async fn passes_the_conformance_kit() {
+    let report = tailrace::conformance::run_all(factory(MemoryOptions::default())).await.unwrap();
+    assert_eq!(report.passed, ["direction", "ordering", "restart", "acks", "rewind", "shutdown", "bad_input"]);
+}
+
+#[tokio::test]
+async fn passes_the_conformance_kit_without_history() {
+    // Not rewindable: the kit checks the refusal instead.
+    let options = MemoryOptions { history: 0, ..MemoryOptions::default() };
+    let f = factory(options);
+    assert!(!f.adapter().is_rewindable());
+    tailrace::conformance::run_all(f).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_full_queue_makes_producers_wait_and_never_drops() {
+    let f = factory(MemoryOptions { capacity_events: 10, read_wait: Duration::ZERO, ..MemoryOptions::default() });
+    let adapter = f.adapter();
+    let s = stream("t", "a");
+    let queue = f.adapter().options().capacity_events;
+    assert_eq!(queue, 10);
+    adapter.enqueue(&s, events("e", 0..6)).await.unwrap();
+    let err = adapter.try_enqueue(&s, events("e", 6..11)).unwrap_err();
+    assert!(matches!(err, QueueError::Full { capacity: 10, .. }), "{err}");
+    assert!(err.to_string().contains("nothing was written"));
+    // A waiting producer completes only once a reader took some events.
+    let waiting = {
+        let adapter = adapter.clone();
+        let s = s.clone();
+        tokio::spawn(async move { adapter.enqueue(&s, events("e", 6..11)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiting.is_finished(), "the producer must wait for room");
+    let q = tailrace::queue::QueueMapper::new(4).queue_for(&s);
+    let mut receiver = adapter.create_receiver(q).await.unwrap();
+    receiver.initialize(Duration::from_secs(1)).await.unwrap();
+    let first = receiver.read(10).await.unwrap();
+    assert_eq!(first.len(), 1);
+    waiting.await.unwrap().unwrap();
+    let second = receiver.read(10).await.unwrap();
+    let ids: Vec<String> =
+        first.iter().chain(&second).flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect();
+    assert_eq!(ids, ids_of("e", 0..11));
+}
+
+fn ids_of(prefix: &str, range: std::ops::Range<u64>) -> Vec<String> {
+    ids(prefix, range)
+}
+
+#[tokio::test]
+async fn a_batch_larger_than_the_queue_is_refused_clearly() {
+    let f = factory(MemoryOptions { capacity_events: 10, ..MemoryOptions::default() });
+    let err = f.adapter().enqueue(&stream("t", "a"), events("e", 0..11)).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "a batch of 11 events can never fit queue {} (capacity 10 events); split it",
+            tailrace::queue::QueueMapper::new(4).queue_for(&stream("t", "a"))
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_new_receiver_fences_the_old_one_and_rereads_what_was_not_acked() {
+    let f = factory(MemoryOptions { read_wait: Duration::ZERO, ..MemoryOptions::default() });
+    let adapter = f.adapter();
+    let s = stream("t", "fence");
+    let q = tailrace::queue::QueueMapper::new(4).queue_for(&s);
+    adapter.enqueue(&s, events("e", 0..2)).await.unwrap();
+    let mut old = adapter.create_receiver(q).await.unwrap();
+    old.initialize(Duration::from_secs(1)).await.unwrap();
+    assert_eq!(old.read(10).await.unwrap().len(), 1);
+    let mut new = adapter.create_receiver(q).await.unwrap();
+    new.initialize(Duration::from_secs(1)).await.unwrap();
+    assert!(matches!(old.read(10).await, Err(QueueError::Fenced(fenced)) if fenced == q));
+    let again = new.read(10).await.unwrap();
+    assert_eq!(again.len(), 1, "the unacked container is read again by the new owner");
+    assert_ne!(q, QueueId(99));
+}
