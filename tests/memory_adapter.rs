@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-use tailrace::queue::{QueueAdapter, QueueError, QueueId, QueueReceiver};
+use tailrace::queue::{QueueAdapter, QueueError, QueueId};
 
 fn factory(options: MemoryOptions) -> Arc<MemoryAdapterFactory> {
     Arc::new(MemoryAdapterFactory::new(4, options))

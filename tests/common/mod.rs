@@ -177,6 +177,19 @@ impl TestNode {
         panic!("no agent for queue {queue}");
     }
 
+    /// Polls the agent's status until `done` holds (panics after 10 s).
+    pub async fn wait_status(&self, queue: u32, done: impl Fn(&AgentStatus) -> bool) -> AgentStatus {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = self.status(queue).await;
+            if done(&status) {
+                return status;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "agent status never matched: {status:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     pub async fn status(&self, queue: u32) -> AgentStatus {
         let agent = self.agent(queue).await;
         ractor::call!(agent, AgentMsg::GetStatus).unwrap()
