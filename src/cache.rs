@@ -471,6 +471,14 @@ impl QueueCache {
         total
     }
 
+    /// Forgets the in-flight batch without moving the cursor: its containers
+    /// stay needed (a delivery abandoned while handing the queue over).
+    pub fn abandon(&mut self, cursor: CursorId) {
+        if let Some(c) = self.cursors.get_mut(&cursor) {
+            c.in_flight_last = None;
+        }
+    }
+
     /// The token of the container the cursor will deliver next, or the last
     /// token it saw when caught up.
     pub fn cursor_position(&self, cursor: CursorId) -> Option<CursorPosition> {

@@ -50,15 +50,18 @@ impl Default for PubSubOptions {
     }
 }
 
+/// The bit that marks implicit subscription ids.
+const IMPLICIT_BIT: u128 = 1 << 127;
+
 /// Identifies a subscription: random for explicit ones, derived from the
 /// binding and the stream for implicit ones.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SubscriptionId(pub u128);
 
 impl SubscriptionId {
-    /// A fresh random id.
+    /// A fresh random id (top bit clear: that bit marks implicit ids).
     pub fn random() -> Self {
-        Self(rand::random())
+        Self(rand::random::<u128>() & !IMPLICIT_BIT)
     }
 
     /// The implicit subscription of `binding` to `stream` (stable everywhere).
@@ -70,7 +73,7 @@ impl SubscriptionId {
         hasher.update(&[0xFF]);
         hasher.update(stream.key().as_bytes());
         // The top bit marks implicit ids (Orleans does the same).
-        Self(hasher.digest128() | (1u128 << 127))
+        Self(hasher.digest128() | IMPLICIT_BIT)
     }
 
     /// Whether this id belongs to an implicit subscription.
@@ -203,6 +206,7 @@ mod tests {
         assert!(id.is_implicit());
         assert_ne!(id, SubscriptionId::implicit("archiver", &StreamId::new("logs", "a/2")));
         assert!(!SubscriptionId(7).is_implicit());
+        assert!((0..1_000).all(|_| !SubscriptionId::random().is_implicit()), "random ids are explicit");
     }
 
     #[test]

@@ -323,12 +323,27 @@ async fn shutdown_is_idempotent() {
     assert_eq!(factory.script.shutdowns.load(Ordering::SeqCst), 1);
 }
 
+/// Blocks each delivery until released, then fails it.
+#[derive(Clone)]
+struct BlockThenFail(GatedConsumer);
+
+#[async_trait]
+impl StreamConsumer for BlockThenFail {
+    async fn deliver(&self, _: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        self.0.entered.fetch_add(1, Ordering::SeqCst);
+        let _ = self.0.gate.acquire().await.map(|p| p.forget());
+        Err(ConsumerError::failed("consumer is going away"))
+    }
+}
+
 /// 15. The final checkpoint is the earliest progress over subscriptions:
-///     just below the oldest container any of them still needs.
+///     just below the oldest container any of them still needs. The drain
+///     delivers what is cached; a delivery that fails during it is left,
+///     unacked and not dead-lettered, for the next owner.
 #[tokio::test]
 async fn shutdown_records_the_earliest_delivery_progress() {
     let factory = ScriptedFactory::new();
-    let (fast, slow) = (Recorder::new(), GatedConsumer::new());
+    let (fast, slow) = (Recorder::new(), BlockThenFail(GatedConsumer::new()));
     let implicit = bind(implicit("fast", &fast), "slow", "slow", Arc::new(slow.clone()));
     let mut config = quick_config();
     config.agent.max_delivery_batch = 1;
@@ -340,14 +355,15 @@ async fn shutdown_records_the_earliest_delivery_progress() {
             _ => factory.script.push(&a, n, &[&format!("a{n}")]),
         }
     }
-    assert!(eventually(WAIT, || fast.ids(&a).len() == 198 && slow.entered() == 1).await);
+    assert!(eventually(WAIT, || fast.ids(&a).len() == 198 && slow.0.entered() == 1).await);
     let agent = node.agent(0).await;
     let done = tokio::spawn(async move { ractor::call!(agent, |reply| AgentMsg::Shutdown(Some(reply))) });
     tokio::time::sleep(Duration::from_millis(50)).await;
-    slow.open();
+    slow.0.open();
     done.await.unwrap().unwrap();
-    assert_eq!(slow.recorder.ids(&b), ["b90"], "no delivery starts during shutdown");
-    assert_eq!(factory.checkpoints.get(QueueId(0)), Some(t(94)));
+    assert_eq!(slow.0.entered(), 1, "the failed subscription is not tried again while handing over");
+    assert_eq!(factory.checkpoints.get(QueueId(0)), Some(t(89)));
+    assert!(factory.script.failed.lock().unwrap().iter().all(|f| f.is_empty()), "nothing was dead-lettered");
 }
 
 /// 16. A registration still unresolved at shutdown keeps the old

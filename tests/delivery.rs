@@ -197,13 +197,22 @@ async fn a_faulted_subscription_stops_and_is_marked_in_the_store() {
     }
     assert!(eventually(WAIT, || !faulty.recorder.snapshot().errors.is_empty()).await);
     assert!(eventually(WAIT, || letters.letters().len() == 1).await);
-    let subs = node.node.subscriptions(&s).await.unwrap();
+    let mut subs = node.node.subscriptions(&s).await.unwrap();
+    for _ in 0..500 {
+        if subs.iter().all(|s| s.state != SubscriptionState::Active) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        subs = node.node.subscriptions(&s).await.unwrap();
+    }
     assert_eq!(subs.len(), 1);
     assert_eq!(subs[0].id, handle.id);
     assert!(
         matches!(&subs[0].state, SubscriptionState::Faulted(reason) if reason.contains("poison event a/2")),
-        "{:?}",
-        subs[0].state
+        "{:?} errors {:?} letters {:?}",
+        subs[0].state,
+        faulty.recorder.snapshot().errors,
+        letters.letters().iter().map(|l| l.error.clone()).collect::<Vec<_>>()
     );
     assert_eq!(faulty.recorder.ids(&s), ["a/0", "a/1"]);
     assert!(faulty.recorder.snapshot().errors.iter().any(|e| e.starts_with("subscription faulted")));

@@ -109,16 +109,15 @@ where
 
 impl Agent {
     /// Starts the subscription's next delivery if it has something to
-    /// deliver and nothing in flight.
+    /// deliver and nothing in flight. During the ordered shutdown only what
+    /// is cached is delivered (the drain), never a catch-up.
     pub(crate) fn dispatch(&mut self, stream: &StreamId, id: SubscriptionId) {
-        if self.shutdown.is_some() {
-            return;
-        }
+        let draining = self.shutdown.is_some();
         let max = self.services.options.max_delivery_batch.max(1);
         let Some(sub) = self.streams.get_mut(stream).and_then(|e| e.subs.get_mut(&id)) else {
             return;
         };
-        if sub.handshaking || sub.delivering {
+        if sub.handshaking || sub.delivering || sub.parked || (draining && sub.catch_up.is_some()) {
             return;
         }
         let Some(consumer) = sub.consumer.clone() else {
@@ -220,6 +219,16 @@ impl Agent {
                 Attempted::Unavailable(reason) => {
                     tracing::warn!(queue = %self.queue, %stream, subscription = %id, %reason, "consumer unavailable; subscription detached");
                     self.remove_sub(&stream, id, super::AttachError::ConsumerUnavailable { id, reason });
+                    return;
+                }
+                Attempted::Failed { error, .. } if self.shutdown.is_some() && !catch_up => {
+                    // Draining: no retry and no dead letter; the next owner
+                    // delivers these again.
+                    if let Some(cursor) = cursor {
+                        self.cache.abandon(cursor);
+                    }
+                    sub.parked = true;
+                    tracing::info!(queue = %self.queue, %stream, subscription = %id, %error, "delivery failed while handing over; left for the next owner");
                     return;
                 }
                 Attempted::Failed { error, attempts } => {

@@ -1,9 +1,12 @@
 //! The ordered shutdown that hands a queue over:
 //!
-//! 1. close admission (no attach, registration, handshake or delivery
-//!    starts) and stop the pump timer;
+//! 1. close admission (no read, attach, registration or handshake starts)
+//!    and stop the pump timer;
 //! 2. wait for in-flight work: the pump (receiver init and read), pub-sub
-//!    lookups, handshakes, deliveries and dead letters (no retry starts);
+//!    lookups, handshakes, deliveries and dead letters, with no new retry;
+//!    meanwhile deliver what the cache already holds (the drain), so that a
+//!    graceful move delivers nothing twice. A delivery that fails now is
+//!    left, unacked, for the next owner;
 //! 3. ack what every cursor passed and record the final delivery progress
 //!    (kept unchanged if a registration or handshake never resolved);
 //! 4. flush the checkpoint and shut the receiver down;

@@ -89,6 +89,8 @@ pub(crate) struct Sub {
     pub generation: u64,
     pub handshaking: bool,
     pub delivering: bool,
+    /// A delivery failed during the shutdown drain: nothing more is tried.
+    pub parked: bool,
     /// The delivery in flight (kept for dead letters).
     pub in_flight: Option<Arc<Delivery>>,
     /// Cancelled to revoke the in-flight handshake or delivery. Shared by

@@ -378,6 +378,7 @@ impl Sub {
             generation: 0,
             handshaking: false,
             delivering: false,
+            parked: false,
             in_flight: None,
             revoke: Arc::new(CancellationToken::new()),
             catch_up: None,
