@@ -7,20 +7,30 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
+
 use super::{AgentDirectory, Membership, MemoryLeases, NodeId};
 use crate::config::Config;
 use crate::failure::{DeadLetterSink, LogDeadLetters};
 use crate::node::{Node, NodeError};
 use crate::pubsub::{
-    ConsumerAddress, ConsumerResolver, ImplicitSubscriptions, LocalConsumers, MemoryPubSubStore, PubSubStore,
-    StreamConsumer,
+    ConsumerAddress, ConsumerError, ConsumerResolver, Delivery, DeliveryOutcome, ImplicitSubscriptions, LocalConsumers,
+    MemoryPubSubStore, PubSubStore, StartPosition, StreamConsumer, SubscriptionInfo,
 };
 use crate::queue::{QueueAdapterFactory, QueueId};
+
+/// The consumer directories of the nodes of this process, by node.
+type NodeTable = Arc<Mutex<HashMap<NodeId, Arc<LocalConsumers>>>>;
 
 /// Reaches the consumers of the other nodes of this process.
 #[derive(Default)]
 pub struct InProcessTransport {
-    nodes: Mutex<HashMap<NodeId, Arc<LocalConsumers>>>,
+    nodes: NodeTable,
+}
+
+fn lock(nodes: &NodeTable) -> std::sync::MutexGuard<'_, HashMap<NodeId, Arc<LocalConsumers>>> {
+    // Plain data: a panic elsewhere cannot leave it torn.
+    nodes.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl InProcessTransport {
@@ -29,25 +39,55 @@ impl InProcessTransport {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Arc<LocalConsumers>>> {
-        // Plain data: a panic elsewhere cannot leave it torn.
-        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Makes `consumers` reachable.
     pub fn add_node(&self, consumers: Arc<LocalConsumers>) {
-        self.lock().insert(consumers.node().clone(), consumers);
+        lock(&self.nodes).insert(consumers.node().clone(), consumers);
     }
 
     /// Makes a node's consumers unreachable (it died).
     pub fn remove_node(&self, node: &NodeId) {
-        self.lock().remove(node);
+        lock(&self.nodes).remove(node);
     }
 }
 
 impl ConsumerResolver for InProcessTransport {
+    /// A proxy that looks its consumer up on every call, as a network proxy
+    /// reaches it: once the node is gone, calls fail as unavailable.
     fn resolve(&self, address: &ConsumerAddress) -> Option<Arc<dyn StreamConsumer>> {
-        self.lock().get(&address.node)?.get(&address.name)
+        lock(&self.nodes).get(&address.node)?.get(&address.name)?;
+        Some(Arc::new(Proxy { nodes: self.nodes.clone(), address: address.clone() }))
+    }
+}
+
+/// Calls a consumer of another in-process node through the transport.
+struct Proxy {
+    nodes: NodeTable,
+    address: ConsumerAddress,
+}
+
+impl Proxy {
+    fn target(&self) -> Result<Arc<dyn StreamConsumer>, ConsumerError> {
+        let node = lock(&self.nodes).get(&self.address.node).cloned();
+        node.and_then(|n| n.get(&self.address.name)).ok_or_else(|| {
+            ConsumerError::Unavailable(format!("node {} does not answer for {}", self.address.node, self.address.name))
+        })
+    }
+}
+
+#[async_trait]
+impl StreamConsumer for Proxy {
+    async fn handshake(&self, subscription: &SubscriptionInfo) -> Result<Option<StartPosition>, ConsumerError> {
+        self.target()?.handshake(subscription).await
+    }
+
+    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        self.target()?.deliver(delivery).await
+    }
+
+    async fn on_error(&self, subscription: &SubscriptionInfo, error: &str) {
+        if let Ok(target) = self.target() {
+            target.on_error(subscription, error).await;
+        }
     }
 }
 

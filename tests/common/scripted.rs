@@ -33,6 +33,10 @@ pub struct Script {
     pub receivers: AtomicUsize,
     /// When set, each read takes one permit first (holds reads back).
     pub gate: Mutex<Option<Arc<Semaphore>>>,
+    /// The next this many reads panic (a broken adapter).
+    pub panics: AtomicUsize,
+    /// Reads per receiver, by the receiver's number (1, 2, ...).
+    pub reads_by_receiver: Mutex<Vec<usize>>,
 }
 
 impl Script {
@@ -129,13 +133,15 @@ impl QueueAdapter for ScriptedAdapter {
     }
 
     async fn create_receiver(&self, _: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
-        self.script.receivers.fetch_add(1, Ordering::SeqCst);
-        Ok(Box::new(ScriptedReceiver { script: self.script.clone() }))
+        let number = self.script.receivers.fetch_add(1, Ordering::SeqCst) + 1;
+        self.script.reads_by_receiver.lock().unwrap().push(0);
+        Ok(Box::new(ScriptedReceiver { script: self.script.clone(), number }))
     }
 }
 
 struct ScriptedReceiver {
     script: Arc<Script>,
+    number: usize,
 }
 
 #[async_trait]
@@ -147,6 +153,11 @@ impl QueueReceiver for ScriptedReceiver {
 
     async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
         self.script.read_max.lock().unwrap().push(max);
+        self.script.reads_by_receiver.lock().unwrap()[self.number - 1] += 1;
+        if self.script.panics.load(Ordering::SeqCst) > 0 {
+            self.script.panics.fetch_sub(1, Ordering::SeqCst);
+            panic!("scripted receiver breaks");
+        }
         let gate = self.script.gate.lock().unwrap().clone();
         if let Some(gate) = gate {
             let _ = gate.acquire().await.map(|p| p.forget());
