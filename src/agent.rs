@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tracing::Instrument;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -270,6 +271,8 @@ impl Actor for PullingAgent {
         msg: AgentMsg,
         agent: &mut Agent,
     ) -> Result<(), ActorProcessingErr> {
+        let span = agent.span.clone();
+        let entered = span.enter();
         match msg {
             AgentMsg::Attach { subscription, reply } => agent.attach(subscription, reply),
             AgentMsg::Detach { stream, id, reply } => {
@@ -282,10 +285,11 @@ impl Actor for PullingAgent {
             }
             AgentMsg::Internal(Internal(msg)) => agent.handle_internal(msg)?,
         }
+        drop(entered);
         if agent.shutdown.is_some() {
             // Boxed: its large future is built only while shutting down, not
             // moved around for every message.
-            Box::pin(agent.finish_shutdown_if_idle()).await;
+            Box::pin(agent.finish_shutdown_if_idle().instrument(span)).await;
         }
         Ok(())
     }

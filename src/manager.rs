@@ -21,6 +21,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::agent::{AgentArgs, AgentMsg, AgentServices, PullingAgent};
 use crate::cluster::{AgentDirectory, NodeId, QueueLeases};
@@ -163,6 +164,8 @@ pub struct Manager {
     stop_waiters: Vec<RpcReplyPort<()>>,
     exit_waiters: Vec<RpcReplyPort<()>>,
     running_gauge: metrics::Gauge,
+    /// The lifecycle span (`pulling_manager{node}`).
+    span: tracing::Span,
 }
 
 /// The pulling manager actor.
@@ -178,6 +181,7 @@ impl Actor for PullingManager {
         let state = if args.options.start_agents { RunState::AgentsStarted } else { RunState::Initialized };
         tracing::info!(%node, ?state, "pulling manager started");
         Ok(Manager {
+            span: tracing::info_span!("pulling_manager", %node),
             running_gauge: metrics::gauge!("tailrace_agents_running", "node" => node.to_string()),
             node,
             myself,
@@ -192,51 +196,9 @@ impl Actor for PullingManager {
         })
     }
 
-    async fn handle(
-        &self,
-        _: ActorRef<ManagerMsg>,
-        msg: ManagerMsg,
-        m: &mut Manager,
-    ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            ManagerMsg::Ownership { seq, queues } => m.on_ownership(seq, queues).await,
-            ManagerMsg::StartAgents(reply) => {
-                if m.exit_waiters.is_empty() {
-                    m.state = RunState::AgentsStarted;
-                    m.reconcile().await;
-                }
-                reply.map(|r| r.send(()));
-            }
-            ManagerMsg::StopAgents(reply) => {
-                m.state = RunState::AgentsStopped;
-                m.stop_waiters.extend(reply);
-                m.reconcile().await;
-            }
-            ManagerMsg::GetAgentsState(reply) => {
-                let _ = reply.send(m.state);
-            }
-            ManagerMsg::GetNumberRunningAgents(reply) => {
-                let _ = reply.send(m.running().count());
-            }
-            ManagerMsg::GetStatus(reply) => {
-                let _ = reply.send(m.report());
-            }
-            ManagerMsg::GetAgent(queue, reply) => {
-                let agent = match m.slots.get(&queue) {
-                    Some(Slot::Running(agent, _)) => Some(agent.clone()),
-                    _ => None,
-                };
-                let _ = reply.send(agent);
-            }
-            ManagerMsg::Stop(reply) => {
-                tracing::info!(node = %m.node, "pulling manager stopping: handing every queue over");
-                m.state = RunState::AgentsStopped;
-                m.exit_waiters.push(reply);
-                m.reconcile().await;
-            }
-            ManagerMsg::Internal(ManagerInternal(internal)) => m.on_internal(internal).await,
-        }
-        m.answer_waiters();
+    async fn handle(&self, _: ActorRef<ManagerMsg>, msg: ManagerMsg, m: &mut Manager) -> Result<(), ActorProcessingErr> {
+        let span = m.span.clone();
+        m.on_message(msg).instrument(span).await;
         Ok(())
     }
 
@@ -246,19 +208,66 @@ impl Actor for PullingManager {
         event: SupervisionEvent,
         m: &mut Manager,
     ) -> Result<(), ActorProcessingErr> {
-        match event {
-            SupervisionEvent::ActorTerminated(cell, _, reason) => m.on_agent_exit(cell.get_id(), None, reason).await,
-            SupervisionEvent::ActorFailed(cell, error) => {
-                m.on_agent_exit(cell.get_id(), Some(error.to_string()), None).await
-            }
-            _ => {}
-        }
-        m.answer_waiters();
+        let span = m.span.clone();
+        m.on_supervision(event).instrument(span).await;
         Ok(())
     }
 }
 
 impl Manager {
+    async fn on_message(&mut self, msg: ManagerMsg) {
+        match msg {
+            ManagerMsg::Ownership { seq, queues } => self.on_ownership(seq, queues).await,
+            ManagerMsg::StartAgents(reply) => {
+                if self.exit_waiters.is_empty() {
+                    self.state = RunState::AgentsStarted;
+                    self.reconcile().await;
+                }
+                reply.map(|r| r.send(()));
+            }
+            ManagerMsg::StopAgents(reply) => {
+                self.state = RunState::AgentsStopped;
+                self.stop_waiters.extend(reply);
+                self.reconcile().await;
+            }
+            ManagerMsg::GetAgentsState(reply) => {
+                let _ = reply.send(self.state);
+            }
+            ManagerMsg::GetNumberRunningAgents(reply) => {
+                let _ = reply.send(self.running().count());
+            }
+            ManagerMsg::GetStatus(reply) => {
+                let _ = reply.send(self.report());
+            }
+            ManagerMsg::GetAgent(queue, reply) => {
+                let agent = match self.slots.get(&queue) {
+                    Some(Slot::Running(agent, _)) => Some(agent.clone()),
+                    _ => None,
+                };
+                let _ = reply.send(agent);
+            }
+            ManagerMsg::Stop(reply) => {
+                tracing::info!("pulling manager stopping: handing every queue over");
+                self.state = RunState::AgentsStopped;
+                self.exit_waiters.push(reply);
+                self.reconcile().await;
+            }
+            ManagerMsg::Internal(ManagerInternal(internal)) => self.on_internal(internal).await,
+        }
+        self.answer_waiters();
+    }
+
+    async fn on_supervision(&mut self, event: SupervisionEvent) {
+        match event {
+            SupervisionEvent::ActorTerminated(cell, _, reason) => self.on_agent_exit(cell.get_id(), None, reason).await,
+            SupervisionEvent::ActorFailed(cell, error) => {
+                self.on_agent_exit(cell.get_id(), Some(error.to_string()), None).await
+            }
+            _ => {}
+        }
+        self.answer_waiters();
+    }
+
     fn running(&self) -> impl Iterator<Item = QueueId> + '_ {
         self.slots.iter().filter(|(_, s)| matches!(s, Slot::Running(..))).map(|(q, _)| *q)
     }

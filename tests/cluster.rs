@@ -40,7 +40,7 @@ impl Producer {
                 adapter.enqueue(stream, vec![Event::new(id.as_str(), "x")]).await.unwrap();
                 log.lock().unwrap().insert(id);
                 n += 1;
-                if n % 20 == 0 {
+                if n.is_multiple_of(20) {
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
             }

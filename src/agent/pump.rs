@@ -100,7 +100,8 @@ impl Agent {
         self.pump.in_flight = true;
         let myself = self.myself.clone();
         let kill = self.kill.clone();
-        tokio::spawn(async move {
+        let span = self.span.clone();
+        let pump = async move {
             let outcome = tokio::select! {
                 _ = kill.cancelled() => return,
                 outcome = AssertUnwindSafe(run_pump(io, job)).catch_unwind() => outcome,
@@ -113,7 +114,8 @@ impl Agent {
                 rewinds: Vec::new(),
             });
             let _ = myself.cast(AgentMsg::Internal(Internal(InternalMsg::PumpDone(Box::new(outcome)))));
-        });
+        };
+        tokio::spawn(tracing::Instrument::instrument(pump, span));
     }
 
     pub(crate) fn on_pump_done(&mut self, outcome: PumpOutcome) -> Result<(), ActorProcessingErr> {

@@ -175,6 +175,9 @@ pub struct Agent {
     pub(crate) clock: Instant,
     pub(crate) status: AgentStatus,
     pub(crate) metrics: AgentMetrics,
+    /// The lifecycle span (`pulling_agent{node, queue}`): every message,
+    /// pump and job of the agent runs in it.
+    pub(crate) span: tracing::Span,
 }
 
 impl Agent {
@@ -187,11 +190,12 @@ impl Agent {
         let receiver = services.adapter.create_receiver(queue).await?;
         let checkpoint =
             QueueCheckpoint::load(services.checkpointer.clone(), queue, services.checkpoint.clone()).await?;
+        let span = tracing::info_span!("pulling_agent", node = %services.node, %queue);
         let kill = Arc::new(services.kill.clone());
-        let lane = super::worker::start(myself.clone(), kill.clone());
+        let lane = super::worker::start(myself.clone(), kill.clone(), span.clone());
         let mut cache = QueueCache::new(services.cache.clone());
         cache.set_purged_through(checkpoint.latest());
-        tracing::info!(node = %services.node, %queue, checkpoint = ?checkpoint.latest(), "pulling agent started");
+
         let mut agent = Self {
             queue,
             myself,
@@ -218,9 +222,11 @@ impl Agent {
             clock: Instant::now(),
             status: AgentStatus { queue: Some(queue), ..AgentStatus::default() },
             metrics: AgentMetrics::new(queue),
+            span: span.clone(),
             services,
         };
         agent.schedule_first_pump();
+        tracing::info!(parent: &span, checkpoint = ?agent.io.as_ref().and_then(|io| io.checkpoint.latest()), "pulling agent started");
         Ok(agent)
     }
 

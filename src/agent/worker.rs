@@ -16,6 +16,7 @@ use futures::{FutureExt, StreamExt};
 use ractor::ActorRef;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, Span};
 
 use super::state::{InternalMsg, panic_text};
 use super::{AgentMsg, Internal};
@@ -39,9 +40,9 @@ where
 /// subscription and stream of the agent (bounded by `agent.max_streams` and
 /// the pub-sub limits). The lane stops when `kill` fires, or when the agent
 /// dropped its sender and nothing runs any more.
-pub(crate) fn start(agent: ActorRef<AgentMsg>, kill: Arc<CancellationToken>) -> mpsc::UnboundedSender<Job> {
+pub(crate) fn start(agent: ActorRef<AgentMsg>, kill: Arc<CancellationToken>, span: Span) -> mpsc::UnboundedSender<Job> {
     let (jobs, mut incoming) = mpsc::unbounded_channel::<Job>();
-    tokio::spawn(async move {
+    let lane = async move {
         let mut running = FuturesUnordered::new();
         let mut open = true;
         loop {
@@ -64,6 +65,7 @@ pub(crate) fn start(agent: ActorRef<AgentMsg>, kill: Arc<CancellationToken>) -> 
                 else => return,
             }
         }
-    });
+    };
+    tokio::spawn(lane.instrument(span));
     jobs
 }
