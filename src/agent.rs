@@ -31,9 +31,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tracing::Instrument;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::cache::CacheOptions;
 use crate::checkpoint::{CheckpointOptions, Checkpointer};

@@ -21,6 +21,7 @@ pub mod checkpoint;
 pub mod cluster;
 pub mod config;
 pub mod conformance;
+pub mod edge;
 pub mod failure;
 pub mod manager;
 pub mod node;

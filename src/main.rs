@@ -18,6 +18,10 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The main job: several nodes in this process, producers and
+    /// consumers, events flowing with a progress line every second, until
+    /// Ctrl-C.
+    Demo(cli::demo::DemoArgs),
     /// Run a benchmark scenario against its baseline; the last line is
     /// `RESULT scenario=... ratio=...`.
     Bench {
@@ -31,9 +35,17 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         match args.command {
+            Command::Demo(demo) => cli::demo::run(demo).await,
             Command::Bench { scenario, quick } => cli::bench::run(&scenario, quick).await,
         }
     })

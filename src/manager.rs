@@ -196,7 +196,12 @@ impl Actor for PullingManager {
         })
     }
 
-    async fn handle(&self, _: ActorRef<ManagerMsg>, msg: ManagerMsg, m: &mut Manager) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _: ActorRef<ManagerMsg>,
+        msg: ManagerMsg,
+        m: &mut Manager,
+    ) -> Result<(), ActorProcessingErr> {
         let span = m.span.clone();
         m.on_message(msg).instrument(span).await;
         Ok(())

@@ -4,3 +4,20 @@
 //! traits of [`crate::queue`] only.
 
 pub mod memory;
+
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::queue::{QueueAdapterFactory, QueueError};
+
+/// Builds the adapter factory `config.queues.adapter` names, with its
+/// section of `[adapters]` and the `[cache]` options.
+pub fn build(config: &Config) -> Result<Arc<dyn QueueAdapterFactory>, QueueError> {
+    match config.queues.adapter.as_str() {
+        "memory" => Ok(Arc::new(
+            memory::MemoryAdapterFactory::new(config.queues.count, config.adapters.memory.clone())
+                .with_cache(config.cache.clone()),
+        )),
+        other => Err(QueueError::Config(format!("unknown queue adapter `{other}` (built in: memory)"))),
+    }
+}

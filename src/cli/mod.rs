@@ -1,3 +1,4 @@
 //! The `tailrace` command line.
 
 pub mod bench;
+pub mod demo;

@@ -1,0 +1,276 @@
+//! `tailrace demo`: several nodes in this process pulling shared queues,
+//! producers writing events to many streams, consumers checking order, and a
+//! progress line every second, until Ctrl-C (or `--seconds`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use async_trait::async_trait;
+use tailrace::cluster::InProcessCluster;
+use tailrace::config::Config;
+use tailrace::pubsub::{
+    ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer,
+};
+use tailrace::stream::{Event, EventId, StreamId};
+use tokio_util::sync::CancellationToken;
+
+/// Options of the demo.
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// Nodes to run in this process.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Streams the producers write to.
+    #[arg(long, default_value_t = 16)]
+    streams: usize,
+    /// Events per second, all streams together.
+    #[arg(long, default_value_t = 5_000)]
+    rate: u64,
+    /// Where `/metrics` and `/healthz` are served.
+    #[arg(long, default_value = "127.0.0.1:8585")]
+    listen: SocketAddr,
+    /// A TOML config (defaults otherwise).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Stop after this many seconds instead of waiting for Ctrl-C.
+    #[arg(long)]
+    seconds: Option<u64>,
+    /// Crash a node every 20 s and bring it back 10 s later, to watch the
+    /// queues move and nothing get lost.
+    #[arg(long)]
+    chaos: bool,
+}
+
+/// What the demo's consumers saw.
+#[derive(Default)]
+struct Tally {
+    delivered: AtomicU64,
+    duplicates: AtomicU64,
+    out_of_order: AtomicU64,
+    /// Per stream: the next sequence number expected.
+    next: std::sync::Mutex<BTreeMap<StreamId, u64>>,
+}
+
+/// Every stream of `demo` gets one of these (an implicit subscription).
+struct Checker(Arc<Tally>);
+
+#[async_trait]
+impl StreamConsumer for Checker {
+    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        let mut next = self.0.next.lock().unwrap_or_else(|p| p.into_inner());
+        let expected = next.entry(delivery.stream.clone()).or_insert(0);
+        for (event, _) in delivery.events() {
+            let n: u64 = event.id.as_str().rsplit('#').next().and_then(|n| n.parse().ok()).unwrap_or(u64::MAX);
+            if n < *expected {
+                self.0.duplicates.fetch_add(1, Ordering::Relaxed);
+            } else {
+                if n > *expected {
+                    self.0.out_of_order.fetch_add(1, Ordering::Relaxed);
+                }
+                *expected = n + 1;
+                self.0.delivered.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(DeliveryOutcome::Continue)
+    }
+}
+
+struct CheckerFactory(Arc<Tally>);
+
+impl ConsumerFactory for CheckerFactory {
+    fn name(&self) -> &str {
+        "demo-checker"
+    }
+
+    fn create(&self, _: &StreamId) -> Arc<dyn StreamConsumer> {
+        Arc::new(Checker(self.0.clone()))
+    }
+}
+
+/// Keeps the last line of one stream, for the progress display.
+#[derive(Default)]
+struct LastLine(std::sync::Mutex<String>);
+
+#[async_trait]
+impl StreamConsumer for LastLine {
+    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        if let Some(batch) = delivery.batches.last()
+            && let Some(event) = batch.events.last()
+        {
+            *self.0.lock().unwrap_or_else(|p| p.into_inner()) = String::from_utf8_lossy(&event.payload).into_owned();
+        }
+        Ok(DeliveryOutcome::Continue)
+    }
+}
+
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    let metrics = tailrace::edge::install_metrics()?;
+    let stop = CancellationToken::new();
+    let (bound, server) = tailrace::edge::serve(args.listen, tailrace::edge::router(metrics), stop.clone())
+        .await
+        .context("the demo serves /metrics; pick another --listen")?;
+    let factory = tailrace::adapters::build(&config)?;
+    let adapter = factory.create_adapter().await?;
+    let tally = Arc::new(Tally::default());
+    let implicit = ImplicitSubscriptions::new().bind("demo", Arc::new(CheckerFactory(tally.clone())));
+    let cluster = Arc::new(InProcessCluster::new(factory, config.clone()).with_implicit(implicit));
+    let names: Vec<String> = (1..=args.nodes.max(1)).map(|i| format!("node-{i}")).collect();
+    for name in &names {
+        cluster.add_node(name).await?;
+    }
+    cluster.wait_balanced(Duration::from_secs(30)).await.map_err(anyhow::Error::msg)?;
+    let streams: Vec<StreamId> =
+        (0..args.streams.max(1)).map(|i| StreamId::new("demo", format!("pipeline-{i:02}"))).collect();
+    let last_line = Arc::new(LastLine::default());
+    let first = cluster.node(&names[0]).context("the first node is gone")?;
+    first.subscribe(&streams[0], last_line.clone(), StartPosition::Latest).await?;
+
+    println!(
+        "tailrace demo: {} nodes, {} queues ({} adapter), {} streams at {} events/s",
+        names.len(),
+        config.queues.count,
+        config.queues.adapter,
+        streams.len(),
+        args.rate
+    );
+    println!("metrics: http://{bound}/metrics   (Ctrl-C to stop)");
+
+    let produced = Arc::new(AtomicU64::new(0));
+    let producer = tokio::spawn(produce(adapter, streams.clone(), args.rate, produced.clone(), stop.clone()));
+    let display = (streams[0].clone(), last_line.clone());
+    let chaos = args.chaos.then(|| tokio::spawn(chaos(cluster.clone(), names.clone(), display, stop.clone())));
+
+    let started = Instant::now();
+    let deadline = args.seconds.map(|s| started + Duration::from_secs(s));
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    let mut last_delivered = 0;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = tokio::signal::ctrl_c() => break,
+        }
+        let delivered = tally.delivered.load(Ordering::Relaxed);
+        let mut owners = Vec::new();
+        for (node, queues) in cluster.running().await? {
+            owners.push(format!("{node}:{}", queues.iter().map(|q| q.0.to_string()).collect::<Vec<_>>().join(",")));
+        }
+        println!(
+            "{:>4}s produced {:>9} delivered {:>9} ({:>6}/s) dup {} | queues {} | {}: {}",
+            started.elapsed().as_secs(),
+            produced.load(Ordering::Relaxed),
+            delivered,
+            delivered - last_delivered,
+            tally.duplicates.load(Ordering::Relaxed),
+            owners.join(" "),
+            streams[0].key(),
+            last_line.0.lock().unwrap_or_else(|p| p.into_inner()),
+        );
+        last_delivered = delivered;
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+    }
+
+    println!("stopping: producers first, then every node hands its queues over");
+    stop.cancel();
+    producer.await??;
+    if let Some(chaos) = chaos {
+        chaos.await??;
+    }
+    let total = produced.load(Ordering::Relaxed);
+    let settle = Instant::now() + Duration::from_secs(30);
+    while tally.delivered.load(Ordering::Relaxed) < total && Instant::now() < settle {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for name in &names {
+        cluster.stop_node(name).await?;
+    }
+    let _ = server.await;
+    let delivered = tally.delivered.load(Ordering::Relaxed);
+    println!(
+        "done: produced {total}, delivered {delivered}, duplicates {}, out of order {}",
+        tally.duplicates.load(Ordering::Relaxed),
+        tally.out_of_order.load(Ordering::Relaxed)
+    );
+    anyhow::ensure!(delivered == total, "{} events were not delivered", total - delivered);
+    anyhow::ensure!(tally.out_of_order.load(Ordering::Relaxed) == 0, "events arrived out of order");
+    Ok(())
+}
+
+/// Writes `rate` events per second over `streams` in small batches.
+async fn produce(
+    adapter: Arc<dyn tailrace::queue::QueueAdapter>,
+    streams: Vec<StreamId>,
+    rate: u64,
+    produced: Arc<AtomicU64>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut sequence = vec![0u64; streams.len()];
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let per_tick = (rate / 100).max(1);
+    let mut turn = 0usize;
+    while !stop.is_cancelled() {
+        tick.tick().await;
+        let mut left = per_tick;
+        while left > 0 {
+            let i = turn % streams.len();
+            turn += 1;
+            let n = left.min(8);
+            left -= n;
+            let batch: Vec<Event> = (0..n)
+                .map(|k| {
+                    let seq = sequence[i] + k;
+                    let line = format!("[{}] step {seq}: processing record batch", streams[i].key());
+                    Event::new(EventId::new(format!("{}#{seq}", streams[i].key())), line)
+                })
+                .collect();
+            sequence[i] += n;
+            adapter.enqueue(&streams[i], batch).await?;
+            produced.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
+/// Crashes a node every 20 s and brings it back 10 s later. The display
+/// subscriber lives on the first node: when that one comes back, it
+/// subscribes again (its old consumer died with it).
+async fn chaos(
+    cluster: Arc<InProcessCluster>,
+    names: Vec<String>,
+    display: (StreamId, Arc<LastLine>),
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut victim = 0;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(20)) => {}
+            _ = stop.cancelled() => return Ok(()),
+        }
+        let name = &names[victim % names.len()];
+        victim += 1;
+        println!("chaos: {name} crashes (kill, no handoff)");
+        cluster.kill_node(name);
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+            _ = stop.cancelled() => {}
+        }
+        println!("chaos: {name} comes back");
+        let node = cluster.add_node(name).await?;
+        if name == &names[0] {
+            node.subscribe(&display.0, display.1.clone(), StartPosition::Latest).await?;
+        }
+        if stop.is_cancelled() {
+            return Ok(());
+        }
+    }
+}
