@@ -1,6 +1,6 @@
 //! The pulling agent: one actor per owned queue.
 //!
-//! It reads its queue in batches, caches what it read ([`QueueCache`]), finds
+//! It reads its queue in batches, caches what it read ([`QueueCache`](crate::cache::QueueCache)), finds
 //! each stream's subscribers (pub-sub + handshake), delivers to every
 //! subscription in order and at least once, checkpoints delivery progress and,
 //! when asked to stop, hands the queue over in strict order.
