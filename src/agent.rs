@@ -203,6 +203,8 @@ pub struct AgentStatus {
     pub containers_read: u64,
     /// Events delivered (counting each subscription).
     pub events_delivered: u64,
+    /// Events of streams nobody subscribes to (acked, not delivered).
+    pub events_unsubscribed: u64,
     /// Containers acknowledged to the receiver.
     pub acked: u64,
     /// The checkpoint recorded.

@@ -440,3 +440,113 @@ async fn a_non_rewindable_adapter_refuses_an_old_start_token() {
     assert!(err.to_string().contains("not rewindable"), "{err}");
     assert!(node.node.subscriptions(&s).await.unwrap().is_empty(), "a refused subscribe leaves nothing behind");
 }
+
+/// Events of streams nobody subscribes to are counted, not silently lost.
+#[tokio::test]
+async fn events_nobody_subscribes_to_are_counted() {
+    let node = node(quick_config(), ImplicitSubscriptions::new()).await;
+    let s = stream("nobody", "listens");
+    node.node.produce(&s, events("e", 0..3)).await.unwrap();
+    node.node.produce(&s, events("e", 3..5)).await.unwrap();
+    let status = node.wait_status(node.node.mapper().queue_for(&s).0, |s| s.events_unsubscribed == 5).await;
+    assert_eq!(status.events_delivered, 0);
+}
+
+/// Handshakes of one subscription may overlap; the newest one wins.
+struct SlowFirstHandshake {
+    recorder: Recorder,
+    calls: AtomicUsize,
+    first_may_answer: Arc<tokio::sync::Notify>,
+    stale: tailrace::stream::SequenceToken,
+}
+
+#[async_trait]
+impl StreamConsumer for SlowFirstHandshake {
+    async fn handshake(&self, _: &SubscriptionInfo) -> Result<Option<StartPosition>, ConsumerError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.first_may_answer.notified().await;
+            // A stale answer: far in the past.
+            return Ok(Some(StartPosition::At(self.stale)));
+        }
+        Ok(None)
+    }
+
+    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        self.recorder.deliver(delivery).await
+    }
+}
+
+#[tokio::test]
+async fn the_newest_handshake_wins() {
+    let node = node(quick_config(), ImplicitSubscriptions::new()).await;
+    let s = stream("hs", "a");
+    let old = node.node.produce(&s, events("old", 0..1)).await.unwrap();
+    // Once the agent read it, `Latest` means after it.
+    node.wait_status(node.node.mapper().queue_for(&s).0, |s| s.containers_read >= 1).await;
+    let consumer = Arc::new(SlowFirstHandshake {
+        recorder: Recorder::new(),
+        calls: AtomicUsize::new(0),
+        first_may_answer: Arc::new(tokio::sync::Notify::new()),
+        stale: old,
+    });
+    let id = tailrace::pubsub::SubscriptionId::random();
+    let first = {
+        let (node_ref, s, consumer) = (&node.node, s.clone(), consumer.clone());
+        async move { node_ref.resume(id, &s, consumer, StartPosition::Latest).await }
+    };
+    let second = async {
+        assert!(eventually(WAIT, || consumer.calls.load(Ordering::SeqCst) == 1).await);
+        let handle = node.node.resume(id, &s, consumer.clone(), StartPosition::Latest).await.unwrap();
+        consumer.first_may_answer.notify_one();
+        handle
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(second.id, id);
+    // The first caller is answered by the newest handshake too.
+    assert_eq!(first.unwrap().id, id);
+    node.node.produce(&s, events("new", 0..2)).await.unwrap();
+    assert!(eventually(WAIT, || consumer.recorder.total() == 2).await);
+    assert_eq!(consumer.recorder.ids(&s), ids("new", 0..2), "the stale rewind to `old` was ignored");
+}
+
+/// Records whether its delivery future was dropped before finishing.
+struct Hangs {
+    entered: AtomicUsize,
+    dropped: Arc<AtomicUsize>,
+}
+
+struct DropFlag(Arc<AtomicUsize>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl StreamConsumer for Hangs {
+    async fn deliver(&self, _: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        self.entered.fetch_add(1, Ordering::SeqCst);
+        let _flag = DropFlag(self.dropped.clone());
+        std::future::pending::<()>().await;
+        Ok(DeliveryOutcome::Continue)
+    }
+}
+
+/// Removing a subscription revokes its in-flight delivery at once.
+#[tokio::test]
+async fn unsubscribe_revokes_an_in_flight_delivery() {
+    let mut config = quick_config();
+    config.agent.delivery_attempt_timeout = Duration::from_secs(3600);
+    config.agent.max_delivery_time = Duration::from_secs(3600);
+    let node = node(config, ImplicitSubscriptions::new()).await;
+    let s = stream("revoke", "a");
+    let hangs = Arc::new(Hangs { entered: AtomicUsize::new(0), dropped: Arc::new(AtomicUsize::new(0)) });
+    let handle = node.node.subscribe(&s, hangs.clone(), StartPosition::Latest).await.unwrap();
+    node.node.produce(&s, events("e", 0..1)).await.unwrap();
+    assert!(eventually(WAIT, || hangs.entered.load(Ordering::SeqCst) == 1).await);
+    node.node.unsubscribe(&handle).await.unwrap();
+    assert!(eventually(WAIT, || hangs.dropped.load(Ordering::SeqCst) == 1).await, "the hanging call was cancelled");
+    let status = node.wait_status(node.node.mapper().queue_for(&s).0, |s| s.subscriptions == 0).await;
+    assert_eq!(status.events_delivered, 0);
+}

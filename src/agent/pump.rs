@@ -211,7 +211,7 @@ impl Agent {
                 Some(entry) => {
                     entry.last_activity = now;
                     if entry.registered && entry.subs.is_empty() {
-                        self.metrics.events_unsubscribed.increment(events[&stream] as u64);
+                        self.count_unsubscribed(events[&stream]);
                     }
                 }
                 None => self.register_stream(stream),

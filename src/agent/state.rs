@@ -278,6 +278,12 @@ impl Agent {
         let _ = self.lane.send(super::worker::job(work, on_panic));
     }
 
+    /// Events of a stream nobody subscribes to: counted, then acked.
+    pub(crate) fn count_unsubscribed(&mut self, events: usize) {
+        self.status.events_unsubscribed += events as u64;
+        self.metrics.events_unsubscribed.increment(events as u64);
+    }
+
     pub(crate) fn status(&self) -> AgentStatus {
         let mut status = self.status.clone();
         status.streams = self.streams.len();

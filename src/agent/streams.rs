@@ -89,7 +89,7 @@ impl Agent {
             self.cache.remove_cursor(pin);
         }
         if unsubscribed {
-            self.metrics.events_unsubscribed.increment(self.cache.stream_events(&stream) as u64);
+            self.count_unsubscribed(self.cache.stream_events(&stream));
         }
     }
 
