@@ -183,9 +183,7 @@ impl Kit {
             for batch in &got {
                 seen.entry(batch.stream.clone()).or_default().extend(batch.events.iter().map(|e| e.id.to_string()));
             }
-            let tokens: Vec<SequenceToken> = got.iter().map(|b| b.token).collect();
-            receiver.delivered(&tokens).await.map_err(|e| fail(CHECK, format!("ack: {e}")))?;
-            receiver.shutdown(Duration::from_secs(5)).await.map_err(|e| fail(CHECK, format!("shutdown: {e}")))?;
+            finish(CHECK, receiver.as_mut(), &got).await?;
             remaining -= mine;
         }
         if remaining != 0 || seen != expected {
@@ -205,8 +203,8 @@ impl Kit {
         let mut first = self.receiver(CHECK, queue).await?;
         let got = self.read_until(CHECK, first.as_mut(), CHECK, 6).await?;
         let acked: Vec<SequenceToken> = got[..2].iter().map(|b| b.token).collect();
-        first.delivered(&acked).await.map_err(|e| fail(CHECK, format!("ack: {e}")))?;
-        first.shutdown(Duration::from_secs(5)).await.map_err(|e| fail(CHECK, format!("shutdown: {e}")))?;
+        ack(CHECK, first.as_mut(), &acked).await?;
+        shut(CHECK, first.as_mut()).await?;
         drop(first);
         let mut second = self.receiver(CHECK, queue).await?;
         let again = self.read_until(CHECK, second.as_mut(), CHECK, 4).await?;
@@ -218,12 +216,12 @@ impl Kit {
                 format!("after a restart the unacked containers {want:?} should come back in order, got {have:?}"),
             ));
         }
-        second.delivered(&have).await.map_err(|e| fail(CHECK, format!("ack: {e}")))?;
+        ack(CHECK, second.as_mut(), &have).await?;
         let extra = second.read(64).await.map_err(|e| fail(CHECK, format!("read: {e}")))?;
         if extra.iter().any(|b| b.stream == stream) {
             return Err(fail(CHECK, "containers came back after being acknowledged"));
         }
-        second.shutdown(Duration::from_secs(5)).await.map_err(|e| fail(CHECK, format!("shutdown: {e}")))?;
+        shut(CHECK, second.as_mut()).await?;
         Ok(())
     }
 
@@ -244,8 +242,7 @@ impl Kit {
             .delivered(&[unknown])
             .await
             .map_err(|e| fail(CHECK, format!("ack of an unknown token failed: {e}")))?;
-        receiver.shutdown(Duration::from_secs(5)).await.map_err(|e| fail(CHECK, format!("shutdown: {e}")))?;
-        Ok(())
+        shut(CHECK, receiver.as_mut()).await
     }
 
     /// Rewind serves past positions or refuses clearly.
@@ -282,9 +279,7 @@ impl Kit {
                 return Err(fail(CHECK, format!("refusal should say it cannot rewind, said: {other}")));
             }
         }
-        let tokens: Vec<SequenceToken> = got.iter().map(|b| b.token).collect();
-        receiver.delivered(&tokens).await.map_err(|e| fail(CHECK, format!("ack: {e}")))?;
-        receiver.shutdown(Duration::from_secs(5)).await.map_err(|e| fail(CHECK, format!("shutdown: {e}")))?;
+        finish(CHECK, receiver.as_mut(), &got).await?;
         Ok(())
     }
 
@@ -322,11 +317,28 @@ impl Kit {
         if ids != ["b0", "b1"] {
             return Err(fail(CHECK, format!("accepted events around the refused batch should survive, got {ids:?}")));
         }
-        let tokens: Vec<SequenceToken> = got.iter().map(|b| b.token).collect();
-        receiver.delivered(&tokens).await.map_err(|e| fail(CHECK, format!("ack: {e}")))?;
-        receiver.shutdown(Duration::from_secs(5)).await.map_err(|e| fail(CHECK, format!("shutdown: {e}")))?;
+        finish(CHECK, receiver.as_mut(), &got).await?;
         Ok(())
     }
+}
+
+/// Acks `batches` (all of them) and shuts the receiver down.
+async fn finish(
+    check: &'static str,
+    receiver: &mut dyn QueueReceiver,
+    batches: &[Arc<BatchContainer>],
+) -> Result<(), Failure> {
+    let tokens: Vec<SequenceToken> = batches.iter().map(|b| b.token).collect();
+    ack(check, receiver, &tokens).await?;
+    shut(check, receiver).await
+}
+
+async fn ack(check: &'static str, receiver: &mut dyn QueueReceiver, tokens: &[SequenceToken]) -> Result<(), Failure> {
+    receiver.delivered(tokens).await.map_err(|e| fail(check, format!("ack: {e}")))
+}
+
+async fn shut(check: &'static str, receiver: &mut dyn QueueReceiver) -> Result<(), Failure> {
+    receiver.shutdown(Duration::from_secs(5)).await.map_err(|e| fail(check, format!("shutdown: {e}")))
 }
 
 fn check_tokens_increase(check: &'static str, batches: &[Arc<BatchContainer>]) -> Result<(), Failure> {

@@ -119,6 +119,29 @@ fn batch_of(first: u64, len: usize, payload: &Bytes, now: u64) -> Vec<Event> {
         .collect()
 }
 
+/// Producer `p`: writes its share of the streams (every `producers`-th),
+/// one batch each in turn, through `send(stream index, events)`. Both sides
+/// use this, so both do exactly the same production work. False if a send
+/// failed.
+async fn produce<F, Fut>(shape: Shape, p: usize, mut send: F) -> bool
+where
+    F: FnMut(usize, Vec<Event>) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let payload = Bytes::from_static(b"0123456789abcdef0123456789abcdef");
+    let now = tailrace::stream::now_ms();
+    let mut sent = 0;
+    while sent < shape.events_per_stream {
+        for stream in (p..shape.streams).step_by(shape.producers) {
+            if !send(stream, batch_of(sent, shape.batch, &payload, now)).await {
+                return false;
+            }
+        }
+        sent += shape.batch as u64;
+    }
+    true
+}
+
 fn stream_ids(shape: Shape) -> Vec<StreamId> {
     (0..shape.streams).map(|i| StreamId::new("bench", format!("stream-{i}"))).collect()
 }
@@ -157,22 +180,13 @@ async fn tailrace_run(shape: Shape) -> anyhow::Result<f64> {
     let mut producers = Vec::new();
     for p in 0..shape.producers {
         let (adapter, streams) = (adapter.clone(), streams.clone());
-        producers.push(tokio::spawn(async move {
-            let payload = Bytes::from_static(b"0123456789abcdef0123456789abcdef");
-            let now = tailrace::stream::now_ms();
-            let mut sent = 0;
-            while sent < shape.events_per_stream {
-                for stream in streams.iter().skip(p).step_by(shape.producers) {
-                    let events = batch_of(sent, shape.batch, &payload, now);
-                    tailrace::queue::QueueAdapter::enqueue(adapter.as_ref(), stream, events).await?;
-                }
-                sent += shape.batch as u64;
-            }
-            Ok::<_, tailrace::queue::QueueError>(())
-        }));
+        producers.push(tokio::spawn(produce(shape, p, move |stream, events| {
+            let (adapter, streams) = (adapter.clone(), streams.clone());
+            async move { tailrace::queue::QueueAdapter::enqueue(adapter.as_ref(), &streams[stream], events).await.is_ok() }
+        })));
     }
     for producer in producers {
-        producer.await??;
+        anyhow::ensure!(producer.await?, "a tailrace producer failed to enqueue");
     }
     while delivered.load(Ordering::Relaxed) < shape.total() {
         done.notified().await;
@@ -234,23 +248,13 @@ async fn baseline_run(shape: Shape) -> anyhow::Result<f64> {
     let mut producers = Vec::new();
     for p in 0..shape.producers {
         let (queue_tx, routes) = (queue_tx.clone(), routes.clone());
-        producers.push(tokio::spawn(async move {
-            let payload = Bytes::from_static(b"0123456789abcdef0123456789abcdef");
-            let now = tailrace::stream::now_ms();
-            let mut sent = 0;
-            while sent < shape.events_per_stream {
-                for stream in (p..shape.streams).step_by(shape.producers) {
-                    let events = batch_of(sent, shape.batch, &payload, now);
-                    if queue_tx[routes[stream]].send((stream, events)).await.is_err() {
-                        return;
-                    }
-                }
-                sent += shape.batch as u64;
-            }
-        }));
+        producers.push(tokio::spawn(produce(shape, p, move |stream, events| {
+            let (queue_tx, routes) = (queue_tx.clone(), routes.clone());
+            async move { queue_tx[routes[stream]].send((stream, events)).await.is_ok() }
+        })));
     }
     for producer in producers {
-        producer.await?;
+        anyhow::ensure!(producer.await?, "a baseline producer lost its channel");
     }
     while delivered.load(Ordering::Relaxed) < shape.total() {
         done.notified().await;
