@@ -101,7 +101,3 @@ impl Hash for RingKey {
         state.write(&self.0.0.to_le_bytes());
     }
 }
-
-#[cfg(test)]
-#[path = "balancer_tests.rs"]
-mod tests;

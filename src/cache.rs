@@ -604,7 +604,3 @@ fn predecessor(t: SequenceToken) -> Option<SequenceToken> {
         (major, minor) => Some(SequenceToken::new(major, minor - 1)),
     }
 }
-
-#[cfg(test)]
-#[path = "cache_tests.rs"]
-mod tests;

@@ -299,7 +299,3 @@ impl QueueCheckpoint {
         Ok(())
     }
 }
-
-#[cfg(test)]
-#[path = "checkpoint_tests.rs"]
-mod tests;

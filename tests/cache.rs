@@ -1,8 +1,10 @@
 //! The cache's invariants: bounded, pressure-bucketed, purge never removes
 //! what a cursor needs, failed items are not acked, cursors wait and wake.
 
-use super::*;
-use crate::stream::Event;
+use std::sync::Arc;
+
+use tailrace::cache::*;
+use tailrace::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
 
 fn s(name: &str) -> StreamId {
     StreamId::new("test", name)
@@ -12,7 +14,7 @@ fn batch(stream: &StreamId, n: u64) -> Arc<BatchContainer> {
     Arc::new(BatchContainer {
         stream: stream.clone(),
         token: SequenceToken::new(n, 0),
-        events: vec![Event::new(crate::stream::EventId::from_u64(n), "x")],
+        events: vec![Event::new(EventId::from_u64(n), "x")],
     })
 }
 

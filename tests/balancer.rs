@@ -1,6 +1,10 @@
 //! Orleans scenario 25 (BestFitBalancerTests) and the ring's properties.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use tailrace::balancer::BalancerKind;
+use tailrace::cluster::NodeId;
+use tailrace::queue::QueueId;
 
 fn nodes(n: usize) -> Vec<NodeId> {
     (0..n).map(|i| NodeId::new(format!("node-{i:03}"))).collect()

@@ -1,6 +1,14 @@
 //! Orleans scenario 43 (the checkpointer contract), plus the file store.
 
-use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tailrace::checkpoint::*;
+use tailrace::queue::QueueId;
+use tailrace::stream::SequenceToken;
+use tokio::time::Instant;
 
 fn q() -> QueueId {
     QueueId(3)
@@ -88,7 +96,7 @@ async fn load_resumes_from_what_was_stored() {
 struct Flaky {
     inner: MemoryCheckpointer,
     failures: Mutex<u32>,
-    hang: bool,
+    hang: AtomicBool,
 }
 
 #[async_trait]
@@ -98,7 +106,7 @@ impl Checkpointer for Flaky {
     }
 
     async fn save(&self, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError> {
-        if self.hang {
+        if self.hang.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
         {
@@ -114,7 +122,8 @@ impl Checkpointer for Flaky {
 
 #[tokio::test(start_paused = true)]
 async fn flush_retries_a_failed_write() {
-    let flaky = Arc::new(Flaky { inner: MemoryCheckpointer::new(), failures: Mutex::new(2), hang: false });
+    let flaky =
+        Arc::new(Flaky { inner: MemoryCheckpointer::new(), failures: Mutex::new(2), hang: AtomicBool::new(false) });
     let mut cp = QueueCheckpoint::load(flaky.clone(), q(), opts(60_000)).await.unwrap();
     let err = cp.update(t(7), Instant::now()).await.unwrap_err();
     assert!(err.to_string().contains("injected write failure"));
@@ -124,7 +133,8 @@ async fn flush_retries_a_failed_write() {
 
 #[tokio::test(start_paused = true)]
 async fn flush_gives_up_after_its_attempts_with_the_cause() {
-    let flaky = Arc::new(Flaky { inner: MemoryCheckpointer::new(), failures: Mutex::new(10), hang: false });
+    let flaky =
+        Arc::new(Flaky { inner: MemoryCheckpointer::new(), failures: Mutex::new(10), hang: AtomicBool::new(false) });
     let mut cp = QueueCheckpoint::load(flaky.clone(), q(), opts(60_000)).await.unwrap();
     let _ = cp.update(t(7), Instant::now()).await;
     let err = cp.flush().await.unwrap_err();
@@ -134,12 +144,16 @@ async fn flush_gives_up_after_its_attempts_with_the_cause() {
 
 #[tokio::test(start_paused = true)]
 async fn flush_is_cancellable() {
-    let flaky = Arc::new(Flaky { inner: MemoryCheckpointer::new(), failures: Mutex::new(0), hang: true });
+    let flaky =
+        Arc::new(Flaky { inner: MemoryCheckpointer::new(), failures: Mutex::new(0), hang: AtomicBool::new(false) });
     let mut cp = QueueCheckpoint::load(flaky.clone(), q(), opts(60_000)).await.unwrap();
-    cp.latest = Some(t(1));
+    cp.update(t(1), Instant::now()).await.unwrap();
+    flaky.hang.store(true, Ordering::SeqCst);
+    cp.update(t(2), Instant::now()).await.unwrap();
     let outcome = tokio::time::timeout(Duration::from_secs(1), cp.flush()).await;
     assert!(outcome.is_err(), "a hanging store must not hang the caller past its timeout");
-    assert_eq!(cp.persisted(), None);
+    assert_eq!(cp.persisted(), Some(t(1)));
+    assert_eq!(cp.latest(), Some(t(2)), "the newest progress is kept for the next flush");
 }
 
 #[tokio::test]
