@@ -23,6 +23,7 @@ pub mod config;
 pub mod conformance;
 pub mod edge;
 pub mod failure;
+pub mod handoff;
 pub mod manager;
 pub mod node;
 pub mod pubsub;

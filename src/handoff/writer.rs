@@ -1,0 +1,430 @@
+//! `LoggingConsumer`: appends events as JSON Lines to a prefix's active
+//! `.open` file, seals it into `.jsonl`, and keeps the prefix's byte budget.
+//! Blocking I/O: call it from a thread or `spawn_blocking`.
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::HandoffError;
+use super::files::{file_path, list_prefix_files, lock_path, sync_dir, validate_prefix};
+use super::line::encode_line;
+use super::lock::{Acquired, PrefixLock};
+use crate::stream::{Event, StreamId};
+
+/// When written bytes are forced to disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FsyncPolicy {
+    /// Only when a file is sealed (`"never"`): fastest; a crash may lose what
+    /// the active file held.
+    Never,
+    /// On every `flush` (`"every-flush"`): an event is durable once the flush
+    /// after it returned.
+    #[default]
+    EveryFlush,
+    /// At most one fsync per interval, covering every flush before it
+    /// (`"group:10ms"`): an event is durable once a group sync covered it.
+    Group(Duration),
+}
+
+impl fmt::Display for FsyncPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FsyncPolicy::Never => f.write_str("never"),
+            FsyncPolicy::EveryFlush => f.write_str("every-flush"),
+            FsyncPolicy::Group(every) => write!(f, "group:{}", humantime::format_duration(*every)),
+        }
+    }
+}
+
+impl FromStr for FsyncPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "never" => Ok(FsyncPolicy::Never),
+            "every-flush" => Ok(FsyncPolicy::EveryFlush),
+            other => match other.strip_prefix("group:") {
+                Some(every) => {
+                    humantime::parse_duration(every).map(FsyncPolicy::Group).map_err(|e| format!("`{other}`: {e}"))
+                }
+                None => Err(format!("`{other}` is not an fsync policy (never, every-flush, group:<duration>)")),
+            },
+        }
+    }
+}
+
+impl Serialize for FsyncPolicy {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for FsyncPolicy {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Where a line is: the file's number and the 1-based line in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LinePosition {
+    /// `{prefix}-{file}.open|jsonl`.
+    pub file: u64,
+    /// 1-based.
+    pub line: u64,
+}
+
+/// A writer's settings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WriterOptions {
+    /// A file is sealed once it would grow past this.
+    pub max_file_bytes: u64,
+    /// The prefix's budget: `.open` and `.jsonl` files together.
+    pub max_total_bytes: u64,
+    /// A non-empty active file older than this is sealed (so a quiet writer
+    /// still hands its lines over); none: only size and `close` seal.
+    #[serde(with = "humantime_serde")]
+    pub max_file_age: Option<Duration>,
+    /// When bytes are forced to disk.
+    pub fsync: FsyncPolicy,
+    /// Lines are buffered up to this many bytes before being written.
+    pub buffer_bytes: usize,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        Self {
+            max_file_bytes: 64 * 1024 * 1024,
+            max_total_bytes: 1024 * 1024 * 1024,
+            max_file_age: None,
+            fsync: FsyncPolicy::EveryFlush,
+            buffer_bytes: 64 * 1024,
+        }
+    }
+}
+
+struct Active {
+    n: u64,
+    path: PathBuf,
+    file: File,
+    /// Bytes in the file plus those still buffered.
+    bytes: u64,
+    lines: u64,
+    opened: Instant,
+}
+
+/// Writes one prefix of one directory. See the module documentation.
+pub struct LoggingConsumer {
+    dir: PathBuf,
+    prefix: String,
+    options: WriterOptions,
+    lock: PrefixLock,
+    active: Option<Active>,
+    buffer: Vec<u8>,
+    scratch: Vec<u8>,
+    next_n: u64,
+    sealed_bytes: u64,
+    failed: Option<String>,
+    last_sync: Instant,
+    accepted: u64,
+    durable: u64,
+    /// Events written to the OS (not only buffered).
+    written: u64,
+}
+
+impl LoggingConsumer {
+    /// Takes `prefix` in `dir` (created if missing). Fails if another writer
+    /// holds it, or if a crash left its lock or an `.open` file behind.
+    pub fn open(dir: impl Into<PathBuf>, prefix: &str, options: WriterOptions) -> Result<Self, HandoffError> {
+        validate_prefix(prefix)?;
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir).map_err(HandoffError::io(format!("creating {}", dir.display())))?;
+        let lock_file = lock_path(&dir, prefix);
+        let lock = match PrefixLock::acquire(&dir, lock_file.clone())? {
+            Acquired::Held(lock) => lock,
+            Acquired::Busy => return Err(HandoffError::Locked { dir, prefix: prefix.into(), lock: lock_file }),
+            Acquired::Stale => {
+                let mut files = vec![lock_file];
+                files.extend(list_prefix_files(&dir, prefix)?.into_iter().filter(|f| f.open).map(|f| f.path));
+                return Err(HandoffError::RecoveryRequired { dir, prefix: prefix.into(), files });
+            }
+        };
+        let existing = list_prefix_files(&dir, prefix)?;
+        let leftovers: Vec<PathBuf> = existing.iter().filter(|f| f.open).map(|f| f.path.clone()).collect();
+        if !leftovers.is_empty() {
+            lock.release(&dir)?;
+            return Err(HandoffError::RecoveryRequired { dir, prefix: prefix.into(), files: leftovers });
+        }
+        Ok(Self {
+            next_n: existing.iter().map(|f| f.n + 1).max().unwrap_or(1),
+            sealed_bytes: existing.iter().map(|f| f.bytes).sum(),
+            dir,
+            prefix: prefix.into(),
+            options,
+            lock,
+            active: None,
+            buffer: Vec::new(),
+            scratch: Vec::new(),
+            failed: None,
+            last_sync: Instant::now(),
+            accepted: 0,
+            durable: 0,
+            written: 0,
+        })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Events accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted
+    }
+
+    /// Events known to be on disk (fsynced or sealed).
+    pub fn durable(&self) -> u64 {
+        self.durable
+    }
+
+    /// Bytes the prefix uses now, as counted against the budget.
+    pub fn used_bytes(&self) -> u64 {
+        self.sealed_bytes + self.active.as_ref().map_or(0, |a| a.bytes)
+    }
+
+    /// Appends one event.
+    pub fn append(&mut self, stream: &StreamId, event: &Event) -> Result<LinePosition, HandoffError> {
+        self.append_batch(stream, std::slice::from_ref(event))
+    }
+
+    /// Appends events of one stream as one batch, all or none: a batch past
+    /// the budget is refused whole and nothing accepted before it is
+    /// touched. A batch never spans two files. Returns where its first line
+    /// is (file number, 1-based line).
+    pub fn append_batch(&mut self, stream: &StreamId, events: &[Event]) -> Result<LinePosition, HandoffError> {
+        self.usable()?;
+        if events.is_empty() {
+            return Err(HandoffError::EmptyBatch(stream.clone()));
+        }
+        let mut lines = std::mem::take(&mut self.scratch);
+        lines.clear();
+        let count = u32::try_from(events.len()).unwrap_or(u32::MAX);
+        for (i, event) in events.iter().enumerate() {
+            encode_line(stream, event, (i == 0).then_some(count), &mut lines);
+        }
+        let incoming = lines.len() as u64;
+        if self.used_bytes() + incoming > self.options.max_total_bytes {
+            // Readers delete sealed files: count again before refusing.
+            self.sealed_bytes =
+                list_prefix_files(&self.dir, &self.prefix)?.iter().filter(|f| !f.open).map(|f| f.bytes).sum();
+            if self.used_bytes() + incoming > self.options.max_total_bytes {
+                self.scratch = lines;
+                return Err(HandoffError::BudgetExceeded {
+                    prefix: self.prefix.clone(),
+                    used: self.used_bytes(),
+                    incoming,
+                    max: self.options.max_total_bytes,
+                });
+            }
+        }
+        let full =
+            self.active.as_ref().is_some_and(|a| a.lines > 0 && a.bytes + incoming > self.options.max_file_bytes);
+        if full {
+            self.seal_active()?;
+        }
+        self.ensure_active()?;
+        let Some(active) = self.active.as_mut() else {
+            return Err(HandoffError::Failed("no active file after creating one".into()));
+        };
+        let position = LinePosition { file: active.n, line: active.lines + 1 };
+        active.bytes += incoming;
+        active.lines += events.len() as u64;
+        self.buffer.extend_from_slice(&lines);
+        self.accepted += events.len() as u64;
+        self.scratch = lines;
+        if self.buffer.len() >= self.options.buffer_bytes {
+            self.write_buffer()?;
+        }
+        Ok(position)
+    }
+
+    /// Writes buffered lines and syncs as the policy says. Never seals.
+    pub fn flush(&mut self) -> Result<(), HandoffError> {
+        self.usable()?;
+        self.write_buffer()?;
+        let sync = match self.options.fsync {
+            FsyncPolicy::Never => false,
+            FsyncPolicy::EveryFlush => true,
+            FsyncPolicy::Group(every) => self.last_sync.elapsed() >= every,
+        };
+        if sync {
+            self.sync_active()?;
+        }
+        Ok(())
+    }
+
+    /// With a group policy: how long until a sync is due for what was
+    /// written (`None` if nothing waits for one).
+    pub fn sync_due_in(&self) -> Option<Duration> {
+        match self.options.fsync {
+            FsyncPolicy::Group(every) if self.written > self.durable => {
+                Some(every.saturating_sub(self.last_sync.elapsed()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Seals the active file if it is older than `max_file_age`. Returns
+    /// whether it did.
+    pub fn seal_if_due(&mut self) -> Result<bool, HandoffError> {
+        let due = match (&self.active, self.options.max_file_age) {
+            (Some(active), Some(age)) => active.lines > 0 && active.opened.elapsed() >= age,
+            _ => false,
+        };
+        if due {
+            self.usable()?;
+            self.seal_active()?;
+        }
+        Ok(due)
+    }
+
+    /// How long until the active file is due for sealing by age.
+    pub fn seal_due_in(&self) -> Option<Duration> {
+        match (&self.active, self.options.max_file_age) {
+            (Some(active), Some(age)) if active.lines > 0 => Some(age.saturating_sub(active.opened.elapsed())),
+            _ => None,
+        }
+    }
+
+    /// Seals the active file now (if it has lines).
+    pub fn rotate(&mut self) -> Result<(), HandoffError> {
+        self.usable()?;
+        if self.active.as_ref().is_some_and(|a| a.lines > 0) {
+            self.seal_active()?;
+        }
+        Ok(())
+    }
+
+    /// Seals what is written and releases the prefix (the clean way out).
+    pub fn close(mut self) -> Result<(), HandoffError> {
+        self.usable()?;
+        self.write_buffer()?;
+        // The final sync happens only while the lock is still ours.
+        self.lock.verify().inspect_err(|_| self.failed = Some("lock lost before close".into()))?;
+        match self.active.as_ref().map(|a| a.lines) {
+            Some(0) => {
+                if let Some(active) = self.active.take() {
+                    std::fs::remove_file(&active.path)
+                        .map_err(HandoffError::io(format!("removing {}", active.path.display())))?;
+                }
+            }
+            Some(_) => self.seal_active()?,
+            None => {}
+        }
+        self.lock.release(&self.dir)
+    }
+
+    fn usable(&mut self) -> Result<(), HandoffError> {
+        if let Some(reason) = &self.failed {
+            return Err(HandoffError::Failed(reason.clone()));
+        }
+        self.lock.verify().inspect_err(|e| self.failed = Some(e.to_string()))
+    }
+
+    fn ensure_active(&mut self) -> Result<(), HandoffError> {
+        if self.active.is_some() {
+            return Ok(());
+        }
+        let n = self.next_n;
+        let path = file_path(&self.dir, &self.prefix, n, true);
+        let file = OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| self.fail(format!("creating {}", path.display()), e))?;
+        sync_dir(&self.dir)?;
+        self.next_n += 1;
+        self.active = Some(Active { n, path, file, bytes: 0, lines: 0, opened: Instant::now() });
+        Ok(())
+    }
+
+    fn write_buffer(&mut self) -> Result<(), HandoffError> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let Some(active) = self.active.as_mut() else {
+            return Err(HandoffError::Failed("buffered lines without an active file".into()));
+        };
+        if let Err(e) = active.file.write_all(&self.buffer) {
+            let context = format!("writing {}", active.path.display());
+            return Err(self.fail(context, e));
+        }
+        self.buffer.clear();
+        self.written = self.accepted;
+        Ok(())
+    }
+
+    fn sync_active(&mut self) -> Result<(), HandoffError> {
+        if let Some(active) = self.active.as_mut()
+            && let Err(e) = active.file.sync_data()
+        {
+            let context = format!("syncing {}", active.path.display());
+            return Err(self.fail(context, e));
+        }
+        self.last_sync = Instant::now();
+        self.durable = self.written;
+        Ok(())
+    }
+
+    /// fsync, rename `.open` to `.jsonl`, fsync the directory.
+    fn seal_active(&mut self) -> Result<(), HandoffError> {
+        self.write_buffer()?;
+        let Some(active) = self.active.take() else { return Ok(()) };
+        let sealed = file_path(&self.dir, &self.prefix, active.n, false);
+        if let Err(e) = active.file.sync_all() {
+            return Err(self.fail(format!("syncing {}", active.path.display()), e));
+        }
+        drop(active.file);
+        if let Err(e) = std::fs::rename(&active.path, &sealed) {
+            return Err(self.fail(format!("sealing {} as {}", active.path.display(), sealed.display()), e));
+        }
+        sync_dir(&self.dir).inspect_err(|e| self.failed = Some(e.to_string()))?;
+        self.sealed_bytes += active.bytes;
+        self.last_sync = Instant::now();
+        self.durable = self.accepted;
+        self.written = self.accepted;
+        Ok(())
+    }
+
+    /// An I/O failure mid-write leaves a file we cannot trust: stop for good.
+    fn fail(&mut self, context: String, source: std::io::Error) -> HandoffError {
+        self.failed = Some(format!("{context}: {source}"));
+        HandoffError::Io { context, source }
+    }
+}
+
+impl fmt::Debug for LoggingConsumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoggingConsumer")
+            .field("dir", &self.dir)
+            .field("prefix", &self.prefix)
+            .field("active", &self.active.as_ref().map(|a| a.n))
+            .field("accepted", &self.accepted)
+            .field("durable", &self.durable)
+            .field("failed", &self.failed)
+            .finish()
+    }
+}
