@@ -159,6 +159,8 @@ pub struct QueueCache {
     next_id: u64,
     last_added: Option<SequenceToken>,
     purged_through: Option<SequenceToken>,
+    /// The highest progress ever reported (see [`QueueCache::progress`]).
+    done_through: Option<SequenceToken>,
 }
 
 impl QueueCache {
@@ -179,6 +181,7 @@ impl QueueCache {
             next_id: 0,
             last_added: None,
             purged_through: None,
+            done_through: None,
         }
     }
 
@@ -187,6 +190,7 @@ impl QueueCache {
     pub fn set_purged_through(&mut self, token: Option<SequenceToken>) {
         self.purged_through = token;
         self.last_added = self.last_added.max(token);
+        self.done_through = self.done_through.max(token);
     }
 
     /// The cache's options.
@@ -236,7 +240,7 @@ impl QueueCache {
         let mut outcome = AddOutcome::default();
         for batch in batches {
             if self.last_added.is_some_and(|last| batch.token <= last) {
-                outcome.skipped += 1;
+                outcome.skipped.push(batch.token);
                 continue;
             }
             self.last_added = Some(batch.token);
@@ -323,13 +327,22 @@ impl QueueCache {
     }
 
     /// Delivery progress: every container at or below the returned token is
-    /// done with (delivered, skipped or wanted by nobody).
-    pub fn progress(&self) -> Option<SequenceToken> {
-        match self.pinned.keys().next() {
+    /// done with (delivered, skipped or wanted by nobody). Never moves back:
+    /// it is also the floor below which no new cursor is placed (asking for
+    /// older positions is a miss, served from the queue).
+    pub fn progress(&mut self) -> Option<SequenceToken> {
+        let now = match self.pinned.keys().next() {
             Some(&min) if min > self.first_pos => self.item(min - 1).map(|i| i.batch.token),
             Some(_) => self.purged_through,
             None => self.last_added,
-        }
+        };
+        self.done_through = self.done_through.max(now);
+        self.done_through
+    }
+
+    /// Whether any container of `stream` is cached.
+    pub fn holds(&self, stream: &StreamId) -> bool {
+        self.span(stream).is_some()
     }
 
     /// Holds every container of `stream` cached now or added later until
@@ -490,23 +503,29 @@ impl QueueCache {
     }
 
     fn locate(&self, stream: &StreamId, start: CursorStart) -> Result<CursorState, CacheMiss> {
+        // Below this, containers are done: a new cursor asking for them is
+        // served from the queue, never from what is left in the cache.
+        let floor = self.purged_through.max(self.done_through);
         let (token, inclusive) = match start {
-            CursorStart::Latest => {
-                return Ok(CursorState::Waiting { after: self.last_added });
-            }
+            CursorStart::Latest => return Ok(CursorState::Waiting { after: self.last_added }),
             CursorStart::Earliest => {
-                return Ok(match self.span(stream) {
-                    Some(span) => CursorState::At(span.first),
-                    None => CursorState::Waiting { after: self.purged_through },
-                });
+                let mut pos = self.span(stream).map(|s| s.first);
+                while let Some(p) = pos {
+                    let Some(item) = self.item(p) else { break };
+                    if floor.is_none_or(|f| item.batch.token > f) {
+                        return Ok(CursorState::At(p));
+                    }
+                    pos = item.next_in_stream;
+                }
+                return Ok(CursorState::Waiting { after: floor.max(self.last_added) });
             }
             CursorStart::At(t) => (t, true),
             CursorStart::After(t) => (t, false),
         };
-        if let Some(purged) = self.purged_through {
-            let missed = if inclusive { token <= purged } else { token < purged };
+        if let Some(floor) = floor {
+            let missed = if inclusive { token <= floor } else { token < floor };
             if missed {
-                return Err(CacheMiss { requested: token, purged_through: purged });
+                return Err(CacheMiss { requested: token, purged_through: floor });
             }
         }
         let mut pos = self.span(stream).map(|s| s.first);
@@ -583,8 +602,9 @@ impl QueueCache {
 pub struct AddOutcome {
     /// Cursors that were caught up and now have something to deliver.
     pub ready: Vec<CursorId>,
-    /// Containers skipped as redeliveries (token not newer than the last).
-    pub skipped: usize,
+    /// Containers skipped as redeliveries (token not newer than the last
+    /// added): they are already done, so they are to be acked.
+    pub skipped: Vec<SequenceToken>,
 }
 
 /// Where a cursor stands.

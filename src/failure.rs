@@ -51,8 +51,11 @@ impl FailureHandler for DefaultFailureHandler {
 /// A batch that was given up on, with why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DeadLetter {
-    /// The subscription it was for.
-    pub subscription: SubscriptionId,
+    /// The subscription it was for (none when the queue itself could not
+    /// read it, e.g. a corrupt line).
+    pub subscription: Option<SubscriptionId>,
+    /// Where it came from when that is not a subscription (`file:line`).
+    pub origin: Option<String>,
     /// Its stream.
     pub stream: StreamId,
     /// The container's token.
@@ -80,7 +83,8 @@ pub struct LogDeadLetters;
 impl DeadLetterSink for LogDeadLetters {
     async fn dead_letter(&self, letter: DeadLetter) -> Result<(), String> {
         tracing::error!(
-            subscription = %letter.subscription,
+            subscription = ?letter.subscription,
+            origin = ?letter.origin,
             stream = %letter.stream,
             token = %letter.token,
             events = letter.events.len(),

@@ -387,6 +387,13 @@ impl Manager {
                 }
                 self.slots.remove(&queue);
                 match result {
+                    // Its exit may have been handled before this message (the
+                    // supervision port is separate): then it is a crash.
+                    Ok((agent, kill)) if agent.get_status() >= ractor::ActorStatus::Stopping => {
+                        kill.cancel();
+                        tracing::error!(%queue, "pulling agent stopped right after starting");
+                        self.schedule_restart(queue);
+                    }
                     Ok((agent, kill)) => {
                         self.args.agents.register(queue, agent.clone());
                         self.slots.insert(queue, Slot::Running(agent, kill));

@@ -325,6 +325,9 @@ impl Node {
         consumer: Arc<dyn StreamConsumer>,
         start: StartPosition,
     ) -> Result<SubscriptionHandle, SubscribeError> {
+        // A resume that fails must leave the subscription as it was.
+        let previous = self.store.subscriptions(stream).await?.into_iter().find(|s| s.id == id);
+        let previous_local = (self.lock_tracked().get(&id).cloned(), self.consumers.get(&id.to_string()));
         let tracked = Arc::new(TrackedConsumer::new(consumer));
         let address = self.consumers.register(id.to_string(), tracked.clone())?;
         self.lock_tracked().insert(id, tracked.clone());
@@ -340,10 +343,25 @@ impl Node {
             Ok::<_, SubscribeError>(concrete)
         }
         .await;
-        match outcome {
-            Ok(start) => Ok(SubscriptionHandle { id, stream: stream.clone(), start }),
-            Err(error) => {
+        match (outcome, previous) {
+            (Ok(start), _) => Ok(SubscriptionHandle { id, stream: stream.clone(), start }),
+            (Err(error), None) => {
                 self.forget(id, stream).await;
+                Err(error)
+            }
+            (Err(error), Some(previous)) => {
+                tracked.close();
+                match previous_local {
+                    (Some(old_tracked), Some(old_consumer)) => {
+                        self.lock_tracked().insert(id, old_tracked);
+                        let _ = self.consumers.register(id.to_string(), old_consumer);
+                    }
+                    _ => {
+                        self.lock_tracked().remove(&id);
+                        self.consumers.unregister(&id.to_string());
+                    }
+                }
+                let _ = self.store.upsert(previous).await;
                 Err(error)
             }
         }

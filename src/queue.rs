@@ -231,8 +231,9 @@ pub trait QueueReceiver: Send + 'static {
         Ok(())
     }
 
-    /// Reads up to `max` containers at or after `from` without moving the
-    /// live read position (rewindable adapters only). The default refuses.
+    /// Reads up to `max` containers at or after `from`, in queue order,
+    /// whether or not the live position passed them, without moving it
+    /// (rewindable adapters only). The default refuses.
     async fn rewind(&mut self, from: SequenceToken, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
         let _ = max;
         Err(QueueError::NotRewindable { requested: from })

@@ -404,3 +404,20 @@ async fn shutdown_with_no_subscribers_checkpoints_past_everything() {
     assert_eq!(factory.checkpoints.get(QueueId(0)), Some(t(3)));
     assert_eq!(factory.script.acked(), [1, 2, 3]);
 }
+
+/// Containers read again at or below the checkpoint (a new owner re-reading
+/// what the old one never acked) are acked, not dropped silently.
+#[tokio::test]
+async fn containers_at_or_below_the_checkpoint_are_acked_when_read_again() {
+    let factory = ScriptedFactory::new();
+    factory.checkpoints.save(QueueId(0), t(5)).await.unwrap();
+    let recorder = Recorder::new();
+    let node = TestNode::start(factory.clone(), quick_config(), implicit("t", &recorder)).await;
+    let a = stream("t", "a");
+    for n in 3..=7 {
+        factory.script.push(&a, n, &[&format!("a{n}")]);
+    }
+    assert!(eventually(WAIT, || recorder.ids(&a) == ["a6", "a7"]).await, "{:?}", recorder.ids(&a));
+    assert!(eventually(WAIT, || factory.script.acked() == [3, 4, 5, 6, 7]).await, "{:?}", factory.script.acked());
+    drop(node);
+}

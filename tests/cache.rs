@@ -162,7 +162,7 @@ fn redeliveries_are_skipped_by_token() {
     let mut cache = small(100);
     cache.add(vec![batch(&a, 1), batch(&a, 2)]).unwrap();
     let outcome = cache.add(vec![batch(&a, 2), batch(&a, 3)]).unwrap();
-    assert_eq!(outcome.skipped, 1);
+    assert_eq!(outcome.skipped, [SequenceToken::new(2, 0)], "returned to be acked");
     assert_eq!(cache.len(), 3);
 }
 
@@ -296,4 +296,22 @@ mod model {
             }
         }
     }
+}
+
+#[test]
+fn no_new_cursor_starts_below_recorded_progress() {
+    let (a, b) = (s("a"), s("b"));
+    let mut cache = small(100);
+    let slow = cache.create_cursor(&b, CursorStart::Earliest).unwrap();
+    cache.add(vec![batch(&a, 1), batch(&a, 2), batch(&b, 3), batch(&a, 4)]).unwrap();
+    // Nobody needs 1 and 2, but the slow cursor pins their bucket.
+    assert_eq!(cache.progress(), Some(SequenceToken::new(2, 0)));
+    assert_eq!(cache.len(), 4, "still cached");
+    let late = cache.create_cursor(&a, CursorStart::Earliest).unwrap();
+    assert_eq!(tokens(&cache.next_batch(late, 10).unwrap()), vec![4], "1 and 2 are done: not handed out again");
+    let err = cache.create_cursor(&a, CursorStart::At(SequenceToken::new(2, 0))).unwrap_err();
+    assert_eq!(err.purged_through, SequenceToken::new(2, 0), "older positions are a miss, served from the queue");
+    cache.next_batch(slow, 1).unwrap();
+    cache.complete(slow, false);
+    assert_eq!(cache.progress(), Some(SequenceToken::new(3, 0)), "progress never moves back");
 }

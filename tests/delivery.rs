@@ -550,3 +550,47 @@ async fn unsubscribe_revokes_an_in_flight_delivery() {
     let status = node.wait_status(node.node.mapper().queue_for(&s).0, |s| s.subscriptions == 0).await;
     assert_eq!(status.events_delivered, 0);
 }
+
+/// A strict start the queue turns out not to hold any more is refused
+/// clearly, and nothing is left behind.
+#[tokio::test]
+async fn a_start_the_queue_no_longer_holds_is_refused() {
+    let node = TestNode::start(
+        memory(MemoryOptions { history: 2, ..MemoryOptions::default() }),
+        quick_config(),
+        ImplicitSubscriptions::new(),
+    )
+    .await;
+    let s = stream("gone", "a");
+    node.agent(node.node.mapper().queue_for(&s).0).await;
+    let mut tokens = Vec::new();
+    for i in 0..10 {
+        tokens.push(node.node.produce(&s, events("e", i..i + 1)).await.unwrap());
+    }
+    node.wait_status(node.node.mapper().queue_for(&s).0, |s| s.acked >= 10).await;
+    let err = node.node.subscribe(&s, Arc::new(Recorder::new()), StartPosition::At(tokens[0])).await.unwrap_err();
+    assert!(err.to_string().contains("no longer held"), "{err}");
+    assert!(node.node.subscriptions(&s).await.unwrap().is_empty());
+    // A recent token is still served.
+    let recorder = Recorder::new();
+    node.node.subscribe(&s, Arc::new(recorder.clone()), StartPosition::At(tokens[8])).await.unwrap();
+    assert!(eventually(WAIT, || recorder.total() == 2).await);
+    assert_eq!(recorder.ids(&s), ids("e", 8..10));
+}
+
+/// A resume that cannot attach leaves the stored subscription as it was.
+#[tokio::test]
+async fn a_failed_resume_keeps_the_subscription() {
+    let mut config = quick_config();
+    config.pubsub.attach_timeout = Duration::from_millis(300);
+    let node = node(config, ImplicitSubscriptions::new()).await;
+    let s = stream("keep", "a");
+    let handle = node.node.subscribe(&s, Arc::new(Recorder::new()), StartPosition::Latest).await.unwrap();
+    node.node.stop_agents().await.unwrap();
+    let err = node.node.resume(handle.id, &s, Arc::new(Recorder::new()), StartPosition::Latest).await.unwrap_err();
+    assert!(err.to_string().contains("no pulling agent attached"), "{err}");
+    let subs = node.node.subscriptions(&s).await.unwrap();
+    assert_eq!(subs.len(), 1);
+    assert_eq!(subs[0].id, handle.id);
+    assert_eq!(subs[0].start, handle.start, "the record is the one before the resume");
+}

@@ -377,9 +377,9 @@ impl QueueReceiver for MemoryReceiver {
                 reason,
             });
         }
-        // Only what the live position already passed: the rest comes by `read`.
-        let read_part = state.pending.range(..state.read_index).map(|e| &e.batch);
-        Ok(state.history.iter().chain(read_part).filter(|b| b.token >= from).take(max).cloned().collect())
+        // Everything still held, read or not: the agent keeps what it lacks.
+        let pending = state.pending.iter().map(|e| &e.batch);
+        Ok(state.history.iter().chain(pending).filter(|b| b.token >= from).take(max).cloned().collect())
     }
 
     async fn shutdown(&mut self, _timeout: Duration) -> Result<(), QueueError> {

@@ -18,7 +18,6 @@ use crate::failure::{DeadLetter, FailureAction};
 use crate::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionId, SubscriptionInfo,
 };
-use crate::queue::QueueError;
 use crate::retry::Backoff;
 use crate::stream::{BatchContainer, StreamId};
 
@@ -221,10 +220,10 @@ impl Agent {
                     self.remove_sub(&stream, id, super::AttachError::ConsumerUnavailable { id, reason });
                     return;
                 }
-                Attempted::Failed { error, .. } if self.shutdown.is_some() && !catch_up => {
+                Attempted::Failed { error, .. } if self.shutdown.is_some() => {
                     // Draining: no retry and no dead letter; the next owner
                     // delivers these again.
-                    if let Some(cursor) = cursor {
+                    if let (Some(cursor), false) = (cursor, catch_up) {
                         self.cache.abandon(cursor);
                     }
                     sub.parked = true;
@@ -258,42 +257,85 @@ impl Agent {
         self.schedule_pump(Duration::ZERO);
     }
 
-    /// A rewind read for a catching-up subscription came back.
-    pub(crate) fn on_rewind(
-        &mut self,
-        stream: StreamId,
-        id: SubscriptionId,
-        result: Result<Vec<Arc<BatchContainer>>, QueueError>,
-    ) {
-        let Some(sub) = self.streams.get_mut(&stream).and_then(|e| e.subs.get_mut(&id)) else {
-            return;
-        };
-        let Some(catch_up) = sub.catch_up.as_mut() else {
+    /// A rewind read for a catching-up subscription came back. The first
+    /// answer also settles a strict attach: served, or refused clearly.
+    pub(crate) fn on_rewind(&mut self, rewind: super::pump::RewindResult) {
+        let super::pump::RewindResult { stream, id, epoch, result } = rewind;
+        let Some(sub) = self.streams.get_mut(&stream).and_then(|e| e.subs.get_mut(&id)) else { return };
+        let Some(catch_up) = sub.catch_up.as_mut().filter(|c| c.epoch == epoch) else {
+            // An answer for a catch-up that was replaced meanwhile.
             return;
         };
         catch_up.requested = false;
         match result {
             Ok(batches) => {
-                let Some(newest) = batches.last().map(|b| b.token) else {
-                    catch_up.exhausted = true;
-                    return self.dispatch(&stream, id);
-                };
-                let until = catch_up.until;
-                let from = catch_up.next;
-                catch_up
-                    .buffer
-                    .extend(batches.into_iter().filter(|b| b.stream == stream && b.token >= from && b.token <= until));
-                catch_up.next = successor(newest);
-                catch_up.exhausted = newest >= until;
+                match batches.last().map(|b| b.token) {
+                    None => catch_up.exhausted = true,
+                    Some(newest) => {
+                        let (from, until) = (catch_up.next, catch_up.until);
+                        let mine =
+                            batches.into_iter().filter(|b| b.stream == stream && b.token >= from && b.token <= until);
+                        catch_up.buffer.extend(mine);
+                        catch_up.next = successor(newest);
+                        catch_up.exhausted = newest >= until;
+                    }
+                }
+                let start = sub.start;
+                for reply in sub.attach_replies.drain(..) {
+                    let _ = reply.send(Ok(start));
+                }
+            }
+            Err(error) if error.is_transient() => {
+                // Ask again later; meanwhile nothing else asks.
+                tracing::warn!(queue = %self.queue, %stream, subscription = %id, %error, "catch-up read failed; retrying");
+                catch_up.requested = true;
+                catch_up.retries += 1;
+                let wait = self.services.options.reader_backoff.delay(catch_up.retries - 1);
+                self.send_self_after(wait, move || InternalMsg::RewindDue { stream, id, epoch });
+                return;
             }
             Err(error) => {
                 self.metrics.cache_misses.increment(1);
-                tracing::warn!(queue = %self.queue, %stream, subscription = %id, %error,
-                    "catch-up from the queue failed; continuing from the cache (events may be missed)");
+                if !sub.attach_replies.is_empty() {
+                    let refusal = super::AttachError::CannotStart {
+                        id,
+                        requested: format!("{:?}", sub.start),
+                        reason: error.to_string(),
+                    };
+                    self.remove_sub(&stream, id, refusal);
+                    return;
+                }
+                let reason = format!("events from {} on may be missing: {error}", catch_up.next);
+                tracing::warn!(queue = %self.queue, %stream, subscription = %id, %reason, "catch-up from the queue failed; continuing from the cache");
                 sub.catch_up = None;
+                self.tell(&stream, id, reason);
             }
         }
         self.dispatch(&stream, id);
+    }
+
+    /// A delayed rewind is due: ask again (unless the catch-up changed).
+    pub(crate) fn on_rewind_due(&mut self, stream: StreamId, id: SubscriptionId, epoch: u64) {
+        let catch_up =
+            self.streams.get_mut(&stream).and_then(|e| e.subs.get_mut(&id)).and_then(|s| s.catch_up.as_mut());
+        if let Some(catch_up) = catch_up.filter(|c| c.epoch == epoch) {
+            catch_up.requested = false;
+            self.dispatch(&stream, id);
+        }
+    }
+
+    /// Tells a subscription's consumer about a problem it should know of.
+    pub(crate) fn tell(&mut self, stream: &StreamId, id: SubscriptionId, error: String) {
+        let Some(sub) = self.streams.get(stream).and_then(|e| e.subs.get(&id)) else { return };
+        let (Some(consumer), info) = (sub.consumer.clone(), sub.info.clone()) else { return };
+        let timeout = self.services.options.delivery_attempt_timeout;
+        self.spawn_work(
+            async move {
+                let _ = tokio::time::timeout(timeout, consumer.on_error(&info, &error)).await;
+                InternalMsg::SideWorkDone
+            },
+            |_| InternalMsg::SideWorkDone,
+        );
     }
 
     /// Sends given-up batches to the dead-letter sink and tells the consumer.
@@ -312,15 +354,20 @@ impl Agent {
             async move {
                 for batch in batches {
                     let letter = DeadLetter {
-                        subscription: info.id,
+                        subscription: Some(info.id),
+                        origin: None,
                         stream: batch.stream.clone(),
                         token: batch.token,
                         events: batch.events.clone(),
                         error: error.clone(),
                         attempts,
                     };
-                    if let Err(refusal) = sink.dead_letter(letter).await {
-                        tracing::error!(stream = %info.stream, token = %batch.token, %refusal, "the dead-letter sink refused a batch");
+                    match tokio::time::timeout(timeout, sink.dead_letter(letter)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(refusal)) => {
+                            tracing::error!(stream = %info.stream, token = %batch.token, %refusal, "the dead-letter sink refused a batch")
+                        }
+                        Err(_) => tracing::error!(stream = %info.stream, token = %batch.token, "the dead-letter sink did not answer"),
                     }
                 }
                 if let Some(consumer) = consumer {

@@ -19,8 +19,23 @@ use crate::pubsub::SubscriptionId;
 use crate::queue::QueueError;
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
 
-/// A rewind read's answer for one catching-up subscription.
-type RewindResult = (StreamId, SubscriptionId, Result<Vec<Arc<BatchContainer>>, QueueError>);
+/// A rewind read for one catching-up subscription.
+pub(crate) struct RewindJob {
+    stream: StreamId,
+    id: SubscriptionId,
+    /// Which catch-up asked (a newer one ignores older answers).
+    epoch: u64,
+    from: SequenceToken,
+    max: usize,
+}
+
+/// A rewind read's answer.
+pub(crate) struct RewindResult {
+    pub stream: StreamId,
+    pub id: SubscriptionId,
+    pub epoch: u64,
+    pub result: Result<Vec<Arc<BatchContainer>>, QueueError>,
+}
 
 /// What one pump did, sent back to the agent.
 pub(crate) struct PumpOutcome {
@@ -38,7 +53,7 @@ struct PumpJob {
     init_timeout: Duration,
     purged: Purged,
     progress: Option<SequenceToken>,
-    rewinds: Vec<(StreamId, SubscriptionId, SequenceToken, usize)>,
+    rewinds: Vec<RewindJob>,
     read_max: usize,
 }
 
@@ -78,13 +93,16 @@ impl Agent {
         let now = Instant::now();
         self.clock = now;
         self.cleanup_inactive_streams(now);
-        let purged = self.cache.purge();
+        let mut purged = self.cache.purge();
+        purged.acked.append(&mut self.redelivered);
         self.status.acked += purged.acked.len() as u64;
         let progress = self.cache.progress();
         let paused = self.cache.is_under_pressure() || self.streams.len() >= self.services.options.max_streams;
         self.pump.blocked = paused;
         let read_max = if paused { 0 } else { self.cache.max_add_count() };
-        let rewinds = self.take_rewinds();
+        // Rewinds wait for a receiver that initialized (a failed initialize
+        // would drop them).
+        let rewinds = if self.initialized { self.take_rewinds() } else { Vec::new() };
         let job = PumpJob {
             queue: self.queue,
             initialize: !self.initialized,
@@ -134,8 +152,8 @@ impl Agent {
             return Ok(());
         }
         self.initialized = true;
-        for (stream, id, result) in outcome.rewinds {
-            self.on_rewind(stream, id, result);
+        for rewind in outcome.rewinds {
+            self.on_rewind(rewind);
         }
         match outcome.read {
             Err(QueueError::Fenced(queue)) => {
@@ -156,6 +174,10 @@ impl Agent {
                 let got = !batch.is_empty();
                 if got {
                     self.add_batch(batch)?;
+                }
+                if !self.read_once {
+                    self.read_once = true;
+                    self.place_deferred_latest();
                 }
                 let delay = if got && !self.pump.blocked || !self.rewinds.is_empty() {
                     self.pump.empty_reads = 0;
@@ -199,7 +221,8 @@ impl Agent {
         self.metrics.events_read.increment(events.values().sum::<usize>() as u64);
         // The pump reads at most what fits, so a full cache is a bug; the
         // containers stay unacknowledged in the queue for the next owner.
-        let added = self.cache.add(batch)?;
+        let mut added = self.cache.add(batch)?;
+        self.redelivered.append(&mut added.skipped);
         for cursor in added.ready {
             if let Some((stream, id)) = self.cursor_owner.get(&cursor).cloned() {
                 self.dispatch(&stream, id);
@@ -220,21 +243,17 @@ impl Agent {
         Ok(())
     }
 
-    fn take_rewinds(&mut self) -> Vec<(StreamId, SubscriptionId, SequenceToken, usize)> {
+    fn take_rewinds(&mut self) -> Vec<RewindJob> {
         let max = self.cache.max_add_count();
         let mut jobs = Vec::new();
         while jobs.len() < self.services.options.max_rewinds_per_pump {
             let Some((stream, id)) = self.rewinds.pop_front() else {
                 break;
             };
-            let next = self
-                .streams
-                .get(&stream)
-                .and_then(|e| e.subs.get(&id))
-                .and_then(|s| s.catch_up.as_ref())
-                .map(|c| c.next);
-            if let Some(next) = next {
-                jobs.push((stream, id, next, max));
+            let catch_up = self.streams.get(&stream).and_then(|e| e.subs.get(&id)).and_then(|s| s.catch_up.as_ref());
+            if let Some(catch_up) = catch_up {
+                let (from, epoch) = (catch_up.next, catch_up.epoch);
+                jobs.push(RewindJob { stream, id, epoch, from, max });
             }
         }
         jobs
@@ -246,7 +265,8 @@ impl Agent {
     fn cleanup_inactive_streams(&mut self, now: Instant) {
         let period = self.services.options.stream_inactivity;
         let crowded = self.streams.len() >= self.services.options.max_streams;
-        if !crowded && now.saturating_duration_since(self.last_cleanup) < period / 10 {
+        let every = if crowded { self.services.options.poll_period } else { period / 10 };
+        if now.saturating_duration_since(self.last_cleanup) < every {
             return;
         }
         self.last_cleanup = now;
@@ -254,7 +274,9 @@ impl Agent {
         let idle: Vec<StreamId> = self
             .streams
             .iter()
-            .filter(|(_, entry)| now.saturating_duration_since(entry.last_activity) >= threshold && self.is_idle(entry))
+            .filter(|(stream, entry)| {
+                now.saturating_duration_since(entry.last_activity) >= threshold && self.is_idle(stream, entry)
+            })
             .map(|(stream, _)| stream.clone())
             .collect();
         for stream in idle {
@@ -263,8 +285,11 @@ impl Agent {
         }
     }
 
-    fn is_idle(&self, entry: &StreamEntry) -> bool {
+    /// Nothing in flight, every cursor caught up, and nothing of the stream
+    /// cached (so its next container is the first a new cursor sees).
+    fn is_idle(&self, stream: &StreamId, entry: &StreamEntry) -> bool {
         entry.registered
+            && !self.cache.holds(stream)
             && entry.subs.values().all(|sub| {
                 !sub.delivering
                     && !sub.handshaking
@@ -277,41 +302,66 @@ impl Agent {
 async fn run_pump(mut io: Io, job: PumpJob) -> PumpOutcome {
     let mut outcome =
         PumpOutcome { io: None, panic: None, init_error: None, read: Ok(Vec::new()), rewinds: Vec::new() };
+    // Every receiver call is bounded: a hung store must not hold the agent
+    // (and its ordered shutdown) forever.
+    let limit = job.init_timeout;
+    let timeout = |operation: &'static str| QueueError::Timeout { operation, queue: job.queue, after: limit };
     if job.initialize {
-        let init = tokio::time::timeout(job.init_timeout, io.receiver.initialize(job.init_timeout)).await;
-        let error = match init {
+        let init = tokio::time::timeout(limit, io.receiver.initialize(limit)).await;
+        if let Some(error) = match init {
             Ok(Ok(())) => None,
             Ok(Err(error)) => Some(error),
-            Err(_) => Some(QueueError::Timeout { operation: "initialize", queue: job.queue, after: job.init_timeout }),
-        };
-        if error.is_some() {
-            outcome.init_error = error;
+            Err(_) => Some(timeout("initialize")),
+        } {
+            outcome.init_error = Some(error);
             outcome.io = Some(io);
             return outcome;
         }
     }
-    if !job.purged.acked.is_empty()
-        && let Err(error) = io.receiver.delivered(&job.purged.acked).await
-    {
-        tracing::warn!(%error, containers = job.purged.acked.len(), "ack failed; the queue may redeliver them");
+    if !job.purged.acked.is_empty() {
+        let acked = tokio::time::timeout(limit, io.receiver.delivered(&job.purged.acked)).await;
+        if let Some(error) = flatten(acked, || timeout("delivered")) {
+            tracing::warn!(%error, containers = job.purged.acked.len(), "ack failed; the queue may redeliver them");
+        }
     }
-    if !job.purged.failed.is_empty()
-        && let Err(error) = io.receiver.failed(&job.purged.failed).await
-    {
-        tracing::warn!(%error, "reporting failed containers to the receiver failed");
+    if !job.purged.failed.is_empty() {
+        let failed = tokio::time::timeout(limit, io.receiver.failed(&job.purged.failed)).await;
+        if let Some(error) = flatten(failed, || timeout("failed")) {
+            tracing::warn!(%error, "reporting failed containers to the receiver failed");
+        }
     }
-    if let Some(progress) = job.progress
-        && let Err(error) = io.checkpoint.update(progress, Instant::now()).await
-    {
-        tracing::warn!(%error, "checkpoint write failed; the next one retries");
+    if let Some(progress) = job.progress {
+        match tokio::time::timeout(limit, io.checkpoint.update(progress, Instant::now())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "checkpoint write failed; the next one retries"),
+            Err(_) => tracing::warn!(?limit, "checkpoint write timed out; the next one retries"),
+        }
     }
-    for (stream, id, from, max) in job.rewinds {
-        let result = io.receiver.rewind(from, max).await;
-        outcome.rewinds.push((stream, id, result));
+    for job in job.rewinds {
+        let result = match tokio::time::timeout(limit, io.receiver.rewind(job.from, job.max)).await {
+            Ok(result) => result,
+            Err(_) => Err(timeout("rewind")),
+        };
+        outcome.rewinds.push(RewindResult { stream: job.stream, id: job.id, epoch: job.epoch, result });
     }
     if job.read_max > 0 {
-        outcome.read = io.receiver.read(job.read_max).await;
+        outcome.read = match tokio::time::timeout(limit, io.receiver.read(job.read_max)).await {
+            Ok(result) => result,
+            Err(_) => Err(timeout("read")),
+        };
     }
     outcome.io = Some(io);
     outcome
+}
+
+/// The error of a bounded call, if it failed or timed out.
+fn flatten(
+    outcome: Result<Result<(), QueueError>, tokio::time::error::Elapsed>,
+    timeout: impl FnOnce() -> QueueError,
+) -> Option<QueueError> {
+    match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(error)) => Some(error),
+        Err(_) => Some(timeout()),
+    }
 }

@@ -46,7 +46,8 @@ impl Agent {
             .streams
             .values()
             .any(|e| !e.registered || e.subs.values().any(|s| s.cursor.is_none() || s.handshaking));
-        let purged = self.cache.purge();
+        let mut purged = self.cache.purge();
+        purged.acked.append(&mut self.redelivered);
         self.status.acked += purged.acked.len() as u64;
         let progress = self.cache.progress();
         let timeout = self.services.options.init_timeout;

@@ -46,6 +46,12 @@ pub(crate) enum InternalMsg {
         report: DeliveryReport,
     },
     SideWorkDone,
+    /// A catch-up read that failed may be asked again.
+    RewindDue {
+        stream: StreamId,
+        id: SubscriptionId,
+        epoch: u64,
+    },
     /// Several completions reported together by the work lane.
     Batch(Vec<InternalMsg>),
 }
@@ -73,6 +79,10 @@ pub(crate) struct CatchUp {
     pub requested: bool,
     /// The rewind reads reached `until`: what is buffered is the rest.
     pub exhausted: bool,
+    /// Tells this catch-up from a later one of the same subscription.
+    pub epoch: u64,
+    /// Failed reads so far (for the backoff).
+    pub retries: u32,
     pub buffer: VecDeque<Arc<BatchContainer>>,
 }
 
@@ -161,6 +171,15 @@ pub struct Agent {
     pub(crate) cursor_owner: HashMap<CursorId, (StreamId, SubscriptionId)>,
     /// Subscriptions waiting for a rewind read.
     pub(crate) rewinds: VecDeque<(StreamId, SubscriptionId)>,
+    /// Whether a read has completed (before it, `Latest` cannot be placed).
+    pub(crate) read_once: bool,
+    /// Subscriptions that asked for `Latest` before the first read.
+    pub(crate) deferred_latest: Vec<(StreamId, SubscriptionId)>,
+    /// Numbers catch-ups, so a late rewind answer is not applied to a newer one.
+    pub(crate) catch_up_epoch: u64,
+    /// Containers read again at or below the progress already recorded:
+    /// done, to be acked by the next pump.
+    pub(crate) redelivered: Vec<SequenceToken>,
     /// Registrations, handshakes, deliveries and side work in flight.
     pub(crate) work: usize,
     /// Cancelled at shutdown: tasks finish their current attempt, no retry.
@@ -213,6 +232,10 @@ impl Agent {
             streams: HashMap::default(),
             cursor_owner: HashMap::default(),
             rewinds: VecDeque::new(),
+            redelivered: Vec::new(),
+            read_once: false,
+            deferred_latest: Vec::new(),
+            catch_up_epoch: 0,
             work: 0,
             stop_retries: Arc::new(CancellationToken::new()),
             lane,
@@ -242,6 +265,7 @@ impl Agent {
                 self.on_delivered(stream, id, generation, catch_up, last, report)
             }
             InternalMsg::SideWorkDone => self.work -= 1,
+            InternalMsg::RewindDue { stream, id, epoch } => self.on_rewind_due(stream, id, epoch),
             InternalMsg::Batch(done) => {
                 for msg in done {
                     self.handle_internal(msg)?;

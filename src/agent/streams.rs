@@ -34,6 +34,12 @@ impl Agent {
                 last_activity: self.clock,
             },
         );
+        self.look_up_subscriptions(stream, Duration::ZERO);
+    }
+
+    /// Looks the stream's subscriptions up in the store (after `delay`),
+    /// with retries.
+    fn look_up_subscriptions(&mut self, stream: StreamId, delay: Duration) {
         let store = self.services.store.clone();
         let backoff = self.services.options.delivery_backoff;
         let attempt_timeout = self.services.options.delivery_attempt_timeout;
@@ -41,6 +47,7 @@ impl Agent {
         let (s1, s2) = (stream.clone(), stream);
         self.spawn_work(
             async move {
+                tokio::time::sleep(delay).await;
                 let result = lookup_with_retries(store.as_ref(), &s1, backoff, attempt_timeout, &stop).await;
                 InternalMsg::Registered { stream: s1, result }
             },
@@ -63,8 +70,10 @@ impl Agent {
         let records = match result {
             Ok(records) => records,
             Err(error) => {
-                tracing::warn!(queue = %self.queue, %stream, %error, "subscription lookup failed");
-                self.forget_stream(&stream);
+                // The pin keeps the stream's containers; look again.
+                tracing::warn!(queue = %self.queue, %stream, %error, "subscription lookup failed; looking again");
+                let delay = self.services.options.delivery_backoff.delay(0);
+                self.look_up_subscriptions(stream, delay);
                 return;
             }
         };
@@ -215,6 +224,11 @@ impl Agent {
         if consumer.is_some() {
             sub.consumer = consumer;
         }
+        if self.shutdown.is_some() && result.is_err() {
+            // Retries were cut short by the handoff: leave it unresolved (the
+            // checkpoint stays put) for the next owner, not to the handler.
+            return;
+        }
         let start = match result {
             Ok(answer) => answer.unwrap_or(sub.start),
             Err(ConsumerError::Unavailable(reason)) => {
@@ -243,10 +257,16 @@ impl Agent {
     /// when the cache no longer holds it, then answers waiting attaches and
     /// starts delivering.
     pub(crate) fn place_cursor(&mut self, stream: &StreamId, id: SubscriptionId, start: StartPosition) {
-        let rewindable = self.services.adapter.is_rewindable();
-        let Some(sub) = self.streams.get_mut(stream).and_then(|e| e.subs.get_mut(&id)) else {
+        if start == StartPosition::Latest && !self.read_once {
+            // Before the first read the agent cannot say where "now" is in
+            // the queue; decide after it.
+            self.deferred_latest.push((stream.clone(), id));
             return;
-        };
+        }
+        let rewindable = self.services.adapter.is_rewindable();
+        self.catch_up_epoch += 1;
+        let epoch = self.catch_up_epoch;
+        let Some(sub) = self.streams.get_mut(stream).and_then(|e| e.subs.get_mut(&id)) else { return };
         let placed = match sub.cursor {
             Some(cursor) => self.cache.seek(cursor, start.cursor_start()).map(|()| cursor),
             None => self.cache.create_cursor(stream, start.cursor_start()),
@@ -256,40 +276,40 @@ impl Agent {
             Ok(cursor) => cursor,
             Err(miss) => {
                 self.metrics.cache_misses.increment(1);
-                let boundary = crate::cache::CursorStart::After(miss.purged_through);
                 if rewindable {
+                    let next = match start {
+                        StartPosition::After(t) => successor(t),
+                        _ => miss.requested,
+                    };
                     sub.catch_up = Some(CatchUp {
-                        next: match start {
-                            StartPosition::After(t) => successor(t),
-                            _ => miss.requested,
-                        },
+                        next,
                         until: miss.purged_through,
                         requested: false,
                         exhausted: false,
+                        epoch,
+                        retries: 0,
                         buffer: VecDeque::new(),
                     });
                 } else if sub.strict_start {
-                    let error = AttachError::CannotStart {
-                        id,
-                        requested: format!("{start:?}"),
-                        reason: crate::queue::QueueError::NotRewindable { requested: miss.requested }.to_string(),
-                    };
+                    let reason = crate::queue::QueueError::NotRewindable { requested: miss.requested }.to_string();
+                    let error = AttachError::CannotStart { id, requested: format!("{start:?}"), reason };
                     self.remove_sub(stream, id, error);
                     return;
                 } else {
                     tracing::warn!(queue = %self.queue, %stream, subscription = %id, requested = %miss.requested, purged_through = %miss.purged_through,
                         "the adapter is not rewindable: resuming at the oldest cached event; events in between may be missed");
                 }
-                let fallback = if rewindable { boundary } else { crate::cache::CursorStart::Earliest };
+                let fallback = if rewindable {
+                    crate::cache::CursorStart::After(miss.purged_through)
+                } else {
+                    crate::cache::CursorStart::Earliest
+                };
                 let placed = match sub.cursor {
                     Some(cursor) => self.cache.seek(cursor, fallback).map(|()| cursor),
                     None => self.cache.create_cursor(stream, fallback),
                 };
-                match placed {
-                    Ok(cursor) => cursor,
-                    // Neither start misses; keep a waiting cursor regardless.
-                    Err(_) => self.cache.pin_stream(stream),
-                }
+                // Neither fallback can miss; keep a waiting cursor regardless.
+                placed.unwrap_or_else(|_| self.cache.pin_stream(stream))
             }
         };
         sub.cursor = Some(cursor);
@@ -303,10 +323,24 @@ impl Agent {
             }
             other => other,
         };
-        for reply in sub.attach_replies.drain(..) {
-            let _ = reply.send(Ok(concrete));
+        sub.start = concrete;
+        // A strict start is answered once the queue showed it can serve it
+        // (the first rewind read); everything else now.
+        if sub.catch_up.is_none() || !sub.strict_start {
+            for reply in sub.attach_replies.drain(..) {
+                let _ = reply.send(Ok(concrete));
+            }
         }
+        // Only the start asked for at subscribe time is strict.
+        sub.strict_start = false;
         self.dispatch(stream, id);
+    }
+
+    /// After the first read: place the cursors that asked for `Latest`.
+    pub(crate) fn place_deferred_latest(&mut self) {
+        for (stream, id) in std::mem::take(&mut self.deferred_latest) {
+            self.place_cursor(&stream, id, StartPosition::Latest);
+        }
     }
 
     /// Drops a subscription from this agent (not from the store): revokes
@@ -336,8 +370,14 @@ impl Agent {
         let (stream, info, consumer) = (stream.clone(), sub.info, sub.consumer);
         self.spawn_work(
             async move {
-                if let Err(error) = store.fault(&stream, id, &reason).await {
-                    tracing::error!(%stream, subscription = %id, %error, "could not mark the subscription faulted");
+                match tokio::time::timeout(timeout, store.fault(&stream, id, &reason)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => {
+                        tracing::error!(%stream, subscription = %id, %error, "could not mark the subscription faulted")
+                    }
+                    Err(_) => {
+                        tracing::error!(%stream, subscription = %id, "the pub-sub store did not answer the fault")
+                    }
                 }
                 if let Some(consumer) = consumer {
                     let _ = tokio::time::timeout(
