@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::adapters::file::FileOptions;
 use crate::adapters::memory::MemoryOptions;
 use crate::agent::AgentOptions;
 use crate::balancer::BalancerKind;
@@ -58,7 +59,7 @@ impl Default for NodeSection {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct QueuesSection {
-    /// The adapter's name (`memory`).
+    /// The adapter's name: `file` (the embedded durable default) or `memory`.
     pub adapter: String,
     /// How many queues (every node and producer must agree).
     pub count: u32,
@@ -66,7 +67,7 @@ pub struct QueuesSection {
 
 impl Default for QueuesSection {
     fn default() -> Self {
-        Self { adapter: "memory".into(), count: 8 }
+        Self { adapter: "file".into(), count: 8 }
     }
 }
 
@@ -76,6 +77,8 @@ impl Default for QueuesSection {
 pub struct AdaptersSection {
     /// `[adapters.memory]`
     pub memory: MemoryOptions,
+    /// `[adapters.file]`
+    pub file: FileOptions,
 }
 
 /// `[failure]`

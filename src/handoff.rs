@@ -28,7 +28,7 @@ mod lock;
 mod recover;
 mod writer;
 
-pub use files::{PrefixFile, list_prefix_files, validate_prefix};
+pub use files::{PrefixFile, list_prefix_files, sealed_path, validate_prefix};
 pub use line::{DecodedLine, decode_line, encode_line};
 pub use recover::{RecoveryReport, recover};
 pub use writer::{FsyncPolicy, LinePosition, LoggingConsumer, WriterOptions};

@@ -22,6 +22,14 @@ enum Command {
     /// consumers, events flowing with a progress line every second, until
     /// Ctrl-C.
     Demo(cli::demo::DemoArgs),
+    /// One node on the embedded file adapter with its HTTP edge, until
+    /// Ctrl-C.
+    Serve(cli::serve::ServeArgs),
+    /// The file handoff: recover a prefix after a writer crashed.
+    Handoff {
+        #[command(subcommand)]
+        command: HandoffCommand,
+    },
     /// Run a benchmark scenario against its baseline; the last line is
     /// `RESULT scenario=... ratio=...`.
     Bench {
@@ -31,6 +39,14 @@ enum Command {
         #[arg(long)]
         quick: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum HandoffCommand {
+    /// Inspect what a crashed writer left (stale lock, .open files), report
+    /// complete lines and a truncated tail, move the files aside into
+    /// quarantine/ and free the prefix. Republishes only with --republish.
+    Recover(cli::handoff::RecoverArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,6 +62,8 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async move {
         match args.command {
             Command::Demo(demo) => cli::demo::run(demo).await,
+            Command::Serve(serve) => cli::serve::run(serve).await,
+            Command::Handoff { command: HandoffCommand::Recover(args) } => cli::handoff::recover(args),
             Command::Bench { scenario, quick } => cli::bench::run(&scenario, quick).await,
         }
     })

@@ -68,6 +68,14 @@ pub enum QueueError {
         /// Its capacity in events.
         capacity: usize,
     },
+    /// The queue refused the events (a byte budget); nothing was written.
+    #[error("queue {queue} refused the events: {reason}")]
+    Refused {
+        /// The queue.
+        queue: QueueId,
+        /// Why.
+        reason: String,
+    },
     /// One batch cannot ever fit the queue.
     #[error("a batch of {events} events can never fit queue {queue} (capacity {capacity} events); split it")]
     BatchTooLarge {
@@ -153,7 +161,10 @@ impl QueueError {
     /// Whether retrying the same call later may succeed.
     pub fn is_transient(&self) -> bool {
         match self {
-            QueueError::Full { .. } | QueueError::Timeout { .. } | QueueError::Io { .. } => true,
+            QueueError::Full { .. }
+            | QueueError::Refused { .. }
+            | QueueError::Timeout { .. }
+            | QueueError::Io { .. } => true,
             QueueError::Backend { transient, .. } => *transient,
             _ => false,
         }
@@ -205,6 +216,12 @@ pub trait QueueAdapter: Send + Sync + 'static {
 
     /// Builds the receiver of one queue. Only the queue's owner calls it.
     async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError>;
+
+    /// Flushes and releases what the adapter holds (writers, connections)
+    /// once nothing enqueues any more. The default has nothing to do.
+    async fn close(&self) -> Result<(), QueueError> {
+        Ok(())
+    }
 }
 
 /// Reads one queue for its pulling agent. Owned by one task at a time.

@@ -3,6 +3,7 @@
 //! This is the only place that names concrete adapters; the runtime sees the
 //! traits of [`crate::queue`] only.
 
+pub mod file;
 pub mod memory;
 
 use std::sync::Arc;
@@ -18,6 +19,10 @@ pub fn build(config: &Config) -> Result<Arc<dyn QueueAdapterFactory>, QueueError
             memory::MemoryAdapterFactory::new(config.queues.count, config.adapters.memory.clone())
                 .with_cache(config.cache.clone()),
         )),
-        other => Err(QueueError::Config(format!("unknown queue adapter `{other}` (built in: memory)"))),
+        "file" => Ok(Arc::new(
+            file::FileAdapterFactory::new(config.queues.count, config.adapters.file.clone())?
+                .with_cache(config.cache.clone()),
+        )),
+        other => Err(QueueError::Config(format!("unknown queue adapter `{other}` (built in: file, memory)"))),
     }
 }

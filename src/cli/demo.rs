@@ -37,6 +37,10 @@ pub struct DemoArgs {
     /// A TOML config (defaults otherwise).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Where the file adapter keeps its queues and checkpoints (events
+    /// survive a restart of the demo).
+    #[arg(long, default_value = "data")]
+    data_dir: PathBuf,
     /// Stop after this many seconds instead of waiting for Ctrl-C.
     #[arg(long)]
     seconds: Option<u64>,
@@ -109,16 +113,17 @@ impl StreamConsumer for LastLine {
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let config = match &args.config {
+    let mut config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config::default(),
     };
+    config.adapters.file.dir = args.data_dir.join("queues");
     let metrics = tailrace::edge::install_metrics()?;
     let stop = CancellationToken::new();
     let (bound, server) = tailrace::edge::serve(args.listen, tailrace::edge::router(metrics), stop.clone())
         .await
         .context("the demo serves /metrics; pick another --listen")?;
-    let factory = tailrace::adapters::build(&config)?;
+    let factory = tailrace::adapters::build(&config).context("opening the queues")?;
     let adapter = factory.create_adapter().await?;
     let tally = Arc::new(Tally::default());
     let implicit = ImplicitSubscriptions::new().bind("demo", Arc::new(CheckerFactory(tally.clone())));
@@ -194,6 +199,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     for name in &names {
         cluster.stop_node(name).await?;
     }
+    cluster.adapter_close().await?;
     let _ = server.await;
     let delivered = tally.delivered.load(Ordering::Relaxed);
     println!(

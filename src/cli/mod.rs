@@ -2,3 +2,5 @@
 
 pub mod bench;
 pub mod demo;
+pub mod handoff;
+pub mod serve;

@@ -192,6 +192,12 @@ impl InProcessCluster {
         }
     }
 
+    /// Closes the shared adapter (seals and releases what it writes) once
+    /// every node has stopped.
+    pub async fn adapter_close(&self) -> Result<(), crate::queue::QueueError> {
+        self.factory.create_adapter().await?.close().await
+    }
+
     /// Which queues each live node runs an agent for now.
     pub async fn running(&self) -> Result<BTreeMap<NodeId, Vec<QueueId>>, NodeError> {
         let mut out = BTreeMap::new();

@@ -65,6 +65,11 @@ pub fn list_prefix_files(dir: &Path, prefix: &str) -> Result<Vec<PrefixFile>, Ha
     Ok(files)
 }
 
+/// The path of sealed file `n` of `prefix`.
+pub fn sealed_path(dir: &Path, prefix: &str, n: u64) -> PathBuf {
+    file_path(dir, prefix, n, false)
+}
+
 /// The path of file `n` of `prefix`.
 pub(crate) fn file_path(dir: &Path, prefix: &str, n: u64, open: bool) -> PathBuf {
     dir.join(format!("{prefix}-{n}.{}", if open { "open" } else { "jsonl" }))

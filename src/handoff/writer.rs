@@ -137,6 +137,8 @@ pub struct LoggingConsumer {
     durable: u64,
     /// Events written to the OS (not only buffered).
     written: u64,
+    /// Files sealed so far.
+    sealed: u64,
 }
 
 impl LoggingConsumer {
@@ -177,6 +179,7 @@ impl LoggingConsumer {
             accepted: 0,
             durable: 0,
             written: 0,
+            sealed: 0,
         })
     }
 
@@ -198,6 +201,16 @@ impl LoggingConsumer {
     /// Events known to be on disk (fsynced or sealed).
     pub fn durable(&self) -> u64 {
         self.durable
+    }
+
+    /// Why the writer stopped for good, if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Files sealed by this writer so far.
+    pub fn sealed_files(&self) -> u64 {
+        self.sealed
     }
 
     /// Bytes the prefix uses now, as counted against the budget.
@@ -403,6 +416,7 @@ impl LoggingConsumer {
         }
         sync_dir(&self.dir).inspect_err(|e| self.failed = Some(e.to_string()))?;
         self.sealed_bytes += active.bytes;
+        self.sealed += 1;
         self.last_sync = Instant::now();
         self.durable = self.accepted;
         self.written = self.accepted;

@@ -1,0 +1,274 @@
+//! The `file` adapter: the embedded durable default (no server). Queue `n`
+//! is the directory `{dir}/q{n}`, fed through the file handoff
+//! ([`crate::handoff`]): this node writes with a [`LoggingConsumer`] of
+//! prefix `prefix` (or an external writer does, with `write = false`), and
+//! the queue's receiver reads the sealed `.jsonl` files of that prefix in
+//! order. Checkpoints live in `{dir}/checkpoints`.
+//!
+//! - A container is one enqueued batch (its lines carry the batch size); its
+//!   token is `(file number, first line)`.
+//! - The receiver reads sealed files only, waits briefly for the next seal
+//!   (this node's writer signals it), hands a corrupt line to the
+//!   dead-letter sink with its file and line, and deletes a sealed file once
+//!   the stored checkpoint passed its last line.
+//! - A new receiver resumes after the later of the stored checkpoint and
+//!   what earlier receivers of this process saw acknowledged.
+
+mod reader;
+mod writer;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use crate::cache::CacheOptions;
+use crate::checkpoint::{Checkpointer, FileCheckpointer};
+use crate::failure::{DeadLetterSink, LogDeadLetters};
+use crate::handoff::{HandoffError, WriterOptions, validate_prefix};
+use crate::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
+use crate::stream::{Event, SequenceToken, StreamId};
+
+const NAME: &str = "file";
+
+/// Settings of the file adapter (`[adapters.file]`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileOptions {
+    /// The root: queue `n` is `{dir}/q{n}`, checkpoints `{dir}/checkpoints`.
+    pub dir: PathBuf,
+    /// The writer prefix in each queue directory.
+    pub prefix: String,
+    /// Whether this node writes (`enqueue`); false when another process
+    /// feeds the queues with a `LoggingConsumer` of the same prefix.
+    pub write: bool,
+    /// The writer's settings (`[adapters.file.writer]`).
+    pub writer: WriterOptions,
+    /// How long `enqueue` waits for room in the prefix's budget.
+    #[serde(with = "humantime_serde")]
+    pub enqueue_timeout: Duration,
+    /// How long a read with nothing new waits for the next sealed file.
+    #[serde(with = "humantime_serde")]
+    pub read_wait: Duration,
+    /// Delete a sealed file once the checkpoint passed its last line.
+    pub delete_consumed: bool,
+}
+
+impl Default for FileOptions {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from("data/queues"),
+            prefix: "events".into(),
+            write: true,
+            writer: WriterOptions {
+                max_file_bytes: 8 * 1024 * 1024,
+                max_total_bytes: 1024 * 1024 * 1024,
+                max_file_age: Some(Duration::from_millis(50)),
+                ..WriterOptions::default()
+            },
+            enqueue_timeout: Duration::from_secs(30),
+            read_wait: Duration::from_millis(100),
+            delete_consumed: true,
+        }
+    }
+}
+
+/// Builds the file adapter (one per process and directory).
+pub struct FileAdapterFactory {
+    adapter: Arc<FileAdapter>,
+    checkpointer: Arc<FileCheckpointer>,
+    cache: CacheOptions,
+}
+
+impl FileAdapterFactory {
+    /// Opens (and creates) the queue directories. With `write`, takes every
+    /// queue's prefix now, so a crash's leftovers stop the node at start
+    /// with a recovery-required error naming the files.
+    pub fn new(queue_count: u32, options: FileOptions) -> Result<Self, QueueError> {
+        validate_prefix(&options.prefix).map_err(|e| QueueError::Config(e.to_string()))?;
+        let mapper = QueueMapper::new(queue_count);
+        let checkpointer = Arc::new(
+            FileCheckpointer::new(options.dir.join("checkpoints")).map_err(|e| QueueError::Config(e.to_string()))?,
+        );
+        let mut queues = Vec::new();
+        for queue in mapper.all_queues() {
+            let dir = options.dir.join(queue.to_string());
+            std::fs::create_dir_all(&dir)
+                .map_err(|source| QueueError::Io { context: format!("creating {}", dir.display()), source })?;
+            let sealed = Arc::new(Notify::new());
+            let writer = if options.write {
+                Some(
+                    writer::QueueWriter::start(queue, &dir, &options, sealed.clone())
+                        .map_err(|e| handoff_error(queue, e))?,
+                )
+            } else {
+                None
+            };
+            queues.push(QueueFiles { id: queue, dir, sealed, acked: Arc::default(), writer });
+        }
+        let adapter = Arc::new(FileAdapter {
+            mapper,
+            options,
+            queues,
+            checkpointer: checkpointer.clone(),
+            dead_letters: Mutex::new(Arc::new(LogDeadLetters)),
+        });
+        Ok(Self { adapter, checkpointer, cache: CacheOptions::default() })
+    }
+
+    /// Uses these cache options for every queue.
+    pub fn with_cache(mut self, cache: CacheOptions) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    /// Where corrupt lines go (default: the log).
+    pub fn with_dead_letters(self, sink: Arc<dyn DeadLetterSink>) -> Self {
+        *self.adapter.dead_letters.lock().unwrap_or_else(|p| p.into_inner()) = sink;
+        self
+    }
+
+    /// The adapter (for producers in the same process).
+    pub fn adapter(&self) -> Arc<FileAdapter> {
+        self.adapter.clone()
+    }
+}
+
+#[async_trait]
+impl QueueAdapterFactory for FileAdapterFactory {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn queue_mapper(&self) -> QueueMapper {
+        self.adapter.mapper
+    }
+
+    async fn create_adapter(&self) -> Result<Arc<dyn QueueAdapter>, QueueError> {
+        Ok(self.adapter.clone())
+    }
+
+    async fn create_checkpointer(&self) -> Result<Arc<dyn Checkpointer>, QueueError> {
+        Ok(self.checkpointer.clone())
+    }
+
+    fn cache_options(&self) -> CacheOptions {
+        self.cache.clone()
+    }
+}
+
+/// One queue's directory and what the adapter keeps about it.
+pub(crate) struct QueueFiles {
+    id: QueueId,
+    dir: PathBuf,
+    /// Signalled when this process seals a file of the queue.
+    sealed: Arc<Notify>,
+    /// The newest token this process's receivers saw acknowledged with
+    /// everything before it.
+    acked: Arc<Mutex<Option<SequenceToken>>>,
+    writer: Option<writer::QueueWriter>,
+}
+
+/// Writes to and reads from the queue directories.
+pub struct FileAdapter {
+    mapper: QueueMapper,
+    options: FileOptions,
+    queues: Vec<QueueFiles>,
+    checkpointer: Arc<FileCheckpointer>,
+    dead_letters: Mutex<Arc<dyn DeadLetterSink>>,
+}
+
+impl FileAdapter {
+    fn queue(&self, id: QueueId) -> Result<&QueueFiles, QueueError> {
+        self.queues
+            .get(id.0 as usize)
+            .ok_or_else(|| QueueError::Config(format!("queue {id} does not exist (there are {})", self.queues.len())))
+    }
+
+    /// The options.
+    pub fn options(&self) -> &FileOptions {
+        &self.options
+    }
+
+    /// Seals every active file and releases every prefix (the clean way
+    /// out; the next start needs no recovery). Enqueues after this fail.
+    pub async fn close(&self) -> Result<(), QueueError> {
+        for queue in &self.queues {
+            if let Some(writer) = &queue.writer {
+                writer.close().await.map_err(|e| handoff_error(queue.id, e))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl QueueAdapter for FileAdapter {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn direction(&self) -> Direction {
+        if self.options.write { Direction::ReadWrite } else { Direction::ReadOnly }
+    }
+
+    fn is_rewindable(&self) -> bool {
+        true
+    }
+
+    async fn enqueue(&self, stream: &StreamId, events: Vec<Event>) -> Result<SequenceToken, QueueError> {
+        let queue = self.queue(self.mapper.queue_for(stream))?;
+        let Some(writer) = &queue.writer else {
+            return Err(QueueError::WrongDirection {
+                adapter: NAME.into(),
+                direction: self.direction(),
+                operation: "enqueue",
+            });
+        };
+        if events.is_empty() {
+            return Err(QueueError::EmptyBatch(stream.clone()));
+        }
+        let deadline = tokio::time::Instant::now() + self.options.enqueue_timeout;
+        let events = Arc::new(events);
+        loop {
+            match writer.append(stream.clone(), events.clone()).await {
+                Ok(position) => return Ok(SequenceToken::new(position.file, position.line)),
+                // Room comes back as readers delete consumed files.
+                Err(HandoffError::BudgetExceeded { .. }) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(error) => return Err(handoff_error(queue.id, error)),
+            }
+        }
+    }
+
+    async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
+        let files = self.queue(queue)?;
+        let dead_letters = self.dead_letters.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Ok(Box::new(reader::FileReceiver::new(
+            queue,
+            files.dir.clone(),
+            self.options.clone(),
+            files.sealed.clone(),
+            self.checkpointer.clone(),
+            dead_letters,
+            files.acked.clone(),
+        )))
+    }
+
+    async fn close(&self) -> Result<(), QueueError> {
+        FileAdapter::close(self).await
+    }
+}
+
+/// A handoff error as a queue error.
+fn handoff_error(queue: QueueId, error: HandoffError) -> QueueError {
+    match error {
+        HandoffError::BudgetExceeded { .. } => QueueError::Refused { queue, reason: error.to_string() },
+        HandoffError::Io { context, source } => QueueError::Io { context, source },
+        other => QueueError::Backend { adapter: NAME.into(), message: other.to_string(), transient: false },
+    }
+}

@@ -1,0 +1,396 @@
+//! The receiver of one file queue: sealed `.jsonl` files of the prefix, in
+//! order, one container per batch. The file reading is blocking work and
+//! runs on the blocking pool; the receiver lends its state to it.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use super::{FileOptions, NAME};
+use crate::checkpoint::{Checkpointer, FileCheckpointer};
+use crate::failure::{DeadLetter, DeadLetterSink};
+use crate::handoff::{decode_line, list_prefix_files};
+use crate::queue::{QueueError, QueueId, QueueReceiver};
+use crate::stream::{BatchContainer, Event, EventId, SequenceToken};
+
+/// How often consumed files are looked for (needs a checkpoint load).
+const DELETE_EVERY: Duration = Duration::from_secs(1);
+
+/// A line that could not be read as an event.
+struct BadLine {
+    token: SequenceToken,
+    bytes: Bytes,
+    error: String,
+}
+
+/// A file loaded for reading.
+struct Loaded {
+    n: u64,
+    data: Bytes,
+    offset: usize,
+    /// The 1-based number of the line at `offset`.
+    line: u64,
+    /// The token of the last container read from it.
+    last: Option<SequenceToken>,
+}
+
+/// What a reader knows about its queue's files (blocking).
+struct Files {
+    dir: PathBuf,
+    prefix: String,
+    next_file: u64,
+    current: Option<Loaded>,
+    /// Files read to the end: the token of their last container.
+    finished: BTreeMap<u64, Option<SequenceToken>>,
+}
+
+impl Files {
+    fn io(context: String) -> impl FnOnce(std::io::Error) -> QueueError {
+        move |source| QueueError::Io { context, source }
+    }
+
+    fn sealed(&self, from: u64) -> Result<Option<(u64, PathBuf)>, QueueError> {
+        let files = list_prefix_files(&self.dir, &self.prefix).map_err(|e| QueueError::Backend {
+            adapter: NAME.into(),
+            message: e.to_string(),
+            transient: true,
+        })?;
+        Ok(files.into_iter().find(|f| !f.open && f.n >= from).map(|f| (f.n, f.path)))
+    }
+
+    fn load(&self, n: u64, path: &Path) -> Result<Loaded, QueueError> {
+        let data = std::fs::read(path).map_err(Self::io(format!("reading {}", path.display())))?;
+        Ok(Loaded { n, data: Bytes::from(data), offset: 0, line: 1, last: None })
+    }
+
+    /// Positions the reader just after the container at `after`.
+    fn position_after(&mut self, after: Option<SequenceToken>) -> Result<(), QueueError> {
+        self.current = None;
+        let Some(after) = after else {
+            self.next_file = 0;
+            return Ok(());
+        };
+        self.next_file = after.major;
+        let Some((n, path)) = self.sealed(after.major)? else { return Ok(()) };
+        if n != after.major {
+            // The file was consumed and deleted: start at the next one.
+            return Ok(());
+        }
+        let mut loaded = self.load(n, &path)?;
+        let mut bad = Vec::new();
+        while loaded.line <= after.minor {
+            if next_container(&mut loaded, &mut bad).is_none() {
+                break;
+            }
+        }
+        self.next_file = n + 1;
+        self.current = Some(loaded);
+        Ok(())
+    }
+
+    /// Reads up to `max` containers.
+    fn read(&mut self, max: usize, bad: &mut Vec<BadLine>) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            if self.current.as_ref().is_none_or(|c| c.offset >= c.data.len()) {
+                if let Some(done) = self.current.take() {
+                    self.finished.insert(done.n, done.last);
+                }
+                let Some((n, path)) = self.sealed(self.next_file)? else { break };
+                self.current = Some(self.load(n, &path)?);
+                self.next_file = n + 1;
+            }
+            let Some(current) = self.current.as_mut() else { break };
+            if let Some(container) = next_container(current, bad) {
+                current.last = Some(container.token);
+                out.push(Arc::new(container));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Containers at or after `from` in the files still on disk.
+    fn rewind(&self, queue: QueueId, from: SequenceToken, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        let files: Vec<_> = list_prefix_files(&self.dir, &self.prefix)
+            .map_err(|e| QueueError::Backend { adapter: NAME.into(), message: e.to_string(), transient: true })?
+            .into_iter()
+            .filter(|f| !f.open && f.n >= from.major)
+            .collect();
+        if files.first().is_none_or(|f| f.n > from.major) && from.major < self.next_file {
+            return Err(QueueError::CannotRewind {
+                adapter: NAME.into(),
+                queue,
+                requested: from,
+                reason: format!("file {}-{}.jsonl was consumed and deleted", self.prefix, from.major),
+            });
+        }
+        let mut out = Vec::new();
+        let mut ignored = Vec::new();
+        for file in files {
+            let mut loaded = self.load(file.n, &file.path)?;
+            while out.len() < max {
+                let Some(container) = next_container(&mut loaded, &mut ignored) else { break };
+                if container.token >= from {
+                    out.push(Arc::new(container));
+                }
+            }
+            if out.len() >= max {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Parses the next container (one batch) of `file`; bad lines are set
+/// aside. `None` at the end of the file.
+fn next_container(file: &mut Loaded, bad: &mut Vec<BadLine>) -> Option<BatchContainer> {
+    loop {
+        let (line, token) = take_line(file)?;
+        let first = match decode_line(&line) {
+            Ok(first) => first,
+            Err(error) => {
+                bad.push(BadLine { token, bytes: line, error });
+                continue;
+            }
+        };
+        let mut events = Vec::with_capacity(first.batch as usize);
+        events.push(first.event);
+        for _ in 1..first.batch {
+            let saved = (file.offset, file.line);
+            let Some((line, at)) = take_line(file) else { break };
+            match decode_line(&line) {
+                Ok(next) if next.stream == first.stream && next.batch == 1 => events.push(next.event),
+                Ok(_) => {
+                    // Not part of this batch after all: read it on its own.
+                    (file.offset, file.line) = saved;
+                    break;
+                }
+                Err(error) => bad.push(BadLine { token: at, bytes: line, error }),
+            }
+        }
+        return Some(BatchContainer { stream: first.stream, token, events });
+    }
+}
+
+/// The next line of `file` (without its newline) and its token.
+fn take_line(file: &mut Loaded) -> Option<(Bytes, SequenceToken)> {
+    let rest = file.data.get(file.offset..)?;
+    if rest.is_empty() {
+        return None;
+    }
+    let length = rest.iter().position(|b| *b == b'\n').unwrap_or(rest.len());
+    let line = file.data.slice(file.offset..file.offset + length);
+    let token = SequenceToken::new(file.n, file.line);
+    file.offset += (length + 1).min(rest.len());
+    file.line += 1;
+    Some((line, token))
+}
+
+/// Reads one file queue. See the module documentation.
+pub(crate) struct FileReceiver {
+    queue: QueueId,
+    options: FileOptions,
+    sealed: Arc<Notify>,
+    checkpointer: Arc<FileCheckpointer>,
+    dead_letters: Arc<dyn DeadLetterSink>,
+    /// Shared by the receivers of this queue in this process.
+    acked: Arc<Mutex<Option<SequenceToken>>>,
+    files: Option<Files>,
+    /// Containers read and not yet done, in read order.
+    outstanding: VecDeque<(SequenceToken, bool)>,
+    last_delete: Instant,
+    shut_down: bool,
+}
+
+impl FileReceiver {
+    pub(crate) fn new(
+        queue: QueueId,
+        dir: PathBuf,
+        options: FileOptions,
+        sealed: Arc<Notify>,
+        checkpointer: Arc<FileCheckpointer>,
+        dead_letters: Arc<dyn DeadLetterSink>,
+        acked: Arc<Mutex<Option<SequenceToken>>>,
+    ) -> Self {
+        let files =
+            Files { dir, prefix: options.prefix.clone(), next_file: 0, current: None, finished: BTreeMap::new() };
+        Self {
+            queue,
+            options,
+            sealed,
+            checkpointer,
+            dead_letters,
+            acked,
+            files: Some(files),
+            outstanding: VecDeque::new(),
+            last_delete: Instant::now(),
+            shut_down: false,
+        }
+    }
+
+    /// Runs blocking work on the reader's files.
+    async fn with_files<T: Send + 'static>(
+        &mut self,
+        work: impl FnOnce(&mut Files) -> Result<T, QueueError> + Send + 'static,
+    ) -> Result<T, QueueError> {
+        if self.shut_down {
+            return Err(QueueError::ShutDown(self.queue));
+        }
+        let Some(mut files) = self.files.take() else {
+            return Err(QueueError::Backend {
+                adapter: NAME.into(),
+                message: "the reader was lost".into(),
+                transient: false,
+            });
+        };
+        let (files, result) = tokio::task::spawn_blocking(move || {
+            let result = work(&mut files);
+            (files, result)
+        })
+        .await
+        .map_err(|e| QueueError::Backend {
+            adapter: NAME.into(),
+            message: format!("reading panicked: {e}"),
+            transient: false,
+        })?;
+        self.files = Some(files);
+        result
+    }
+
+    async fn read_once(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        let (batch, bad) = self
+            .with_files(move |files| {
+                let mut bad = Vec::new();
+                let batch = files.read(max, &mut bad)?;
+                Ok((batch, bad))
+            })
+            .await?;
+        for line in bad {
+            self.dead_letter(line).await;
+        }
+        self.outstanding.extend(batch.iter().map(|b| (b.token, false)));
+        Ok(batch)
+    }
+
+    /// A line that is not an event goes to the dead-letter sink with its
+    /// file and line; the queue goes on.
+    async fn dead_letter(&self, line: BadLine) {
+        let file = format!("{}/{}-{}.jsonl", self.queue, self.options.prefix, line.token.major);
+        tracing::error!(queue = %self.queue, %file, line = line.token.minor, error = %line.error, "corrupt line skipped to the dead-letter sink");
+        let letter = DeadLetter {
+            subscription: None,
+            origin: Some(format!("{file}:{}", line.token.minor)),
+            stream: crate::stream::StreamId::new("tailrace.corrupt", &file),
+            token: line.token,
+            events: vec![Event {
+                id: EventId::new(format!("{file}:{}", line.token.minor)),
+                timestamp_ms: crate::stream::now_ms(),
+                payload: line.bytes,
+            }],
+            error: line.error,
+            attempts: 0,
+        };
+        if let Err(refusal) = self.dead_letters.dead_letter(letter).await {
+            tracing::error!(queue = %self.queue, %refusal, "the dead-letter sink refused a corrupt line");
+        }
+    }
+
+    /// Marks containers done; moves the shared acknowledged watermark.
+    fn done(&mut self, tokens: &[SequenceToken]) {
+        for token in tokens {
+            if let Some(entry) = self.outstanding.iter_mut().find(|(t, _)| t == token) {
+                entry.1 = true;
+            }
+        }
+        let mut newest = None;
+        while self.outstanding.front().is_some_and(|(_, done)| *done) {
+            newest = self.outstanding.pop_front().map(|(t, _)| t);
+        }
+        if let Some(newest) = newest {
+            let mut acked = self.acked.lock().unwrap_or_else(|p| p.into_inner());
+            *acked = (*acked).max(Some(newest));
+        }
+    }
+
+    /// Deletes the files the stored checkpoint passed entirely.
+    async fn delete_consumed(&mut self) {
+        if !self.options.delete_consumed || self.last_delete.elapsed() < DELETE_EVERY {
+            return;
+        }
+        self.last_delete = Instant::now();
+        let Ok(Some(checkpoint)) = self.checkpointer.load(self.queue).await else { return };
+        let Some(files) = self.files.as_mut() else { return };
+        let consumed: Vec<u64> = files
+            .finished
+            .iter()
+            .filter(|(n, last)| **n < checkpoint.major || last.is_none_or(|last| last <= checkpoint))
+            .map(|(n, _)| *n)
+            .collect();
+        for n in consumed {
+            let path = crate::handoff::sealed_path(&files.dir, &files.prefix, n);
+            match std::fs::remove_file(&path) {
+                Ok(()) => tracing::debug!(queue = %self.queue, file = %path.display(), "consumed file deleted"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    tracing::warn!(queue = %self.queue, file = %path.display(), %error, "could not delete a consumed file");
+                    continue;
+                }
+            }
+            files.finished.remove(&n);
+        }
+    }
+}
+
+#[async_trait]
+impl QueueReceiver for FileReceiver {
+    async fn initialize(&mut self, _timeout: Duration) -> Result<(), QueueError> {
+        let stored = self.checkpointer.load(self.queue).await.map_err(|e| QueueError::Backend {
+            adapter: NAME.into(),
+            message: e.to_string(),
+            transient: true,
+        })?;
+        let seen = *self.acked.lock().unwrap_or_else(|p| p.into_inner());
+        let after = stored.max(seen);
+        self.outstanding.clear();
+        self.with_files(move |files| files.position_after(after)).await
+    }
+
+    async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        let batch = self.read_once(max).await?;
+        if !batch.is_empty() || self.options.read_wait.is_zero() {
+            return Ok(batch);
+        }
+        // Idle: a good moment to drop what the checkpoint has passed.
+        self.delete_consumed().await;
+        let _ = tokio::time::timeout(self.options.read_wait, self.sealed.notified()).await;
+        self.read_once(max).await
+    }
+
+    async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
+        self.done(tokens);
+        self.delete_consumed().await;
+        Ok(())
+    }
+
+    /// Dead-lettered containers are done: the checkpoint passes them.
+    async fn failed(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
+        self.done(tokens);
+        Ok(())
+    }
+
+    async fn rewind(&mut self, from: SequenceToken, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        let queue = self.queue;
+        self.with_files(move |files| files.rewind(queue, from, max)).await
+    }
+
+    async fn shutdown(&mut self, _timeout: Duration) -> Result<(), QueueError> {
+        self.shut_down = true;
+        Ok(())
+    }
+}

@@ -1,0 +1,183 @@
+//! The `file` adapter: the conformance kit, restarts, corrupt lines,
+//! deletion of consumed files, the budget, recovery, external writers.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use tailrace::adapters::file::{FileAdapterFactory, FileOptions};
+use tailrace::config::Config;
+use tailrace::failure::MemoryDeadLetters;
+use tailrace::handoff::{LoggingConsumer, WriterOptions};
+use tailrace::pubsub::{ImplicitSubscriptions, StartPosition};
+use tailrace::queue::QueueAdapter;
+
+const WAIT: Duration = Duration::from_secs(15);
+
+fn options(dir: &std::path::Path) -> FileOptions {
+    FileOptions {
+        dir: dir.to_path_buf(),
+        writer: WriterOptions { max_file_age: Some(Duration::from_millis(10)), ..FileOptions::default().writer },
+        ..FileOptions::default()
+    }
+}
+
+fn config() -> Config {
+    let mut config = quick_config();
+    config.checkpoint.persist_interval = Duration::from_millis(50);
+    config
+}
+
+#[tokio::test]
+async fn passes_the_conformance_kit() {
+    let dir = tempfile::tempdir().unwrap();
+    let factory = Arc::new(FileAdapterFactory::new(4, options(dir.path())).unwrap());
+    let report = tailrace::conformance::run_all(factory.clone()).await.unwrap();
+    assert_eq!(report.passed, ["direction", "ordering", "restart", "acks", "rewind", "shutdown", "bad_input"]);
+    factory.adapter().close().await.unwrap();
+}
+
+#[tokio::test]
+async fn events_survive_a_restart_and_are_not_delivered_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Recorder::new();
+    let s = stream("f", "a");
+    {
+        let factory = Arc::new(FileAdapterFactory::new(2, options(dir.path())).unwrap());
+        let adapter = factory.adapter();
+        let node = TestNode::start(factory, config(), implicit("f", &recorder)).await;
+        node.node.produce(&s, events("e", 0..5)).await.unwrap();
+        node.node.produce(&s, events("e", 5..8)).await.unwrap();
+        assert!(eventually(WAIT, || recorder.total() == 8).await, "{}", recorder.total());
+        node.node.shutdown().await.unwrap();
+        adapter.close().await.unwrap();
+    }
+    // Produced while no node ran (another process, or this one later).
+    {
+        let factory = Arc::new(FileAdapterFactory::new(2, options(dir.path())).unwrap());
+        let adapter = factory.adapter();
+        adapter.enqueue(&s, events("e", 8..10)).await.unwrap();
+        let node = TestNode::start(factory, config(), implicit("f", &recorder)).await;
+        assert!(eventually(WAIT, || recorder.total() == 10).await, "{}", recorder.total());
+        node.node.shutdown().await.unwrap();
+        adapter.close().await.unwrap();
+    }
+    assert_eq!(recorder.ids(&s), ids("e", 0..10), "each event exactly once, in order");
+}
+
+#[tokio::test]
+async fn a_corrupt_line_goes_to_the_dead_letter_sink_and_the_queue_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let letters = Arc::new(MemoryDeadLetters::new(10));
+    let factory = FileAdapterFactory::new(1, FileOptions { write: false, ..options(dir.path()) })
+        .unwrap()
+        .with_dead_letters(letters.clone());
+    let s = stream("f", "c");
+    // An external writer feeds the queue; then the file is damaged.
+    let mut writer = LoggingConsumer::open(dir.path().join("q0"), "events", WriterOptions::default()).unwrap();
+    writer.append(&s, &tailrace::stream::Event::new("e0", "zero")).unwrap();
+    writer.append(&s, &tailrace::stream::Event::new("e1", "one")).unwrap();
+    writer.close().unwrap();
+    let file = dir.path().join("q0/events-1.jsonl");
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    text.insert_str(0, "{this is not json}\n");
+    std::fs::write(&file, text).unwrap();
+    let recorder = Recorder::new();
+    let node = TestNode::start(Arc::new(factory), config(), implicit("f", &recorder)).await;
+    assert!(eventually(WAIT, || recorder.total() == 2).await);
+    assert_eq!(recorder.ids(&s), ["e0", "e1"]);
+    let letter = &letters.letters()[0];
+    assert_eq!(letter.origin.as_deref(), Some("q0/events-1.jsonl:1"));
+    assert!(letter.error.contains("key must be a string"), "{}", letter.error);
+    assert_eq!(letter.events[0].payload, "{this is not json}");
+    drop(node);
+}
+
+#[tokio::test]
+async fn consumed_files_are_deleted_once_the_checkpoint_passed_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let factory = Arc::new(FileAdapterFactory::new(1, options(dir.path())).unwrap());
+    let adapter = factory.adapter();
+    let recorder = Recorder::new();
+    let node = TestNode::start(factory, config(), implicit("f", &recorder)).await;
+    let s = stream("f", "d");
+    for i in 0..20 {
+        node.node.produce(&s, events("e", i..i + 1)).await.unwrap();
+    }
+    assert!(eventually(WAIT, || recorder.total() == 20).await);
+    let sealed = || {
+        std::fs::read_dir(dir.path().join("q0"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".jsonl"))
+            .count()
+    };
+    assert!(eventually(WAIT, || sealed() == 0).await, "{} sealed files left", sealed());
+    node.node.shutdown().await.unwrap();
+    adapter.close().await.unwrap();
+    assert!(std::fs::read_dir(dir.path().join("q0")).unwrap().next().is_none(), "nothing is left behind");
+}
+
+#[tokio::test]
+async fn enqueue_waits_for_budget_then_refuses_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = FileOptions {
+        write: true,
+        enqueue_timeout: Duration::from_millis(300),
+        writer: WriterOptions { max_total_bytes: 2_000, max_file_age: None, ..FileOptions::default().writer },
+        ..options(dir.path())
+    };
+    let factory = FileAdapterFactory::new(1, options).unwrap();
+    let adapter = factory.adapter();
+    let s = stream("f", "b");
+    let mut accepted = 0;
+    let err = loop {
+        match adapter.enqueue(&s, events("e", accepted..accepted + 1)).await {
+            Ok(_) => accepted += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(err.to_string().contains("refused the events") && err.to_string().contains("max_total_bytes"), "{err}");
+    assert!(accepted > 5);
+    adapter.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn leftovers_of_a_crash_stop_the_adapter_with_a_recovery_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue_dir = dir.path().join("q0");
+    std::fs::create_dir_all(&queue_dir).unwrap();
+    std::fs::write(queue_dir.join("events-3.open"), "{}\n").unwrap();
+    let err = FileAdapterFactory::new(1, options(dir.path())).err().unwrap();
+    let text = err.to_string();
+    assert!(
+        text.contains("RECOVERY_REQUIRED")
+            && text.contains("events-3.open")
+            && text.contains("tailrace handoff recover"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn subscribing_at_an_old_token_rereads_the_files_still_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let factory =
+        Arc::new(FileAdapterFactory::new(1, FileOptions { delete_consumed: false, ..options(dir.path()) }).unwrap());
+    let adapter = factory.adapter();
+    let node = TestNode::start(factory, config(), ImplicitSubscriptions::new()).await;
+    node.agent(0).await;
+    let s = stream("f", "r");
+    let mut tokens = Vec::new();
+    for i in 0..6 {
+        tokens.push(node.node.produce(&s, events("e", i..i + 1)).await.unwrap());
+    }
+    node.wait_status(0, |st| st.acked >= 6).await;
+    let recorder = Recorder::new();
+    node.node.subscribe(&s, Arc::new(recorder.clone()), StartPosition::At(tokens[2])).await.unwrap();
+    node.node.produce(&s, events("e", 6..7)).await.unwrap();
+    assert!(eventually(WAIT, || recorder.total() == 5).await, "{:?}", recorder.ids(&s));
+    assert_eq!(recorder.ids(&s), ids("e", 2..7));
+    node.node.shutdown().await.unwrap();
+    adapter.close().await.unwrap();
+}
