@@ -5,6 +5,7 @@
 
 pub mod file;
 pub mod memory;
+pub mod redis;
 
 use std::sync::Arc;
 

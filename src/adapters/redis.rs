@@ -1,0 +1,349 @@
+//! The `redis` adapter: one Redis stream per queue (`{prefix}:q{n}`), for
+//! clusters. Also the Redis checkpointer and pub-sub store, so every node
+//! sees the same checkpoints and subscriptions.
+//!
+//! - `enqueue` appends one entry per batch (`XADD`); concurrent appends to a
+//!   queue go out together as one pipeline.
+//! - Receivers read through a consumer group (`XREADGROUP … COUNT n BLOCK`),
+//!   ack with `XACK`, and on start take over every entry a previous owner
+//!   left pending (`XAUTOCLAIM`), reading those first, so nothing is stranded.
+//! - A subscriber asking for an older token is served with `XRANGE` while the
+//!   stream still holds it.
+//! - The stream is trimmed (`XTRIM MINID`) up to the stored checkpoint, never
+//!   past it (or never, by configuration).
+//! - A lost connection or a Redis restart is retried with backoff by the
+//!   connection manager; callers see transient errors, never a panic.
+
+mod receiver;
+mod store;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+
+pub use store::{RedisCheckpointer, RedisPubSubStore};
+
+use crate::cache::CacheOptions;
+use crate::checkpoint::Checkpointer;
+use crate::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
+use crate::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
+
+const NAME: &str = "redis";
+
+/// What `XTRIM` may remove.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrimPolicy {
+    /// Entries below the stored checkpoint (the default).
+    #[default]
+    Checkpoint,
+    /// Nothing: the stream keeps every entry.
+    Never,
+}
+
+/// Settings of the Redis adapter (`[adapters.redis]`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisOptions {
+    /// The server, `redis://host:port/db`.
+    pub url: String,
+    /// Prefix of every key tailrace writes.
+    pub key_prefix: String,
+    /// The consumer group (one per provider).
+    pub group: String,
+    /// How long a read with nothing new waits on the server.
+    #[serde(with = "humantime_serde")]
+    pub block: Duration,
+    /// What trimming may remove.
+    pub trim: TrimPolicy,
+    /// How often a receiver trims its stream.
+    #[serde(with = "humantime_serde")]
+    pub trim_every: Duration,
+    /// Most appends sent in one pipeline.
+    pub max_pipeline: usize,
+    /// Limit of one command (must exceed `block`).
+    #[serde(with = "humantime_serde")]
+    pub response_timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379".into(),
+            key_prefix: "tailrace".into(),
+            group: "tailrace".into(),
+            block: Duration::from_millis(100),
+            trim: TrimPolicy::Checkpoint,
+            trim_every: Duration::from_secs(10),
+            max_pipeline: 256,
+            response_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Connects to Redis with reconnection and backoff.
+pub(crate) async fn connect(options: &RedisOptions) -> Result<ConnectionManager, QueueError> {
+    let client = redis::Client::open(options.url.as_str())
+        .map_err(|e| QueueError::Config(format!("redis url `{}`: {e}", options.url)))?;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(options.response_timeout.max(options.block + Duration::from_secs(1))))
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_max_delay(Duration::from_secs(5))
+        .set_number_of_retries(6);
+    client.get_connection_manager_with_config(config).await.map_err(|e| backend(&e, "connecting"))
+}
+
+/// A Redis error as a queue error (transient when a retry may help).
+pub(crate) fn backend(error: &redis::RedisError, doing: &str) -> QueueError {
+    let transient =
+        error.is_io_error() || error.is_timeout() || error.is_connection_dropped() || error.is_connection_refusal();
+    QueueError::Backend { adapter: NAME.into(), message: format!("{doing}: {error}"), transient }
+}
+
+/// Builds the Redis adapter, checkpointer and pub-sub store.
+pub struct RedisAdapterFactory {
+    adapter: Arc<RedisAdapter>,
+    checkpointer: Arc<RedisCheckpointer>,
+    cache: CacheOptions,
+}
+
+impl RedisAdapterFactory {
+    /// Connects. `consumer` names this node in the consumer group.
+    pub async fn connect(queue_count: u32, options: RedisOptions, consumer: &str) -> Result<Self, QueueError> {
+        let conn = connect(&options).await?;
+        let mapper = QueueMapper::new(queue_count);
+        let checkpointer = Arc::new(RedisCheckpointer::new(conn.clone(), &options.key_prefix));
+        let adapter = Arc::new(RedisAdapter {
+            mapper,
+            conn,
+            options,
+            consumer: consumer.to_string(),
+            writers: Mutex::new(HashMap::new()),
+            checkpointer: checkpointer.clone(),
+        });
+        Ok(Self { adapter, checkpointer, cache: CacheOptions::default() })
+    }
+
+    /// Uses these cache options for every queue.
+    pub fn with_cache(mut self, cache: CacheOptions) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    /// The adapter.
+    pub fn adapter(&self) -> Arc<RedisAdapter> {
+        self.adapter.clone()
+    }
+
+    /// A pub-sub store on the same server.
+    pub fn pubsub_store(&self) -> RedisPubSubStore {
+        RedisPubSubStore::new(self.adapter.conn.clone(), &self.adapter.options.key_prefix)
+    }
+}
+
+#[async_trait]
+impl QueueAdapterFactory for RedisAdapterFactory {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn queue_mapper(&self) -> QueueMapper {
+        self.adapter.mapper
+    }
+
+    async fn create_adapter(&self) -> Result<Arc<dyn QueueAdapter>, QueueError> {
+        Ok(self.adapter.clone())
+    }
+
+    async fn create_checkpointer(&self) -> Result<Arc<dyn Checkpointer>, QueueError> {
+        Ok(self.checkpointer.clone())
+    }
+
+    fn cache_options(&self) -> CacheOptions {
+        self.cache.clone()
+    }
+}
+
+type Append = (StreamId, Arc<Vec<Event>>, oneshot::Sender<Result<SequenceToken, QueueError>>);
+
+/// Appends to and reads from the Redis streams.
+pub struct RedisAdapter {
+    mapper: QueueMapper,
+    conn: ConnectionManager,
+    options: RedisOptions,
+    consumer: String,
+    /// One pipelining writer task per queue, started on first use.
+    writers: Mutex<HashMap<QueueId, mpsc::Sender<Append>>>,
+    checkpointer: Arc<RedisCheckpointer>,
+}
+
+impl RedisAdapter {
+    /// The stream key of `queue`.
+    pub fn key(&self, queue: QueueId) -> String {
+        stream_key(&self.options.key_prefix, queue)
+    }
+
+    fn writer(&self, queue: QueueId) -> mpsc::Sender<Append> {
+        let mut writers = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+        writers
+            .entry(queue)
+            .or_insert_with(|| {
+                let (tx, rx) = mpsc::channel(self.options.max_pipeline.max(1) * 4);
+                tokio::spawn(run_writer(self.conn.clone(), self.key(queue), self.options.max_pipeline.max(1), rx));
+                tx
+            })
+            .clone()
+    }
+}
+
+pub(crate) fn stream_key(prefix: &str, queue: QueueId) -> String {
+    format!("{prefix}:{queue}")
+}
+
+/// Sends every append waiting at the moment as one pipeline of `XADD`s.
+async fn run_writer(mut conn: ConnectionManager, key: String, max: usize, mut incoming: mpsc::Receiver<Append>) {
+    while let Some(first) = incoming.recv().await {
+        let mut group = vec![first];
+        while group.len() < max {
+            match incoming.try_recv() {
+                Ok(next) => group.push(next),
+                Err(_) => break,
+            }
+        }
+        let mut pipe = redis::pipe();
+        for (stream, events, _) in &group {
+            pipe.cmd("XADD").arg(&key).arg("*").arg("b").arg(encode_entry(stream, events));
+        }
+        let outcome: Result<Vec<String>, _> = pipe.query_async(&mut conn).await;
+        match outcome {
+            Ok(ids) => {
+                for ((_, _, reply), id) in group.into_iter().zip(ids) {
+                    let token = id.parse::<SequenceToken>().map_err(|e| QueueError::Backend {
+                        adapter: NAME.into(),
+                        message: e.to_string(),
+                        transient: false,
+                    });
+                    let _ = reply.send(token);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%key, %error, "XADD pipeline failed");
+                for (_, _, reply) in group {
+                    let _ = reply.send(Err(backend(&error, "appending")));
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl QueueAdapter for RedisAdapter {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn direction(&self) -> Direction {
+        Direction::ReadWrite
+    }
+
+    fn is_rewindable(&self) -> bool {
+        true
+    }
+
+    async fn enqueue(&self, stream: &StreamId, events: Vec<Event>) -> Result<SequenceToken, QueueError> {
+        if events.is_empty() {
+            return Err(QueueError::EmptyBatch(stream.clone()));
+        }
+        let queue = self.mapper.queue_for(stream);
+        let (reply, answer) = oneshot::channel();
+        let closed = || QueueError::ShutDown(queue);
+        self.writer(queue).send((stream.clone(), Arc::new(events), reply)).await.map_err(|_| closed())?;
+        answer.await.map_err(|_| closed())?
+    }
+
+    async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
+        if queue.0 >= self.mapper.queue_count() {
+            return Err(QueueError::Config(format!(
+                "queue {queue} does not exist (there are {})",
+                self.mapper.queue_count()
+            )));
+        }
+        // Its own connection: a blocking read must not hold up the others.
+        let conn = connect(&self.options).await?;
+        Ok(Box::new(receiver::RedisReceiver::new(
+            queue,
+            conn,
+            self.key(queue),
+            self.options.clone(),
+            self.consumer.clone(),
+            self.checkpointer.clone(),
+        )))
+    }
+}
+
+/// One entry: the stream and its events, as JSON in the field `b`.
+#[derive(Serialize, Deserialize)]
+struct Entry {
+    s: StreamId,
+    e: Vec<EntryEvent>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct EntryEvent {
+    id: String,
+    ts: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    p: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    b64: Option<String>,
+}
+
+fn encode_entry(stream: &StreamId, events: &[Event]) -> Vec<u8> {
+    let e = events
+        .iter()
+        .map(|event| match std::str::from_utf8(&event.payload) {
+            Ok(text) => {
+                EntryEvent { id: event.id.to_string(), ts: event.timestamp_ms, p: Some(text.to_string()), b64: None }
+            }
+            Err(_) => EntryEvent {
+                id: event.id.to_string(),
+                ts: event.timestamp_ms,
+                p: None,
+                b64: Some(STANDARD.encode(&event.payload)),
+            },
+        })
+        .collect();
+    // Plain strings and numbers always serialise.
+    serde_json::to_vec(&Entry { s: stream.clone(), e }).unwrap_or_default()
+}
+
+/// Decodes one stream entry into a container.
+pub(crate) fn decode_entry(id: &str, fields: &HashMap<String, redis::Value>) -> Result<BatchContainer, String> {
+    let token: SequenceToken = id.parse().map_err(|e: crate::stream::ParseTokenError| e.to_string())?;
+    let bytes = match fields.get("b") {
+        Some(redis::Value::BulkString(bytes)) => bytes.as_slice(),
+        Some(redis::Value::SimpleString(text)) => text.as_bytes(),
+        _ => return Err(format!("entry {id} has no field `b`")),
+    };
+    let entry: Entry = serde_json::from_slice(bytes).map_err(|e| format!("entry {id}: {e}"))?;
+    let mut events = Vec::with_capacity(entry.e.len());
+    for event in entry.e {
+        let payload = match (event.p, event.b64) {
+            (Some(text), None) => bytes::Bytes::from(text),
+            (None, Some(b64)) => STANDARD.decode(b64).map_err(|e| format!("entry {id}: {e}"))?.into(),
+            _ => return Err(format!("entry {id}: an event needs exactly one of `p` and `b64`")),
+        };
+        events.push(Event { id: EventId::new(event.id), timestamp_ms: event.ts, payload });
+    }
+    if events.is_empty() {
+        return Err(format!("entry {id} has no event"));
+    }
+    Ok(BatchContainer { stream: entry.s, token, events })
+}

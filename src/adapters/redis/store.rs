@@ -1,0 +1,133 @@
+//! Checkpoints and subscriptions in Redis, so that every node of a cluster
+//! sees the same.
+
+use async_trait::async_trait;
+use redis::aio::ConnectionManager;
+
+use crate::checkpoint::{CheckpointError, Checkpointer};
+use crate::pubsub::{PubSubError, PubSubStore, Subscription, SubscriptionId, SubscriptionState};
+use crate::queue::QueueId;
+use crate::stream::{SequenceToken, StreamId};
+
+/// Checkpoints as strings at `{prefix}:checkpoint:q{n}`.
+pub struct RedisCheckpointer {
+    conn: ConnectionManager,
+    prefix: String,
+}
+
+impl RedisCheckpointer {
+    /// Over an existing connection.
+    pub fn new(conn: ConnectionManager, prefix: &str) -> Self {
+        Self { conn, prefix: prefix.to_string() }
+    }
+
+    fn key(&self, queue: QueueId) -> String {
+        format!("{}:checkpoint:{queue}", self.prefix)
+    }
+}
+
+#[async_trait]
+impl Checkpointer for RedisCheckpointer {
+    async fn load(&self, queue: QueueId) -> Result<Option<SequenceToken>, CheckpointError> {
+        let mut conn = self.conn.clone();
+        let value: Option<String> = redis::cmd("GET")
+            .arg(self.key(queue))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| CheckpointError::Backend(format!("redis GET {}: {e}", self.key(queue))))?;
+        value
+            .map(|v| {
+                v.parse().map_err(|e: crate::stream::ParseTokenError| CheckpointError::Corrupt {
+                    path: self.key(queue).into(),
+                    reason: e.to_string(),
+                })
+            })
+            .transpose()
+    }
+
+    async fn save(&self, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("SET")
+            .arg(self.key(queue))
+            .arg(token.to_string())
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| CheckpointError::Backend(format!("redis SET {}: {e}", self.key(queue))))
+    }
+}
+
+/// Subscriptions as one hash per stream, field = subscription id.
+pub struct RedisPubSubStore {
+    conn: ConnectionManager,
+    prefix: String,
+}
+
+impl RedisPubSubStore {
+    /// Over an existing connection.
+    pub fn new(conn: ConnectionManager, prefix: &str) -> Self {
+        Self { conn, prefix: prefix.to_string() }
+    }
+
+    /// Length-prefixed, so `a:b`/`c` and `a`/`b:c` never share a key.
+    fn key(&self, stream: &StreamId) -> String {
+        format!("{}:subs:{}:{}:{}", self.prefix, stream.namespace().len(), stream.namespace(), stream.key())
+    }
+}
+
+fn store_error(e: redis::RedisError) -> PubSubError {
+    PubSubError::Store(format!("redis: {e}"))
+}
+
+#[async_trait]
+impl PubSubStore for RedisPubSubStore {
+    async fn subscriptions(&self, stream: &StreamId) -> Result<Vec<Subscription>, PubSubError> {
+        let mut conn = self.conn.clone();
+        let values: Vec<String> =
+            redis::cmd("HVALS").arg(self.key(stream)).query_async(&mut conn).await.map_err(store_error)?;
+        values
+            .iter()
+            .map(|v| {
+                serde_json::from_str(v)
+                    .map_err(|e| PubSubError::Store(format!("a stored subscription of {stream} is unreadable: {e}")))
+            })
+            .collect()
+    }
+
+    async fn upsert(&self, subscription: Subscription) -> Result<(), PubSubError> {
+        let mut conn = self.conn.clone();
+        let json = serde_json::to_string(&subscription).map_err(|e| PubSubError::Store(e.to_string()))?;
+        redis::cmd("HSET")
+            .arg(self.key(&subscription.stream))
+            .arg(subscription.id.to_string())
+            .arg(json)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn remove(&self, stream: &StreamId, id: SubscriptionId) -> Result<bool, PubSubError> {
+        let mut conn = self.conn.clone();
+        let removed: u64 = redis::cmd("HDEL")
+            .arg(self.key(stream))
+            .arg(id.to_string())
+            .query_async(&mut conn)
+            .await
+            .map_err(store_error)?;
+        Ok(removed > 0)
+    }
+
+    async fn fault(&self, stream: &StreamId, id: SubscriptionId, reason: &str) -> Result<(), PubSubError> {
+        let mut conn = self.conn.clone();
+        let current: Option<String> = redis::cmd("HGET")
+            .arg(self.key(stream))
+            .arg(id.to_string())
+            .query_async(&mut conn)
+            .await
+            .map_err(store_error)?;
+        let Some(current) = current else { return Ok(()) };
+        let mut subscription: Subscription =
+            serde_json::from_str(&current).map_err(|e| PubSubError::Store(e.to_string()))?;
+        subscription.state = SubscriptionState::Faulted(reason.to_string());
+        self.upsert(subscription).await
+    }
+}

@@ -1,0 +1,172 @@
+//! The `redis` adapter against a real redis-server on loopback: the
+//! conformance kit, takeover of pending entries, rewind and trimming, the
+//! Redis checkpointer and pub-sub store, and surviving a Redis restart.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::redis_server::RedisServer;
+use common::*;
+use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions, TrimPolicy};
+use tailrace::pubsub::{PubSubStore, StartPosition};
+use tailrace::queue::{QueueAdapter, QueueAdapterFactory, QueueError, QueueId};
+use tailrace::stream::SequenceToken;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn options(server: &RedisServer) -> RedisOptions {
+    RedisOptions {
+        url: server.url(),
+        block: Duration::from_millis(20),
+        trim_every: Duration::ZERO,
+        ..RedisOptions::default()
+    }
+}
+
+async fn factory(server: &RedisServer, consumer: &str) -> Arc<RedisAdapterFactory> {
+    Arc::new(RedisAdapterFactory::connect(2, options(server), consumer).await.unwrap())
+}
+
+#[tokio::test]
+async fn passes_the_conformance_kit() {
+    let server = RedisServer::start();
+    let report = tailrace::conformance::run_all(factory(&server, "n1").await).await.unwrap();
+    assert_eq!(report.passed, ["direction", "ordering", "restart", "acks", "rewind", "shutdown", "bad_input"]);
+}
+
+#[tokio::test]
+async fn a_new_owner_takes_over_what_the_old_one_left_pending() {
+    let server = RedisServer::start();
+    let (old, new) = (factory(&server, "node-a").await, factory(&server, "node-b").await);
+    let s = stream("t", "a");
+    let queue = old.queue_mapper().queue_for(&s);
+    let adapter = old.adapter();
+    for i in 0..4 {
+        adapter.enqueue(&s, events("e", i..i + 1)).await.unwrap();
+    }
+    let mut first = adapter.create_receiver(queue).await.unwrap();
+    first.initialize(Duration::from_secs(5)).await.unwrap();
+    let read = first.read(10).await.unwrap();
+    assert_eq!(read.len(), 4);
+    first.delivered(&[read[0].token]).await.unwrap();
+    drop(first); // node-a dies with three entries pending
+    let mut second = new.adapter().create_receiver(queue).await.unwrap();
+    second.initialize(Duration::from_secs(5)).await.unwrap();
+    let taken: Vec<SequenceToken> = second.read(10).await.unwrap().iter().map(|b| b.token).collect();
+    assert_eq!(taken, read[1..].iter().map(|b| b.token).collect::<Vec<_>>(), "nothing stranded, in order");
+    second.delivered(&taken).await.unwrap();
+    assert!(second.read(10).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn trimming_never_passes_the_checkpoint_and_rewinds_say_what_is_gone() {
+    let server = RedisServer::start();
+    let f = factory(&server, "n1").await;
+    let adapter = f.adapter();
+    let s = stream("t", "trim");
+    let queue = f.queue_mapper().queue_for(&s);
+    let mut tokens = Vec::new();
+    for i in 0..6 {
+        tokens.push(adapter.enqueue(&s, events("e", i..i + 1)).await.unwrap());
+    }
+    let mut receiver = adapter.create_receiver(queue).await.unwrap();
+    receiver.initialize(Duration::from_secs(5)).await.unwrap();
+    let read = receiver.read(10).await.unwrap();
+    f.create_checkpointer().await.unwrap().save(queue, tokens[3]).await.unwrap();
+    receiver.delivered(&read.iter().map(|b| b.token).collect::<Vec<_>>()).await.unwrap();
+    // Entries below the checkpoint are gone; the checkpoint's own and later stay.
+    let err = receiver.rewind(tokens[1], 10).await.unwrap_err();
+    assert!(matches!(err, QueueError::CannotRewind { .. }) && err.to_string().contains("trimmed"), "{err}");
+    let kept: Vec<SequenceToken> = receiver.rewind(tokens[3], 10).await.unwrap().iter().map(|b| b.token).collect();
+    assert_eq!(kept, tokens[3..]);
+}
+
+#[tokio::test]
+async fn with_trimming_off_every_entry_stays() {
+    let server = RedisServer::start();
+    let f = Arc::new(
+        RedisAdapterFactory::connect(1, RedisOptions { trim: TrimPolicy::Never, ..options(&server) }, "n1")
+            .await
+            .unwrap(),
+    );
+    let adapter = f.adapter();
+    let s = stream("t", "keep");
+    let first = adapter.enqueue(&s, events("e", 0..1)).await.unwrap();
+    adapter.enqueue(&s, events("e", 1..2)).await.unwrap();
+    let mut receiver = adapter.create_receiver(QueueId(0)).await.unwrap();
+    receiver.initialize(Duration::from_secs(5)).await.unwrap();
+    let read = receiver.read(10).await.unwrap();
+    f.create_checkpointer().await.unwrap().save(QueueId(0), read[1].token).await.unwrap();
+    receiver.delivered(&[read[0].token, read[1].token]).await.unwrap();
+    assert_eq!(receiver.rewind(first, 10).await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn checkpoints_and_subscriptions_are_shared_through_redis() {
+    let server = RedisServer::start();
+    let (a, b) = (factory(&server, "a").await, factory(&server, "b").await);
+    let checkpoints_a = a.create_checkpointer().await.unwrap();
+    checkpoints_a.save(QueueId(1), SequenceToken::new(1_700_000_000_000, 3)).await.unwrap();
+    assert_eq!(
+        b.create_checkpointer().await.unwrap().load(QueueId(1)).await.unwrap(),
+        Some(SequenceToken::new(1_700_000_000_000, 3))
+    );
+    let (store_a, store_b) = (a.pubsub_store(), b.pubsub_store());
+    let s = stream("logs", "p:1/run");
+    let sub = tailrace::pubsub::Subscription {
+        id: tailrace::pubsub::SubscriptionId::random(),
+        stream: s.clone(),
+        consumer: tailrace::pubsub::ConsumerAddress { node: tailrace::cluster::NodeId::new("a"), name: "x".into() },
+        start: StartPosition::Latest,
+        state: tailrace::pubsub::SubscriptionState::Active,
+    };
+    store_a.upsert(sub.clone()).await.unwrap();
+    assert_eq!(store_b.subscriptions(&s).await.unwrap(), std::slice::from_ref(&sub));
+    assert!(store_b.subscriptions(&stream("logs:p", "1/run")).await.unwrap().is_empty(), "keys never collide");
+    store_b.fault(&s, sub.id, "boom").await.unwrap();
+    assert!(
+        matches!(&store_a.subscriptions(&s).await.unwrap()[0].state, tailrace::pubsub::SubscriptionState::Faulted(r) if r == "boom")
+    );
+    assert!(store_a.remove(&s, sub.id).await.unwrap());
+    assert!(store_b.subscriptions(&s).await.unwrap().is_empty());
+}
+
+/// A node keeps delivering through a Redis restart: appends during the
+/// outage fail with a transient error and are retried by the producer;
+/// everything acknowledged is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_mid_run_loses_nothing() {
+    let mut server = RedisServer::start();
+    let f = factory(&server, "n1").await;
+    let adapter = f.adapter();
+    let recorder = Recorder::new();
+    let mut config = quick_config();
+    config.agent.reader_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(100));
+    let node = TestNode::start(f.clone(), config, implicit("t", &recorder)).await;
+    let s = stream("t", "restart");
+    let mut acked = BTreeSet::new();
+    for i in 0..300u64 {
+        if i == 150 {
+            server.restart();
+        }
+        // The producer's retry loop: transient errors are retried.
+        loop {
+            match adapter.enqueue(&s, events("e", i..i + 1)).await {
+                Ok(_) => break,
+                Err(error) if error.is_transient() => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(error) => panic!("{error}"),
+            }
+        }
+        acked.insert(format!("e{i}"));
+    }
+    let delivered = || recorder.ids(&s).into_iter().collect::<BTreeSet<_>>();
+    assert!(
+        eventually(WAIT, || delivered().is_superset(&acked)).await,
+        "lost: {:?}",
+        acked.difference(&delivered()).take(5).collect::<Vec<_>>()
+    );
+    node.node.shutdown().await.unwrap();
+}
