@@ -127,6 +127,8 @@ pub fn stream(ns: &str, key: &str) -> StreamId {
     StreamId::new(ns, key)
 }
 
+pub mod crash;
+pub mod redis_server;
 pub mod scripted;
 pub mod store;
 
