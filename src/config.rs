@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::adapters::file::FileOptions;
 use crate::adapters::memory::MemoryOptions;
+use crate::adapters::redis::RedisOptions;
 use crate::agent::AgentOptions;
 use crate::balancer::BalancerKind;
 use crate::cache::CacheOptions;
@@ -59,7 +60,8 @@ impl Default for NodeSection {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct QueuesSection {
-    /// The adapter's name: `file` (the embedded durable default) or `memory`.
+    /// The adapter's name: `file` (the embedded durable default), `redis`
+    /// or `memory`.
     pub adapter: String,
     /// How many queues (every node and producer must agree).
     pub count: u32,
@@ -79,6 +81,8 @@ pub struct AdaptersSection {
     pub memory: MemoryOptions,
     /// `[adapters.file]`
     pub file: FileOptions,
+    /// `[adapters.redis]`
+    pub redis: RedisOptions,
 }
 
 /// `[failure]`

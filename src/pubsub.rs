@@ -33,6 +33,8 @@ use crate::stream::{SequenceToken, StreamId};
 pub struct PubSubOptions {
     /// Most subscriptions the in-memory store holds.
     pub max_subscriptions: usize,
+    /// Most subscriptions one stream holds in a shared store (Redis).
+    pub max_subscriptions_per_stream: usize,
     /// Most consumers one node hosts.
     pub max_local_consumers: usize,
     /// How long `subscribe` waits for the queue's agent to attach it.
@@ -44,6 +46,7 @@ impl Default for PubSubOptions {
     fn default() -> Self {
         Self {
             max_subscriptions: 100_000,
+            max_subscriptions_per_stream: 10_000,
             max_local_consumers: 100_000,
             attach_timeout: std::time::Duration::from_secs(10),
         }

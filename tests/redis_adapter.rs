@@ -114,17 +114,31 @@ async fn checkpoints_and_subscriptions_are_shared_through_redis() {
         b.create_checkpointer().await.unwrap().load(QueueId(1)).await.unwrap(),
         Some(SequenceToken::new(1_700_000_000_000, 3))
     );
-    let (store_a, store_b) = (a.pubsub_store(), b.pubsub_store());
+    // Node b builds its backend from configuration, as `tailrace serve` does.
+    let mut config = tailrace::config::Config::default();
+    config.queues.adapter = "redis".into();
+    config.adapters.redis.url = server.url();
+    config.pubsub.max_subscriptions_per_stream = 2;
+    let built = tailrace::adapters::build(&config).await.unwrap();
+    assert_eq!(built.factory.name(), "redis");
+    let (store_a, store_b) = (a.pubsub_store(2), built.store.expect("redis shares its pub-sub store"));
     let s = stream("logs", "p:1/run");
-    let sub = tailrace::pubsub::Subscription {
+    let subscription = |node: &str| tailrace::pubsub::Subscription {
         id: tailrace::pubsub::SubscriptionId::random(),
         stream: s.clone(),
-        consumer: tailrace::pubsub::ConsumerAddress { node: tailrace::cluster::NodeId::new("a"), name: "x".into() },
+        consumer: tailrace::pubsub::ConsumerAddress { node: tailrace::cluster::NodeId::new(node), name: "x".into() },
         start: StartPosition::Latest,
         state: tailrace::pubsub::SubscriptionState::Active,
     };
+    let sub = subscription("a");
     store_a.upsert(sub.clone()).await.unwrap();
     assert_eq!(store_b.subscriptions(&s).await.unwrap(), std::slice::from_ref(&sub));
+    let second = subscription("b");
+    store_b.upsert(second.clone()).await.unwrap();
+    let refused = store_a.upsert(subscription("c")).await.unwrap_err();
+    assert!(refused.to_string().contains("pubsub.max_subscriptions_per_stream"), "{refused}");
+    store_a.upsert(sub.clone()).await.expect("replacing a stored subscription is not a new one");
+    assert!(store_a.remove(&s, second.id).await.unwrap());
     assert!(store_b.subscriptions(&stream("logs:p", "1/run")).await.unwrap().is_empty(), "keys never collide");
     store_b.fault(&s, sub.id, "boom").await.unwrap();
     assert!(

@@ -10,20 +10,42 @@ pub mod redis;
 use std::sync::Arc;
 
 use crate::config::Config;
+use crate::pubsub::PubSubStore;
 use crate::queue::{QueueAdapterFactory, QueueError};
 
-/// Builds the adapter factory `config.queues.adapter` names, with its
-/// section of `[adapters]` and the `[cache]` options.
-pub fn build(config: &Config) -> Result<Arc<dyn QueueAdapterFactory>, QueueError> {
-    match config.queues.adapter.as_str() {
-        "memory" => Ok(Arc::new(
-            memory::MemoryAdapterFactory::new(config.queues.count, config.adapters.memory.clone())
-                .with_cache(config.cache.clone()),
-        )),
-        "file" => Ok(Arc::new(
-            file::FileAdapterFactory::new(config.queues.count, config.adapters.file.clone())?
-                .with_cache(config.cache.clone()),
-        )),
-        other => Err(QueueError::Config(format!("unknown queue adapter `{other}` (built in: file, memory)"))),
-    }
+/// What a configured backend provides.
+pub struct Backend {
+    /// The queues.
+    pub factory: Arc<dyn QueueAdapterFactory>,
+    /// A pub-sub store every node of the cluster shares, when the backend
+    /// has one (Redis); otherwise each node keeps subscriptions in memory.
+    pub store: Option<Arc<dyn PubSubStore>>,
+}
+
+/// Builds the backend `config.queues.adapter` names, with its section of
+/// `[adapters]` and the `[cache]` options. Connects to servers it needs.
+pub async fn build(config: &Config) -> Result<Backend, QueueError> {
+    let (count, cache) = (config.queues.count, config.cache.clone());
+    let (factory, store): (Arc<dyn QueueAdapterFactory>, Option<Arc<dyn PubSubStore>>) = match config
+        .queues
+        .adapter
+        .as_str()
+    {
+        "memory" => {
+            (Arc::new(memory::MemoryAdapterFactory::new(count, config.adapters.memory.clone()).with_cache(cache)), None)
+        }
+        "file" => {
+            (Arc::new(file::FileAdapterFactory::new(count, config.adapters.file.clone())?.with_cache(cache)), None)
+        }
+        "redis" => {
+            let factory =
+                redis::RedisAdapterFactory::connect(count, config.adapters.redis.clone(), &config.node.name).await?;
+            let store = Arc::new(factory.pubsub_store(config.pubsub.max_subscriptions_per_stream));
+            (Arc::new(factory.with_cache(cache)), Some(store))
+        }
+        other => {
+            return Err(QueueError::Config(format!("unknown queue adapter `{other}` (built in: file, memory, redis)")));
+        }
+    };
+    Ok(Backend { factory, store })
 }

@@ -142,9 +142,10 @@ impl RedisAdapterFactory {
         self.adapter.clone()
     }
 
-    /// A pub-sub store on the same server.
-    pub fn pubsub_store(&self) -> RedisPubSubStore {
-        RedisPubSubStore::new(self.adapter.conn.clone(), &self.adapter.options.key_prefix)
+    /// A pub-sub store on the same server, shared by every node; each
+    /// stream holds at most `max_per_stream` subscriptions.
+    pub fn pubsub_store(&self, max_per_stream: usize) -> RedisPubSubStore {
+        RedisPubSubStore::new(self.adapter.conn.clone(), &self.adapter.options.key_prefix, max_per_stream)
     }
 }
 

@@ -123,7 +123,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let (bound, server) = tailrace::edge::serve(args.listen, tailrace::edge::router(metrics), stop.clone())
         .await
         .context("the demo serves /metrics; pick another --listen")?;
-    let factory = tailrace::adapters::build(&config).context("opening the queues")?;
+    let factory = tailrace::adapters::build(&config).await.context("opening the queues")?.factory;
     let adapter = factory.create_adapter().await?;
     let tally = Arc::new(Tally::default());
     let implicit = ImplicitSubscriptions::new().bind("demo", Arc::new(CheckerFactory(tally.clone())));

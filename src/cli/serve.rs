@@ -32,10 +32,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => Config::default(),
     };
     config.adapters.file.dir = args.data_dir.join("queues");
-    let factory = tailrace::adapters::build(&config).context("opening the queues")?;
-    let adapter = factory.create_adapter().await?;
-    let node =
-        Arc::new(Node::builder(NodeId::new(config.node.name.clone()), factory).config(config.clone()).start().await?);
+    let backend = tailrace::adapters::build(&config).await.context("opening the queues")?;
+    let adapter = backend.factory.create_adapter().await?;
+    let mut builder = Node::builder(NodeId::new(config.node.name.clone()), backend.factory).config(config.clone());
+    if let Some(store) = backend.store {
+        builder = builder.store(store);
+    }
+    let node = Arc::new(builder.start().await?);
     let stop = CancellationToken::new();
     let metrics = tailrace::edge::install_metrics()?;
     let (bound, server) = tailrace::edge::serve(args.listen, tailrace::edge::router(metrics), stop.clone()).await?;

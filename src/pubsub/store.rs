@@ -21,6 +21,16 @@ pub enum PubSubError {
         /// The bound.
         limit: usize,
     },
+    /// The stream is at its bound in a shared store.
+    #[error(
+        "stream {stream} already has its limit of {limit} subscriptions (setting pubsub.max_subscriptions_per_stream)"
+    )]
+    TooManyOnStream {
+        /// The stream.
+        stream: String,
+        /// The bound.
+        limit: usize,
+    },
     /// The node's consumer directory is at its bound.
     #[error("node {node} already hosts its limit of {limit} consumers (setting pubsub.max_local_consumers)")]
     TooManyConsumers {

@@ -56,16 +56,29 @@ impl Checkpointer for RedisCheckpointer {
     }
 }
 
-/// Subscriptions as one hash per stream, field = subscription id.
+/// Inserts or replaces a subscription unless the stream already holds
+/// `ARGV[3]` others: one script, so two nodes cannot both pass the check.
+const UPSERT: &str = r"
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1";
+
+/// Subscriptions as one hash per stream, field = subscription id, at most
+/// `max_per_stream` of them.
 pub struct RedisPubSubStore {
     conn: ConnectionManager,
     prefix: String,
+    max_per_stream: usize,
+    upsert: redis::Script,
 }
 
 impl RedisPubSubStore {
-    /// Over an existing connection.
-    pub fn new(conn: ConnectionManager, prefix: &str) -> Self {
-        Self { conn, prefix: prefix.to_string() }
+    /// Over an existing connection; a stream holds at most `max_per_stream`
+    /// subscriptions.
+    pub fn new(conn: ConnectionManager, prefix: &str, max_per_stream: usize) -> Self {
+        Self { conn, prefix: prefix.to_string(), max_per_stream, upsert: redis::Script::new(UPSERT) }
     }
 
     /// Length-prefixed, so `a:b`/`c` and `a`/`b:c` never share a key.
@@ -96,13 +109,22 @@ impl PubSubStore for RedisPubSubStore {
     async fn upsert(&self, subscription: Subscription) -> Result<(), PubSubError> {
         let mut conn = self.conn.clone();
         let json = serde_json::to_string(&subscription).map_err(|e| PubSubError::Store(e.to_string()))?;
-        redis::cmd("HSET")
-            .arg(self.key(&subscription.stream))
+        let stored: i64 = self
+            .upsert
+            .key(self.key(&subscription.stream))
             .arg(subscription.id.to_string())
             .arg(json)
-            .query_async::<()>(&mut conn)
+            .arg(self.max_per_stream)
+            .invoke_async(&mut conn)
             .await
-            .map_err(store_error)
+            .map_err(store_error)?;
+        if stored == 0 {
+            return Err(PubSubError::TooManyOnStream {
+                stream: subscription.stream.to_string(),
+                limit: self.max_per_stream,
+            });
+        }
+        Ok(())
     }
 
     async fn remove(&self, stream: &StreamId, id: SubscriptionId) -> Result<bool, PubSubError> {
