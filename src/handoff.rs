@@ -29,7 +29,7 @@ mod recover;
 mod writer;
 
 pub use files::{PrefixFile, list_prefix_files, sealed_path, validate_prefix};
-pub use line::{DecodedLine, decode_line, encode_line};
+pub use line::{DecodedLine, LineView, decode_line, encode_line};
 pub use recover::{RecoveryReport, recover};
 pub use writer::{FsyncPolicy, LinePosition, LoggingConsumer, WriterOptions};
 

@@ -33,11 +33,15 @@ enum Command {
     /// Run a benchmark scenario against its baseline; the last line is
     /// `RESULT scenario=... ratio=...`.
     Bench {
-        /// The scenario: pipeline.
+        /// The scenario: pipeline, file or redis.
         scenario: String,
         /// A shorter run (CI).
         #[arg(long)]
         quick: bool,
+        /// The Redis server of the redis scenario (its keys are deleted
+        /// after each round).
+        #[arg(long, default_value = "redis://127.0.0.1:6379")]
+        redis_url: String,
     },
 }
 
@@ -64,7 +68,7 @@ fn main() -> anyhow::Result<()> {
             Command::Demo(demo) => cli::demo::run(demo).await,
             Command::Serve(serve) => cli::serve::run(serve).await,
             Command::Handoff { command: HandoffCommand::Recover(args) } => cli::handoff::recover(args),
-            Command::Bench { scenario, quick } => cli::bench::run(&scenario, quick).await,
+            Command::Bench { scenario, quick, redis_url } => cli::bench::run(&scenario, quick, &redis_url).await,
         }
     })
 }

@@ -14,26 +14,25 @@
 //! - A lost connection or a Redis restart is retried with backoff by the
 //!   connection manager; callers see transient errors, never a panic.
 
+mod entry;
 mod receiver;
 mod store;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot};
 
 pub use store::{RedisCheckpointer, RedisPubSubStore};
+
+use entry::encode_entry;
 
 use crate::cache::CacheOptions;
 use crate::checkpoint::Checkpointer;
 use crate::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
-use crate::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
+use crate::stream::{Event, SequenceToken, StreamId};
 
 const NAME: &str = "redis";
 
@@ -66,8 +65,6 @@ pub struct RedisOptions {
     /// How often a receiver trims its stream.
     #[serde(with = "humantime_serde")]
     pub trim_every: Duration,
-    /// Most appends sent in one pipeline.
-    pub max_pipeline: usize,
     /// Limit of one command (must exceed `block`).
     #[serde(with = "humantime_serde")]
     pub response_timeout: Duration,
@@ -82,7 +79,6 @@ impl Default for RedisOptions {
             block: Duration::from_millis(100),
             trim: TrimPolicy::Checkpoint,
             trim_every: Duration::from_secs(10),
-            max_pipeline: 256,
             response_timeout: Duration::from_secs(5),
         }
     }
@@ -125,7 +121,6 @@ impl RedisAdapterFactory {
             conn,
             options,
             consumer: consumer.to_string(),
-            writers: Mutex::new(HashMap::new()),
             checkpointer: checkpointer.clone(),
         });
         Ok(Self { adapter, checkpointer, cache: CacheOptions::default() })
@@ -172,16 +167,12 @@ impl QueueAdapterFactory for RedisAdapterFactory {
     }
 }
 
-type Append = (StreamId, Arc<Vec<Event>>, oneshot::Sender<Result<SequenceToken, QueueError>>);
-
 /// Appends to and reads from the Redis streams.
 pub struct RedisAdapter {
     mapper: QueueMapper,
     conn: ConnectionManager,
     options: RedisOptions,
     consumer: String,
-    /// One pipelining writer task per queue, started on first use.
-    writers: Mutex<HashMap<QueueId, mpsc::Sender<Append>>>,
     checkpointer: Arc<RedisCheckpointer>,
 }
 
@@ -190,58 +181,10 @@ impl RedisAdapter {
     pub fn key(&self, queue: QueueId) -> String {
         stream_key(&self.options.key_prefix, queue)
     }
-
-    fn writer(&self, queue: QueueId) -> mpsc::Sender<Append> {
-        let mut writers = self.writers.lock().unwrap_or_else(|p| p.into_inner());
-        writers
-            .entry(queue)
-            .or_insert_with(|| {
-                let (tx, rx) = mpsc::channel(self.options.max_pipeline.max(1) * 4);
-                tokio::spawn(run_writer(self.conn.clone(), self.key(queue), self.options.max_pipeline.max(1), rx));
-                tx
-            })
-            .clone()
-    }
 }
 
 pub(crate) fn stream_key(prefix: &str, queue: QueueId) -> String {
     format!("{prefix}:{queue}")
-}
-
-/// Sends every append waiting at the moment as one pipeline of `XADD`s.
-async fn run_writer(mut conn: ConnectionManager, key: String, max: usize, mut incoming: mpsc::Receiver<Append>) {
-    while let Some(first) = incoming.recv().await {
-        let mut group = vec![first];
-        while group.len() < max {
-            match incoming.try_recv() {
-                Ok(next) => group.push(next),
-                Err(_) => break,
-            }
-        }
-        let mut pipe = redis::pipe();
-        for (stream, events, _) in &group {
-            pipe.cmd("XADD").arg(&key).arg("*").arg("b").arg(encode_entry(stream, events));
-        }
-        let outcome: Result<Vec<String>, _> = pipe.query_async(&mut conn).await;
-        match outcome {
-            Ok(ids) => {
-                for ((_, _, reply), id) in group.into_iter().zip(ids) {
-                    let token = id.parse::<SequenceToken>().map_err(|e| QueueError::Backend {
-                        adapter: NAME.into(),
-                        message: e.to_string(),
-                        transient: false,
-                    });
-                    let _ = reply.send(token);
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%key, %error, "XADD pipeline failed");
-                for (_, _, reply) in group {
-                    let _ = reply.send(Err(backend(&error, "appending")));
-                }
-            }
-        }
-    }
 }
 
 #[async_trait]
@@ -262,11 +205,22 @@ impl QueueAdapter for RedisAdapter {
         if events.is_empty() {
             return Err(QueueError::EmptyBatch(stream.clone()));
         }
-        let queue = self.mapper.queue_for(stream);
-        let (reply, answer) = oneshot::channel();
-        let closed = || QueueError::ShutDown(queue);
-        self.writer(queue).send((stream.clone(), Arc::new(events), reply)).await.map_err(|_| closed())?;
-        answer.await.map_err(|_| closed())?
+        // The connection is multiplexed: concurrent appends share it as one
+        // pipeline, and one caller's appends stay in order.
+        let key = self.key(self.mapper.queue_for(stream));
+        let id: String = redis::cmd("XADD")
+            .arg(&key)
+            .arg("*")
+            .arg("b")
+            .arg(encode_entry(stream, &events))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| backend(&e, "appending"))?;
+        id.parse().map_err(|e: crate::stream::ParseTokenError| QueueError::Backend {
+            adapter: NAME.into(),
+            message: format!("XADD answered `{id}`: {e}"),
+            transient: false,
+        })
     }
 
     async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
@@ -287,64 +241,4 @@ impl QueueAdapter for RedisAdapter {
             self.checkpointer.clone(),
         )))
     }
-}
-
-/// One entry: the stream and its events, as JSON in the field `b`.
-#[derive(Serialize, Deserialize)]
-struct Entry {
-    s: StreamId,
-    e: Vec<EntryEvent>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct EntryEvent {
-    id: String,
-    ts: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    p: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    b64: Option<String>,
-}
-
-fn encode_entry(stream: &StreamId, events: &[Event]) -> Vec<u8> {
-    let e = events
-        .iter()
-        .map(|event| match std::str::from_utf8(&event.payload) {
-            Ok(text) => {
-                EntryEvent { id: event.id.to_string(), ts: event.timestamp_ms, p: Some(text.to_string()), b64: None }
-            }
-            Err(_) => EntryEvent {
-                id: event.id.to_string(),
-                ts: event.timestamp_ms,
-                p: None,
-                b64: Some(STANDARD.encode(&event.payload)),
-            },
-        })
-        .collect();
-    // Plain strings and numbers always serialise.
-    serde_json::to_vec(&Entry { s: stream.clone(), e }).unwrap_or_default()
-}
-
-/// Decodes one stream entry into a container.
-pub(crate) fn decode_entry(id: &str, fields: &HashMap<String, redis::Value>) -> Result<BatchContainer, String> {
-    let token: SequenceToken = id.parse().map_err(|e: crate::stream::ParseTokenError| e.to_string())?;
-    let bytes = match fields.get("b") {
-        Some(redis::Value::BulkString(bytes)) => bytes.as_slice(),
-        Some(redis::Value::SimpleString(text)) => text.as_bytes(),
-        _ => return Err(format!("entry {id} has no field `b`")),
-    };
-    let entry: Entry = serde_json::from_slice(bytes).map_err(|e| format!("entry {id}: {e}"))?;
-    let mut events = Vec::with_capacity(entry.e.len());
-    for event in entry.e {
-        let payload = match (event.p, event.b64) {
-            (Some(text), None) => bytes::Bytes::from(text),
-            (None, Some(b64)) => STANDARD.decode(b64).map_err(|e| format!("entry {id}: {e}"))?.into(),
-            _ => return Err(format!("entry {id}: an event needs exactly one of `p` and `b64`")),
-        };
-        events.push(Event { id: EventId::new(event.id), timestamp_ms: event.ts, payload });
-    }
-    if events.is_empty() {
-        return Err(format!("entry {id} has no event"));
-    }
-    Ok(BatchContainer { stream: entry.s, token, events })
 }

@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use super::{FileOptions, NAME};
 use crate::checkpoint::{Checkpointer, FileCheckpointer};
 use crate::failure::{DeadLetter, DeadLetterSink};
-use crate::handoff::{decode_line, list_prefix_files};
+use crate::handoff::{LineView, list_prefix_files};
 use crate::queue::{QueueError, QueueId, QueueReceiver};
 use crate::stream::{BatchContainer, Event, EventId, SequenceToken};
 
@@ -28,10 +28,24 @@ struct BadLine {
     error: String,
 }
 
+/// A file's bytes as text (when the whole file is UTF-8), shared by the
+/// payloads cut from it.
+#[derive(Clone)]
+struct Text(Arc<String>);
+
+impl AsRef<[u8]> for Text {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
 /// A file loaded for reading.
 struct Loaded {
     n: u64,
     data: Bytes,
+    /// The same bytes as text, when they are UTF-8 (they are unless the
+    /// file is corrupt): lines are then read without a search for their end.
+    text: Option<Text>,
     offset: usize,
     /// The 1-based number of the line at `offset`.
     line: u64,
@@ -65,7 +79,14 @@ impl Files {
 
     fn load(&self, n: u64, path: &Path) -> Result<Loaded, QueueError> {
         let data = std::fs::read(path).map_err(Self::io(format!("reading {}", path.display())))?;
-        Ok(Loaded { n, data: Bytes::from(data), offset: 0, line: 1, last: None })
+        let (data, text) = match String::from_utf8(data) {
+            Ok(text) => {
+                let text = Text(Arc::new(text));
+                (Bytes::from_owner(text.clone()), Some(text))
+            }
+            Err(not_text) => (Bytes::from(not_text.into_bytes()), None),
+        };
+        Ok(Loaded { n, data, text, offset: 0, line: 1, last: None })
     }
 
     /// Positions the reader just after the container at `after`.
@@ -150,46 +171,68 @@ impl Files {
 /// Parses the next container (one batch) of `file`; bad lines are set
 /// aside. `None` at the end of the file.
 fn next_container(file: &mut Loaded, bad: &mut Vec<BadLine>) -> Option<BatchContainer> {
+    // Lines are parsed in place; an event's payload shares the file's buffer.
+    let (data, text) = (file.data.clone(), file.text.clone());
+    let text = text.as_ref().map(|t| t.0.as_str());
     loop {
-        let (line, token) = take_line(file)?;
-        let first = match decode_line(&line) {
+        let (first, range, token) = next_line(file, &data, text)?;
+        let (stream, event, batch) = match first.and_then(|view| Ok((view.stream(), view.event(&data)?, view.batch())))
+        {
             Ok(first) => first,
             Err(error) => {
-                bad.push(BadLine { token, bytes: line, error });
+                bad.push(BadLine { token, bytes: data.slice(range), error });
                 continue;
             }
         };
-        let mut events = Vec::with_capacity(first.batch as usize);
-        events.push(first.event);
-        for _ in 1..first.batch {
+        let mut events = Vec::with_capacity(batch as usize);
+        events.push(event);
+        for _ in 1..batch {
             let saved = (file.offset, file.line);
-            let Some((line, at)) = take_line(file) else { break };
-            match decode_line(&line) {
-                Ok(next) if next.stream == first.stream && next.batch == 1 => events.push(next.event),
-                Ok(_) => {
+            let Some((view, range, at)) = next_line(file, &data, text) else { break };
+            let next =
+                view.and_then(|view| (view.is_of(&stream) && view.batch() == 1).then(|| view.event(&data)).transpose());
+            match next {
+                Ok(Some(event)) => events.push(event),
+                Ok(None) => {
                     // Not part of this batch after all: read it on its own.
                     (file.offset, file.line) = saved;
                     break;
                 }
-                Err(error) => bad.push(BadLine { token: at, bytes: line, error }),
+                Err(error) => bad.push(BadLine { token: at, bytes: data.slice(range), error }),
             }
         }
-        return Some(BatchContainer { stream: first.stream, token, events });
+        return Some(BatchContainer { stream, token, events });
     }
 }
 
-/// The next line of `file` (without its newline) and its token.
-fn take_line(file: &mut Loaded) -> Option<(Bytes, SequenceToken)> {
+type NextLine<'d> = (Result<LineView<'d>, String>, std::ops::Range<usize>, SequenceToken);
+
+/// Parses the next line of `file`; `data` and `text` are its bytes.
+fn next_line<'d>(file: &mut Loaded, data: &'d Bytes, text: Option<&'d str>) -> Option<NextLine<'d>> {
+    let rest = text.and_then(|t| t.get(file.offset..));
+    if let Some((view, length)) = rest.and_then(LineView::parse_prefix) {
+        let range = file.offset..file.offset + length;
+        let token = SequenceToken::new(file.n, file.line);
+        file.offset = (range.end + 1).min(data.len());
+        file.line += 1;
+        return Some((Ok(view), range, token));
+    }
+    let (range, token) = take_line(file)?;
+    Some((LineView::parse(&data[range.clone()]), range, token))
+}
+
+/// Where the next line of `file` is (without its newline), and its token.
+fn take_line(file: &mut Loaded) -> Option<(std::ops::Range<usize>, SequenceToken)> {
     let rest = file.data.get(file.offset..)?;
     if rest.is_empty() {
         return None;
     }
-    let length = rest.iter().position(|b| *b == b'\n').unwrap_or(rest.len());
-    let line = file.data.slice(file.offset..file.offset + length);
+    let length = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
+    let range = file.offset..file.offset + length;
     let token = SequenceToken::new(file.n, file.line);
     file.offset += (length + 1).min(rest.len());
     file.line += 1;
-    Some((line, token))
+    Some((range, token))
 }
 
 /// Reads one file queue. See the module documentation.

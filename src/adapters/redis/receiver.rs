@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use redis::streams::{StreamAutoClaimReply, StreamRangeReply, StreamReadReply};
 
-use super::{NAME, RedisCheckpointer, RedisOptions, TrimPolicy, backend, decode_entry};
+use super::entry::decode_entry;
+use super::{NAME, RedisCheckpointer, RedisOptions, TrimPolicy, backend};
 use crate::checkpoint::Checkpointer;
 use crate::queue::{QueueError, QueueId, QueueReceiver};
 use crate::stream::{BatchContainer, SequenceToken};
@@ -61,8 +62,8 @@ impl RedisReceiver {
 
     fn containers(&self, entries: Vec<redis::streams::StreamId>) -> Vec<Arc<BatchContainer>> {
         let mut out = Vec::with_capacity(entries.len());
-        for entry in entries {
-            match decode_entry(&entry.id, &entry.map) {
+        for mut entry in entries {
+            match decode_entry(&entry.id, entry.map.remove("b")) {
                 Ok(container) => out.push(Arc::new(container)),
                 // A foreign or damaged entry: skip it (it stays visible in Redis).
                 Err(error) => {

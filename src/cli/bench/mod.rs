@@ -2,18 +2,22 @@
 //! baseline of the same shape in one process and ends with
 //! `RESULT scenario=<name> tailrace_eps=… baseline_eps=… ratio=…`.
 
+mod file;
 mod pipeline;
+mod redis;
 
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Runs one scenario by name.
-pub async fn run(scenario: &str, quick: bool) -> anyhow::Result<()> {
+/// Runs one scenario by name; `redis_url` is the server of `redis`.
+pub async fn run(scenario: &str, quick: bool, redis_url: &str) -> anyhow::Result<()> {
     match scenario {
         "pipeline" => pipeline::run(quick).await,
-        other => anyhow::bail!("unknown bench scenario `{other}` (known: pipeline)"),
+        "file" => file::run(quick).await,
+        "redis" => redis::run(quick, redis_url).await,
+        other => anyhow::bail!("unknown bench scenario `{other}` (known: pipeline, file, redis)"),
     }
 }
 

@@ -16,7 +16,7 @@ use tailrace::cluster::NodeId;
 use tailrace::config::Config;
 use tailrace::node::Node;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
-use tailrace::queue::QueueMapper;
+use tailrace::queue::{QueueAdapterFactory, QueueMapper};
 use tailrace::stream::{Event, EventId, StreamId};
 use tokio::sync::{Notify, mpsc};
 
@@ -45,7 +45,7 @@ impl Shape {
         }
     }
 
-    fn total(&self) -> u64 {
+    pub(super) fn total(&self) -> u64 {
         self.streams as u64 * self.events_per_stream
     }
 }
@@ -81,7 +81,7 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
 }
 
 /// Counts a stream's events and checks they arrive in order.
-struct Counter {
+pub(super) struct Counter {
     next: AtomicU64,
     delivered: Arc<AtomicU64>,
     total: u64,
@@ -90,7 +90,11 @@ struct Counter {
 }
 
 impl Counter {
-    fn take(&self, first_id: &str, count: u64) {
+    pub(super) fn new(delivered: Arc<AtomicU64>, total: u64, done: Arc<Notify>, disorder: Arc<AtomicU64>) -> Self {
+        Self { next: AtomicU64::new(0), delivered, total, done, disorder }
+    }
+
+    pub(super) fn take(&self, first_id: &str, count: u64) {
         let expected = self.next.fetch_add(count, Ordering::Relaxed);
         if first_id.parse::<u64>().ok() != Some(expected) {
             self.disorder.fetch_add(1, Ordering::Relaxed);
@@ -123,7 +127,7 @@ fn batch_of(first: u64, len: usize, payload: &Bytes, now: u64) -> Vec<Event> {
 /// one batch each in turn, through `send(stream index, events)`. Both sides
 /// use this, so both do exactly the same production work. False if a send
 /// failed.
-async fn produce<F, Fut>(shape: Shape, p: usize, mut send: F) -> bool
+pub(super) async fn produce<F, Fut>(shape: Shape, p: usize, mut send: F) -> bool
 where
     F: FnMut(usize, Vec<Event>) -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -142,7 +146,7 @@ where
     true
 }
 
-fn stream_ids(shape: Shape) -> Vec<StreamId> {
+pub(super) fn stream_ids(shape: Shape) -> Vec<StreamId> {
     (0..shape.streams).map(|i| StreamId::new("bench", format!("stream-{i}"))).collect()
 }
 
@@ -151,7 +155,13 @@ async fn tailrace_run(shape: Shape) -> anyhow::Result<f64> {
         shape.queues,
         MemoryOptions { capacity_events: shape.queue_capacity_events, history: 0, ..MemoryOptions::default() },
     ));
-    let adapter = factory.adapter();
+    run_node(shape, factory).await
+}
+
+/// Events per second through one node on `factory`'s queues: every stream
+/// subscribed, the producers enqueueing, until every event is delivered.
+pub(super) async fn run_node(shape: Shape, factory: Arc<dyn QueueAdapterFactory>) -> anyhow::Result<f64> {
+    let adapter = factory.create_adapter().await?;
     let node = Node::builder(NodeId::new("bench"), factory).config(Config::default()).start().await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while node.running_agents().await? < shape.queues as usize {

@@ -1,0 +1,117 @@
+//! One stream entry per batch: the stream and its events as JSON in the
+//! field `b`: `{"s":{"namespace":…,"key":…},"e":[{"id":…,"ts":…,"p":…}]}`.
+//! A payload that is not UTF-8 is carried as `"b64"` instead of `"p"`.
+
+use std::borrow::Cow;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
+
+#[derive(Serialize)]
+struct EntryOut<'a> {
+    s: &'a StreamId,
+    e: Vec<EventOut<'a>>,
+}
+
+#[derive(Serialize)]
+struct EventOut<'a> {
+    id: &'a str,
+    ts: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    p: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    b64: Option<String>,
+}
+
+/// Read back borrowing from the entry's bytes.
+#[derive(Deserialize)]
+struct EntryIn<'a> {
+    s: StreamId,
+    #[serde(borrow)]
+    e: Vec<EventIn<'a>>,
+}
+
+#[derive(Deserialize)]
+struct EventIn<'a> {
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+    ts: u64,
+    #[serde(borrow, default)]
+    p: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    b64: Option<Cow<'a, str>>,
+}
+
+/// The field `b` of the entry holding `events` of `stream`.
+pub(crate) fn encode_entry(stream: &StreamId, events: &[Event]) -> Vec<u8> {
+    let e = events
+        .iter()
+        .map(|event| match std::str::from_utf8(&event.payload) {
+            Ok(text) => EventOut { id: event.id.as_str(), ts: event.timestamp_ms, p: Some(text), b64: None },
+            Err(_) => EventOut {
+                id: event.id.as_str(),
+                ts: event.timestamp_ms,
+                p: None,
+                b64: Some(STANDARD.encode(&event.payload)),
+            },
+        })
+        .collect();
+    // Plain strings and numbers always serialise.
+    serde_json::to_vec(&EntryOut { s: stream, e }).unwrap_or_default()
+}
+
+/// Decodes the entry `id` whose field `b` is `body`. Payloads without
+/// escapes share `body`'s buffer.
+pub(crate) fn decode_entry(id: &str, body: Option<redis::Value>) -> Result<BatchContainer, String> {
+    let token: SequenceToken = id.parse().map_err(|e: crate::stream::ParseTokenError| e.to_string())?;
+    let body = match body {
+        Some(redis::Value::BulkString(bytes)) => Bytes::from(bytes),
+        Some(redis::Value::SimpleString(text)) => Bytes::from(text),
+        _ => return Err(format!("entry {id} has no field `b`")),
+    };
+    let entry: EntryIn = serde_json::from_slice(&body).map_err(|e| format!("entry {id}: {e}"))?;
+    let mut events = Vec::with_capacity(entry.e.len());
+    for event in entry.e {
+        let payload = match (event.p, event.b64) {
+            (Some(Cow::Borrowed(text)), None) => body.slice_ref(text.as_bytes()),
+            (Some(Cow::Owned(text)), None) => Bytes::from(text),
+            (None, Some(b64)) => STANDARD.decode(b64.as_bytes()).map_err(|e| format!("entry {id}: {e}"))?.into(),
+            _ => return Err(format!("entry {id}: an event needs exactly one of `p` and `b64`")),
+        };
+        events.push(Event { id: EventId::new(event.id.as_ref()), timestamp_ms: event.ts, payload });
+    }
+    if events.is_empty() {
+        return Err(format!("entry {id} has no event"));
+    }
+    Ok(BatchContainer { stream: entry.s, token, events })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_text_binary_and_escapes() {
+        let stream = StreamId::new("logs", "p/run-1");
+        let events = vec![
+            Event { id: EventId::new("a"), timestamp_ms: 1, payload: Bytes::from_static(b"plain") },
+            Event { id: EventId::new("b"), timestamp_ms: 2, payload: Bytes::from_static(b"with \"quotes\"\n") },
+            Event { id: EventId::new("c"), timestamp_ms: 3, payload: Bytes::from_static(&[0xff, 0x00]) },
+        ];
+        let body = encode_entry(&stream, &events);
+        let back = decode_entry("5-1", Some(redis::Value::BulkString(body))).unwrap();
+        assert_eq!((back.stream, back.token, back.events), (stream, SequenceToken::new(5, 1), events));
+    }
+
+    #[test]
+    fn bad_entries_are_errors() {
+        assert!(decode_entry("5-1", None).unwrap_err().contains("no field `b`"));
+        let empty = br#"{"s":{"namespace":"a","key":"b"},"e":[]}"#.to_vec();
+        assert!(decode_entry("5-1", Some(redis::Value::BulkString(empty))).unwrap_err().contains("no event"));
+        assert!(decode_entry("x", None).is_err());
+    }
+}
