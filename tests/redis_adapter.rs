@@ -184,3 +184,58 @@ async fn a_redis_restart_mid_run_loses_nothing() {
     );
     node.node.shutdown().await.unwrap();
 }
+
+/// A read whose reply is lost with the connection still moved the entries
+/// into this consumer's pending list on the server. The receiver reads its
+/// pending entries again after such an error, so they are not stranded.
+#[tokio::test]
+async fn entries_handed_out_in_a_lost_reply_are_read_again() {
+    let server = RedisServer::start();
+    let f = factory(&server, "n1").await;
+    let s = stream("t", "lost-reply");
+    let queue = f.queue_mapper().queue_for(&s);
+    let adapter = f.adapter();
+    let mut receiver = adapter.create_receiver(queue).await.unwrap();
+    receiver.initialize(Duration::from_secs(5)).await.unwrap();
+    assert!(receiver.read(10).await.unwrap().is_empty());
+    adapter.enqueue(&s, events("e", 0..1)).await.unwrap();
+    // The server hands the entry to consumer n1 but n1 never sees the reply.
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("tailrace")
+        .arg("n1")
+        .arg("STREAMS")
+        .arg(adapter.key(queue))
+        .arg(">")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // The receiver's connection drops.
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut errors = 0;
+    for _ in 0..50 {
+        match receiver.read(10).await {
+            Ok(batch) => got.extend(batch.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string()))),
+            Err(error) => {
+                assert!(error.is_transient(), "{error}");
+                errors += 1;
+            }
+        }
+        if !got.is_empty() {
+            break;
+        }
+    }
+    assert!(errors > 0, "the dropped connection showed as an error");
+    assert_eq!(got, ["e0"]);
+}

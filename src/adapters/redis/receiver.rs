@@ -30,6 +30,8 @@ pub(crate) struct RedisReceiver {
     consumer: String,
     checkpointer: Arc<RedisCheckpointer>,
     phase: Phase,
+    /// The id of the last entry handed to the agent.
+    last_read: Option<String>,
     last_trim: Instant,
     shut_down: bool,
 }
@@ -51,6 +53,7 @@ impl RedisReceiver {
             consumer,
             checkpointer,
             phase: Phase::Pending("0".into()),
+            last_read: None,
             last_trim: Instant::now(),
             shut_down: false,
         }
@@ -132,12 +135,13 @@ impl QueueReceiver for RedisReceiver {
             match entries.last() {
                 Some(last) => {
                     self.phase = Phase::Pending(last.id.clone());
+                    self.last_read = Some(last.id.clone());
                     return Ok(self.containers(entries));
                 }
                 None => self.phase = Phase::New,
             }
         }
-        let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+        let reply: Result<Option<StreamReadReply>, redis::RedisError> = redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg(&self.options.group)
             .arg(&self.consumer)
@@ -149,9 +153,21 @@ impl QueueReceiver for RedisReceiver {
             .arg(&self.key)
             .arg(">")
             .query_async(&mut self.conn)
-            .await
-            .map_err(|e| backend(&e, "reading"))?;
+            .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(error) => {
+                // The server may have handed us entries (they are in our
+                // pending list now) whose reply was lost with the
+                // connection: read our pending entries again first.
+                self.phase = Phase::Pending(self.last_read.clone().unwrap_or_else(|| "0".into()));
+                return Err(backend(&error, "reading"));
+            }
+        };
         let entries: Vec<_> = reply.map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect()).unwrap_or_default();
+        if let Some(last) = entries.last() {
+            self.last_read = Some(last.id.clone());
+        }
         if entries.is_empty() {
             self.trim().await;
         }
