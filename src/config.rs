@@ -17,7 +17,7 @@ use crate::manager::ManagerOptions;
 use crate::pubsub::PubSubOptions;
 
 /// A whole node configuration.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// This node.
@@ -40,6 +40,10 @@ pub struct Config {
     pub balancer: BalancerKind,
     /// Delivery failures.
     pub failure: FailureSection,
+    /// The HTTP edge and its log stream.
+    pub edge: crate::edge::EdgeOptions,
+    /// Where run logs are archived.
+    pub archive: crate::archive::ArchiveOptions,
 }
 
 /// `[node]`
@@ -151,6 +155,7 @@ impl Config {
                 crate::balancer::MIN_VIRTUAL_NODES
             )));
         }
+        self.edge.log_stream.check().map_err(invalid)?;
         if self.node.name.is_empty() {
             return Err(invalid("node.name must not be empty".into()));
         }

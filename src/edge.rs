@@ -1,18 +1,37 @@
-//! The HTTP edge of a node. Today it serves `GET /metrics` (Prometheus text
-//! format) and `GET /healthz`; the log path (SSE tails, ingest, the viewer
-//! page) and the admin API grow here.
+//! The HTTP edge of a node: `GET /metrics` (Prometheus text format),
+//! `GET /healthz`, and the log path: ingest, the SSE live tail (one tailer
+//! per watched run, shared by its viewers), the paginated and download
+//! endpoints, listings and the viewer page at `/`. `docs/sse.md` is the
+//! protocol.
+
+mod auth;
+mod frames;
+mod ingest;
+mod pages;
+pub mod settings;
+mod sse;
+mod tailer;
+mod viewer;
 
 use std::net::SocketAddr;
-use std::sync::OnceLock;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::header;
-use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::response::{Html, IntoResponse};
+use axum::routing::{get, post, put};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
+
+pub use auth::check_listen;
+pub use frames::{BYTES_MESSAGE, DURATION_MESSAGE, EndReason, IDLE_MESSAGE, TOO_MANY_RUNS, TOO_MANY_VIEWERS};
+pub use settings::{AuthOptions, EdgeOptions, LogStreamSettings, Scope, TokenEntry};
+
+use crate::archive::RunLogStore;
+use crate::node::Node;
 
 /// The edge could not start.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +82,71 @@ pub fn router(metrics: PrometheusHandle) -> Router {
 async fn render_metrics(State(metrics): State<PrometheusHandle>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics.render())
 }
+
+/// The log path of one node: its tailers, its SSE connections, and what
+/// they read from.
+pub struct LogEdge {
+    node: Arc<Node>,
+    store: Arc<dyn RunLogStore>,
+    options: EdgeOptions,
+    settings: Arc<LogStreamSettings>,
+    runs: Arc<tailer::Runs>,
+    registry: Arc<viewer::Registry>,
+    /// Generated event ids: `{id_prefix}-{n}`.
+    id_prefix: String,
+    next_id: AtomicU64,
+    stop: CancellationToken,
+}
+
+impl LogEdge {
+    /// The log path on `node`, reading and writing runs in `store`. Its
+    /// heartbeats stop with `stop`.
+    pub fn new(
+        node: Arc<Node>,
+        store: Arc<dyn RunLogStore>,
+        options: EdgeOptions,
+        stop: CancellationToken,
+    ) -> Arc<Self> {
+        let settings = Arc::new(options.log_stream.clone());
+        let registry = viewer::Registry::new(settings.max_active_connections, settings.max_pending_bytes_per_client);
+        registry
+            .spawn_heartbeats(settings::secs(settings.heartbeat_seconds).max(Duration::from_millis(1)), stop.clone());
+        let runs = tailer::Runs::new(node.clone(), store.clone(), settings.clone());
+        let id_prefix = format!("{}-{:08x}", node.id(), rand::random::<u32>());
+        Arc::new(Self { node, store, options, settings, runs, registry, id_prefix, next_id: AtomicU64::new(1), stop })
+    }
+
+    /// Runs tailed now (each holds one subscription, however many viewers).
+    pub fn active_runs(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// SSE connections open now.
+    pub fn active_connections(&self) -> usize {
+        self.registry.len()
+    }
+
+    /// The routes of the log path, behind bearer-token auth, and the viewer
+    /// page at `/`.
+    pub fn router(self: &Arc<Self>) -> Router {
+        let auth = auth::Auth::new(&self.options.auth);
+        let api = Router::new()
+            .route("/api/v1/logs/{fqn}/runs/{run}/lines", post(ingest::post_lines))
+            .route("/api/v1/logs/{fqn}/runs/{run}/status", put(ingest::put_status))
+            .route("/api/v1/logs/pipelines", get(pages::pipelines))
+            .route("/api/v1/logs/{fqn}/runs", get(pages::runs))
+            .route("/api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run}", get(sse::stream))
+            .route("/api/v1/services/ingestionPipelines/logs/{fqn}/last", get(pages::last))
+            .route("/api/v1/services/ingestionPipelines/logs/{fqn}/last/download", get(pages::download))
+            .layer(DefaultBodyLimit::max(self.options.max_body_bytes))
+            .layer(axum::middleware::from_fn_with_state(auth, auth::require))
+            .with_state(self.clone());
+        api.route("/", get(|| async { Html(VIEWER_PAGE) }))
+    }
+}
+
+/// The viewer page (no build step: it is part of the binary).
+const VIEWER_PAGE: &str = include_str!("edge/viewer.html");
 
 /// Binds `addr` and serves `router` until `shutdown` fires. Returns the
 /// bound address (useful with port 0) and the server task.

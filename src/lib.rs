@@ -15,6 +15,7 @@
 
 pub mod adapters;
 pub mod agent;
+pub mod archive;
 pub mod balancer;
 pub mod cache;
 pub mod checkpoint;

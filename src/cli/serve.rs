@@ -7,9 +7,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use tailrace::archive::{Archiver, LOGS_NAMESPACE};
 use tailrace::cluster::NodeId;
 use tailrace::config::Config;
+use tailrace::edge::LogEdge;
 use tailrace::node::Node;
+use tailrace::pubsub::ImplicitSubscriptions;
 use tokio_util::sync::CancellationToken;
 
 /// Options of `tailrace serve`.
@@ -32,22 +35,34 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => Config::default(),
     };
     config.adapters.file.dir = args.data_dir.join("queues");
+    config.archive.dir = args.data_dir.join("runs");
+    tailrace::edge::check_listen(args.listen, &config.edge.auth).map_err(anyhow::Error::msg)?;
+    let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
     let backend = tailrace::adapters::build(&config).await.context("opening the queues")?;
     let adapter = backend.factory.create_adapter().await?;
-    let mut builder = Node::builder(NodeId::new(config.node.name.clone()), backend.factory).config(config.clone());
-    if let Some(store) = backend.store {
-        builder = builder.store(store);
+    let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, Archiver::new(store.clone()));
+    let mut builder =
+        Node::builder(NodeId::new(config.node.name.clone()), backend.factory).config(config.clone()).implicit(implicit);
+    if let Some(pubsub) = backend.store {
+        builder = builder.store(pubsub);
     }
     let node = Arc::new(builder.start().await?);
     let stop = CancellationToken::new();
     let metrics = tailrace::edge::install_metrics()?;
-    let (bound, server) = tailrace::edge::serve(args.listen, tailrace::edge::router(metrics), stop.clone()).await?;
+    let logs = LogEdge::new(node.clone(), store, config.edge.clone(), stop.clone());
+    let router = tailrace::edge::router(metrics).merge(logs.router());
+    let (bound, server) = tailrace::edge::serve(args.listen, router, stop.clone()).await?;
     println!(
-        "tailrace serve: node {} on {} queues ({} adapter), edge on http://{bound}",
+        "tailrace serve: node {} on {} queues ({} adapter), run logs in {} ({} store)",
         node.id(),
         config.queues.count,
-        config.queues.adapter
+        config.queues.adapter,
+        config.archive.dir.display(),
+        config.archive.store
     );
+    println!("  viewer:  http://{bound}/");
+    println!("  ingest:  curl -X POST --data-binary @build.log http://{bound}/api/v1/logs/<pipeline>/runs/<run>/lines");
+    println!("  follow:  curl -N http://{bound}/api/v1/services/ingestionPipelines/logs/<pipeline>/stream/<run>");
     tokio::signal::ctrl_c().await?;
     println!("stopping: handing every queue over");
     stop.cancel();

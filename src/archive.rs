@@ -1,0 +1,394 @@
+//! The log path's durable side: run keys, the **run log store** and the
+//! **archiver**.
+//!
+//! A pipeline run's log is the stream (`logs`, `{fqn}/{runId}`); one event
+//! per log line. The archiver is the implicit subscriber of the `logs`
+//! namespace: it appends each container's lines to the run log store, in
+//! order, exactly once (a container whose token the run already holds is
+//! skipped, so redeliveries are harmless), and answers its handshake with
+//! the last token stored. The store also keeps each run's status; the SSE
+//! edge reads it for catch-up, the paginated endpoints and the download.
+//!
+//! Stores: [`FileRunLogStore`] (embedded, the default) and
+//! [`RedisRunLogStore`] (every node of a cluster reads every run).
+
+mod file_store;
+mod redis_store;
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+pub use file_store::FileRunLogStore;
+pub use redis_store::RedisRunLogStore;
+
+use crate::pubsub::{
+    ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionInfo,
+};
+use crate::stream::{SequenceToken, StreamId};
+
+/// `[archive]`: where the archiver keeps run logs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ArchiveOptions {
+    /// `file` (embedded, the default) or `redis` (every node reads every run).
+    pub store: String,
+    /// The file store's root (`tailrace demo|serve --data-dir D` set `D/runs`).
+    pub dir: std::path::PathBuf,
+    /// Sync each append to disk before the archiver acknowledges it.
+    pub fsync: bool,
+    /// The Redis store's server.
+    pub redis_url: String,
+    /// Prefix of the Redis store's keys.
+    pub redis_prefix: String,
+}
+
+impl Default for ArchiveOptions {
+    fn default() -> Self {
+        Self {
+            store: "file".into(),
+            dir: "data/runs".into(),
+            fsync: true,
+            redis_url: "redis://127.0.0.1:6379".into(),
+            redis_prefix: "tailrace".into(),
+        }
+    }
+}
+
+/// Opens the store `options.store` names.
+pub async fn open_store(options: &ArchiveOptions) -> Result<Arc<dyn RunLogStore>, StoreError> {
+    match options.store.as_str() {
+        "file" => Ok(Arc::new(FileRunLogStore::open(&options.dir, options.fsync)?)),
+        "redis" => Ok(Arc::new(RedisRunLogStore::connect(&options.redis_url, &options.redis_prefix).await?)),
+        other => Err(StoreError::Backend(format!("unknown archive store `{other}` (built in: file, redis)"))),
+    }
+}
+
+/// The namespace of run logs.
+pub const LOGS_NAMESPACE: &str = "logs";
+
+/// Longest pipeline name or run id, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+
+/// A pipeline run: (pipeline fully qualified name, run id).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunKey {
+    fqn: String,
+    run: String,
+}
+
+/// A pipeline name or run id that cannot name a run.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} `{value}`: {reason}")]
+pub struct InvalidName {
+    /// `pipeline fqn` or `run id`.
+    pub what: &'static str,
+    /// The value given (shortened).
+    pub value: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
+}
+
+fn check(what: &'static str, value: &str) -> Result<(), InvalidName> {
+    let invalid = |reason| InvalidName { what, value: value.chars().take(80).collect(), reason };
+    if value.is_empty() {
+        return Err(invalid("it is empty"));
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return Err(invalid("it is longer than 256 bytes"));
+    }
+    if value == "." || value == ".." {
+        return Err(invalid("`.` and `..` are not names"));
+    }
+    if value.contains('/') || value.contains('\\') {
+        return Err(invalid("it contains a slash"));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(invalid("it contains a control character"));
+    }
+    Ok(())
+}
+
+impl RunKey {
+    /// Validates both parts: 1–256 bytes, no slash, backslash or control
+    /// character, not `.` or `..`.
+    pub fn new(fqn: &str, run: &str) -> Result<Self, InvalidName> {
+        check("pipeline fqn", fqn)?;
+        check("run id", run)?;
+        Ok(Self { fqn: fqn.to_string(), run: run.to_string() })
+    }
+
+    /// The run of a `logs` stream, if its key is `{fqn}/{runId}`.
+    pub fn from_stream(stream: &StreamId) -> Result<Self, InvalidName> {
+        let not_a_run = |reason| InvalidName { what: "log stream", value: stream.to_string(), reason };
+        if stream.namespace() != LOGS_NAMESPACE {
+            return Err(not_a_run("its namespace is not `logs`"));
+        }
+        let (fqn, run) = stream.key().split_once('/').ok_or_else(|| not_a_run("its key is not `{fqn}/{runId}`"))?;
+        Self::new(fqn, run)
+    }
+
+    /// The pipeline.
+    pub fn fqn(&self) -> &str {
+        &self.fqn
+    }
+
+    /// The run id.
+    pub fn run(&self) -> &str {
+        &self.run
+    }
+
+    /// The run's stream: (`logs`, `{fqn}/{runId}`).
+    pub fn stream(&self) -> StreamId {
+        StreamId::new(LOGS_NAMESPACE, format!("{}/{}", self.fqn, self.run))
+    }
+}
+
+impl fmt::Display for RunKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.fqn, self.run)
+    }
+}
+
+/// A run's status, as OpenMetadata's pipeline states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RunState {
+    /// Waiting to start.
+    Queued,
+    /// Going.
+    Running,
+    /// Finished well.
+    Success,
+    /// Finished badly.
+    Failed,
+    /// Finished with some failures.
+    PartialSuccess,
+    /// Stopped by someone.
+    Stopped,
+}
+
+impl RunState {
+    /// Every state, in its wire spelling.
+    pub const ALL: [RunState; 6] = [
+        RunState::Queued,
+        RunState::Running,
+        RunState::Success,
+        RunState::Failed,
+        RunState::PartialSuccess,
+        RunState::Stopped,
+    ];
+
+    /// Whether the run is over (success, failed, partial success, stopped).
+    pub fn is_finished(self) -> bool {
+        matches!(self, RunState::Success | RunState::Failed | RunState::PartialSuccess | RunState::Stopped)
+    }
+
+    /// The wire spelling (`partialSuccess`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Queued => "queued",
+            RunState::Running => "running",
+            RunState::Success => "success",
+            RunState::Failed => "failed",
+            RunState::PartialSuccess => "partialSuccess",
+            RunState::Stopped => "stopped",
+        }
+    }
+
+    /// Parses a state, ignoring case (`SUCCESS`, `partialsuccess`, and
+    /// `partial_success` too).
+    pub fn parse(text: &str) -> Option<Self> {
+        let folded: String = text.chars().filter(|c| *c != '_').flat_map(char::to_lowercase).collect();
+        RunState::ALL.into_iter().find(|s| s.as_str().to_lowercase() == folded)
+    }
+}
+
+impl fmt::Display for RunState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the store knows of a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// Lines stored.
+    pub lines: u64,
+    /// Bytes of those lines (newlines included).
+    pub bytes: u64,
+    /// The last status reported, if any.
+    pub state: Option<RunState>,
+    /// The token of the last container stored.
+    pub last_token: Option<SequenceToken>,
+    /// When the run was first seen (ms since the Unix epoch).
+    pub created_ms: u64,
+}
+
+/// A run in a listing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RunSummary {
+    /// The run id.
+    pub run: String,
+    /// What the store knows of it.
+    pub info: RunInfo,
+}
+
+/// The store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A file could not be read or written.
+    #[error("run log store: {context}: {source}")]
+    Io {
+        /// What was being done, with the path.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Stored data could not be read back.
+    #[error("run log store: {0} is corrupt")]
+    Corrupt(String),
+    /// The backend (Redis) failed.
+    #[error("run log store: {0}")]
+    Backend(String),
+}
+
+/// Where run logs and statuses are kept. Lines are addressed by their
+/// zero-based offset in the run's log.
+#[async_trait]
+pub trait RunLogStore: Send + Sync + 'static {
+    /// Records that `run` exists (the pipeline and run become known).
+    async fn ensure_run(&self, run: &RunKey) -> Result<(), StoreError>;
+
+    /// Appends `lines` as the container `token` unless the run already
+    /// holds it or a later one (then nothing changes). Returns whether the
+    /// lines were appended. Atomic: after a crash either all the lines and
+    /// the token are stored or none.
+    async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError>;
+
+    /// Sets the run's status (creating the run if needed).
+    async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError>;
+
+    /// What the store knows of `run`; `None` if it was never seen.
+    async fn info(&self, run: &RunKey) -> Result<Option<RunInfo>, StoreError>;
+
+    /// Lines `[from, from + n)` with `n ≤ max_lines`, stopping early once
+    /// `max_bytes` were taken (always at least one line when there is one).
+    async fn read(
+        &self,
+        run: &RunKey,
+        from: u64,
+        max_lines: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// Whether any run of the pipeline `fqn` was ever seen.
+    async fn pipeline_exists(&self, fqn: &str) -> Result<bool, StoreError>;
+
+    /// Up to `limit` pipelines, sorted by name.
+    async fn pipelines(&self, limit: usize) -> Result<Vec<String>, StoreError>;
+
+    /// Up to `limit` runs of `fqn`, newest first.
+    async fn runs(&self, fqn: &str, limit: usize) -> Result<Vec<RunSummary>, StoreError>;
+}
+
+/// The log lines an event carries: its payload split at `\n` (a final
+/// newline ends the last line; a `\r` before a newline is dropped). The
+/// archiver and the SSE edge count offsets with this same function.
+pub fn lines_of(text: &str) -> impl Iterator<Item = &str> {
+    let text = text.strip_suffix('\n').unwrap_or(text);
+    text.split('\n').map(|line| line.strip_suffix('\r').unwrap_or(line))
+}
+
+/// The implicit subscriber of `logs`: binds it with
+/// `ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, Archiver::new(store))`.
+pub struct Archiver {
+    store: Arc<dyn RunLogStore>,
+}
+
+impl Archiver {
+    /// Archives into `store`.
+    pub fn new(store: Arc<dyn RunLogStore>) -> Arc<Self> {
+        Arc::new(Self { store })
+    }
+}
+
+impl ConsumerFactory for Archiver {
+    fn name(&self) -> &str {
+        "archiver"
+    }
+
+    fn create(&self, stream: &StreamId) -> Arc<dyn StreamConsumer> {
+        Arc::new(ArchiverConsumer { run: RunKey::from_stream(stream), store: self.store.clone() })
+    }
+}
+
+struct ArchiverConsumer {
+    run: Result<RunKey, InvalidName>,
+    store: Arc<dyn RunLogStore>,
+}
+
+impl ArchiverConsumer {
+    fn run(&self) -> Result<&RunKey, ConsumerError> {
+        self.run.as_ref().map_err(ConsumerError::failed)
+    }
+}
+
+#[async_trait]
+impl StreamConsumer for ArchiverConsumer {
+    /// Continue after the last container stored: nothing twice, nothing lost.
+    async fn handshake(&self, _: &SubscriptionInfo) -> Result<Option<StartPosition>, ConsumerError> {
+        let info = self.store.info(self.run()?).await.map_err(ConsumerError::failed)?;
+        Ok(info.and_then(|i| i.last_token).map(StartPosition::After))
+    }
+
+    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        let run = self.run()?;
+        for batch in &delivery.batches {
+            let texts: Vec<std::borrow::Cow<'_, str>> =
+                batch.events.iter().map(|e| String::from_utf8_lossy(&e.payload)).collect();
+            let lines: Vec<&str> = texts.iter().flat_map(|t| lines_of(t)).collect();
+            if self.store.append(run, batch.token, &lines).await.map_err(ConsumerError::failed)? {
+                metrics::counter!("tailrace_archive_lines_total").increment(lines.len() as u64);
+            }
+        }
+        Ok(DeliveryOutcome::Continue)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_keys_refuse_what_could_escape_the_store() {
+        assert!(RunKey::new("sample.etl_daily", "scheduled__2026-08-10T00:00:00").is_ok());
+        for (fqn, run) in [("", "r"), ("..", "r"), ("a", "."), ("a/b", "r"), ("a", "r\\x"), ("a", "r\n"), ("a", "")] {
+            assert!(RunKey::new(fqn, run).is_err(), "{fqn:?} {run:?}");
+        }
+        let long = "x".repeat(257);
+        assert!(RunKey::new(&long, "r").unwrap_err().to_string().contains("longer than 256 bytes"));
+    }
+
+    #[test]
+    fn a_run_is_its_stream() {
+        let key = RunKey::new("svc.pipe", "run-1").unwrap();
+        assert_eq!(key.stream(), StreamId::new("logs", "svc.pipe/run-1"));
+        assert_eq!(RunKey::from_stream(&key.stream()).unwrap(), key);
+        assert!(RunKey::from_stream(&StreamId::new("other", "a/b")).is_err());
+        assert!(RunKey::from_stream(&StreamId::new("logs", "no-slash")).is_err());
+    }
+
+    #[test]
+    fn states_parse_in_any_case() {
+        assert_eq!(RunState::parse("SUCCESS"), Some(RunState::Success));
+        assert_eq!(RunState::parse("partialSuccess"), Some(RunState::PartialSuccess));
+        assert_eq!(RunState::parse("PARTIAL_SUCCESS"), Some(RunState::PartialSuccess));
+        assert_eq!(RunState::parse("Queued"), Some(RunState::Queued));
+        assert_eq!(RunState::parse("done"), None);
+        assert!(RunState::Stopped.is_finished() && !RunState::Queued.is_finished());
+    }
+}

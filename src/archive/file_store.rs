@@ -1,0 +1,387 @@
+//! Run logs in a directory (embedded mode):
+//!
+//! ```text
+//! {root}/{fqn}/{runId}/log.txt     the lines, each ending in \n
+//! {root}/{fqn}/{runId}/log.idx     byte offset of every 1024th line (u64 LE)
+//! {root}/{fqn}/{runId}/meta.json   lines, bytes, last token, status (atomic replace)
+//! ```
+//!
+//! Names are percent-encoded (anything but `A-Za-z0-9._-`, and a leading
+//! `.`), so no name can leave the root. `meta.json` is the truth: an append
+//! writes the lines, then replaces the meta; bytes past the meta's length
+//! (a crash between the two) are cut off by the next append and never read.
+//! The index is rebuilt from the log whenever it is shorter than the meta
+//! says. Writes to one run are serialised by a striped lock held on the
+//! blocking pool, never across an `.await`.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::{RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError};
+use crate::stream::{SequenceToken, now_ms};
+
+/// Lines between two index entries.
+const INDEX_EVERY: u64 = 1024;
+/// Lock stripes (runs hash onto them).
+const STRIPES: usize = 64;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Meta {
+    fqn: String,
+    run: String,
+    #[serde(flatten)]
+    info: RunInfo,
+}
+
+/// See the module documentation.
+pub struct FileRunLogStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    root: PathBuf,
+    fsync: bool,
+    stripes: Vec<Mutex<()>>,
+}
+
+fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
+    let context = context.into();
+    move |source| StoreError::Io { context, source }
+}
+
+/// `A-Za-z0-9._-` kept, a leading `.` and everything else as `%XX`.
+fn encode(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for (i, byte) in name.bytes().enumerate() {
+        let keep = byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-' || (byte == b'.' && i > 0);
+        if keep {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+fn decode(name: &str) -> Option<String> {
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+impl FileRunLogStore {
+    /// A store under `root` (created if missing). With `fsync`, an append
+    /// is on disk before it returns (the archiver acks only then).
+    pub fn open(root: impl Into<PathBuf>, fsync: bool) -> Result<Self, StoreError> {
+        let root = root.into();
+        std::fs::create_dir_all(&root).map_err(io(format!("creating {}", root.display())))?;
+        let stripes = (0..STRIPES).map(|_| Mutex::new(())).collect();
+        Ok(Self { inner: Arc::new(Inner { root, fsync, stripes }) })
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Inner) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || work(&inner))
+            .await
+            .map_err(|e| StoreError::Backend(format!("a store task failed: {e}")))?
+    }
+}
+
+impl Inner {
+    fn dir(&self, run: &RunKey) -> PathBuf {
+        self.root.join(encode(run.fqn())).join(encode(run.run()))
+    }
+
+    fn lock(&self, run: &RunKey) -> std::sync::MutexGuard<'_, ()> {
+        let stripe = (run.stream().stable_hash() % STRIPES as u64) as usize;
+        // Guards no data: a panic elsewhere cannot leave anything torn.
+        self.stripes[stripe].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read_meta(&self, dir: &Path) -> Result<Option<Meta>, StoreError> {
+        let path = dir.join("meta.json");
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| StoreError::Corrupt(format!("{} ({e})", path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(format!("reading {}", path.display()))(e)),
+        }
+    }
+
+    fn write_meta(&self, dir: &Path, meta: &Meta) -> Result<(), StoreError> {
+        let (path, temp) = (dir.join("meta.json"), dir.join("meta.json.tmp"));
+        let json = serde_json::to_vec(meta).map_err(|e| StoreError::Backend(e.to_string()))?;
+        let mut file = File::create(&temp).map_err(io(format!("creating {}", temp.display())))?;
+        file.write_all(&json).map_err(io(format!("writing {}", temp.display())))?;
+        if self.fsync {
+            file.sync_data().map_err(io(format!("syncing {}", temp.display())))?;
+        }
+        std::fs::rename(&temp, &path).map_err(io(format!("renaming {}", temp.display())))?;
+        if self.fsync {
+            File::open(dir).and_then(|d| d.sync_all()).map_err(io(format!("syncing {}", dir.display())))?;
+        }
+        Ok(())
+    }
+
+    /// The run's meta, creating the run if it is new.
+    fn meta_or_new(&self, run: &RunKey, dir: &Path) -> Result<Meta, StoreError> {
+        if let Some(meta) = self.read_meta(dir)? {
+            return Ok(meta);
+        }
+        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        let meta = Meta {
+            fqn: run.fqn().to_string(),
+            run: run.run().to_string(),
+            info: RunInfo { created_ms: now_ms(), ..RunInfo::default() },
+        };
+        self.write_meta(dir, &meta)?;
+        Ok(meta)
+    }
+
+    fn append(&self, run: &RunKey, token: SequenceToken, lines: &[String]) -> Result<bool, StoreError> {
+        let _guard = self.lock(run);
+        let dir = self.dir(run);
+        let mut meta = self.meta_or_new(run, &dir)?;
+        if meta.info.last_token.is_some_and(|last| last >= token) {
+            return Ok(false);
+        }
+        let log_path = dir.join("log.txt");
+        let mut log = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(false)
+            .open(&log_path)
+            .map_err(io(format!("opening {}", log_path.display())))?;
+        // Bytes past the meta are a crashed append's: cut them off.
+        log.set_len(meta.info.bytes).map_err(io(format!("truncating {}", log_path.display())))?;
+        log.seek(SeekFrom::Start(meta.info.bytes)).map_err(io(format!("seeking {}", log_path.display())))?;
+        let mut buffer = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
+        let mut index = Vec::new();
+        for (i, line) in lines.iter().enumerate() {
+            if (meta.info.lines + i as u64).is_multiple_of(INDEX_EVERY) {
+                index.extend_from_slice(&(meta.info.bytes + buffer.len() as u64).to_le_bytes());
+            }
+            buffer.extend_from_slice(line.as_bytes());
+            buffer.push(b'\n');
+        }
+        log.write_all(&buffer).map_err(io(format!("appending to {}", log_path.display())))?;
+        if self.fsync {
+            log.sync_data().map_err(io(format!("syncing {}", log_path.display())))?;
+        }
+        if !index.is_empty() {
+            let idx_path = dir.join("log.idx");
+            let mut idx = OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(false)
+                .open(&idx_path)
+                .map_err(io(format!("opening {}", idx_path.display())))?;
+            let entries = meta.info.lines.div_ceil(INDEX_EVERY);
+            idx.set_len(entries * 8).map_err(io(format!("truncating {}", idx_path.display())))?;
+            idx.seek(SeekFrom::End(0))
+                .and_then(|_| idx.write_all(&index))
+                .map_err(io(format!("appending to {}", idx_path.display())))?;
+        }
+        meta.info.lines += lines.len() as u64;
+        meta.info.bytes += buffer.len() as u64;
+        meta.info.last_token = Some(token);
+        self.write_meta(&dir, &meta)?;
+        Ok(true)
+    }
+
+    /// The byte offset of line `entry * INDEX_EVERY`, rebuilding the index
+    /// when it is short (a crash before it was written).
+    fn index_entry(&self, run: &RunKey, dir: &Path, meta: &Meta, entry: u64) -> Result<u64, StoreError> {
+        let idx_path = dir.join("log.idx");
+        let needed = meta.info.lines.div_ceil(INDEX_EVERY);
+        let mut bytes = std::fs::read(&idx_path).unwrap_or_default();
+        if (bytes.len() as u64) < needed * 8 {
+            let _guard = self.lock(run);
+            bytes = self.rebuild_index(dir, meta)?;
+        }
+        let at = (entry * 8) as usize;
+        let raw: [u8; 8] = bytes
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| StoreError::Corrupt(idx_path.display().to_string()))?;
+        Ok(u64::from_le_bytes(raw))
+    }
+
+    fn rebuild_index(&self, dir: &Path, meta: &Meta) -> Result<Vec<u8>, StoreError> {
+        let log_path = dir.join("log.txt");
+        let file = File::open(&log_path).map_err(io(format!("opening {}", log_path.display())))?;
+        let mut reader = BufReader::new(file.take(meta.info.bytes));
+        let (mut index, mut offset, mut line, mut buf) = (Vec::new(), 0u64, 0u64, Vec::new());
+        while line < meta.info.lines {
+            if line.is_multiple_of(INDEX_EVERY) {
+                index.extend_from_slice(&offset.to_le_bytes());
+            }
+            buf.clear();
+            let n = reader.read_until(b'\n', &mut buf).map_err(io(format!("reading {}", log_path.display())))?;
+            if n == 0 {
+                return Err(StoreError::Corrupt(format!("{} is shorter than its meta", log_path.display())));
+            }
+            offset += n as u64;
+            line += 1;
+        }
+        let idx_path = dir.join("log.idx");
+        std::fs::write(&idx_path, &index).map_err(io(format!("writing {}", idx_path.display())))?;
+        Ok(index)
+    }
+
+    fn read(&self, run: &RunKey, from: u64, max_lines: usize, max_bytes: usize) -> Result<Vec<String>, StoreError> {
+        let dir = self.dir(run);
+        let Some(meta) = self.read_meta(&dir)? else { return Ok(Vec::new()) };
+        if from >= meta.info.lines || max_lines == 0 {
+            return Ok(Vec::new());
+        }
+        let start = self.index_entry(run, &dir, &meta, from / INDEX_EVERY)?;
+        let log_path = dir.join("log.txt");
+        let mut file = File::open(&log_path).map_err(io(format!("opening {}", log_path.display())))?;
+        file.seek(SeekFrom::Start(start)).map_err(io(format!("seeking {}", log_path.display())))?;
+        let mut reader = BufReader::new(file.take(meta.info.bytes.saturating_sub(start)));
+        let (mut line, mut taken, mut out, mut buf) =
+            ((from / INDEX_EVERY) * INDEX_EVERY, 0usize, Vec::new(), Vec::new());
+        while line < meta.info.lines && out.len() < max_lines {
+            buf.clear();
+            let n = reader.read_until(b'\n', &mut buf).map_err(io(format!("reading {}", log_path.display())))?;
+            if n == 0 {
+                break;
+            }
+            if line >= from {
+                if !out.is_empty() && taken + n > max_bytes {
+                    break;
+                }
+                taken += n;
+                let text = buf.strip_suffix(b"\n").unwrap_or(&buf);
+                out.push(String::from_utf8_lossy(text).into_owned());
+            }
+            line += 1;
+        }
+        Ok(out)
+    }
+
+    fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {
+        let _guard = self.lock(run);
+        let dir = self.dir(run);
+        let mut meta = self.meta_or_new(run, &dir)?;
+        if meta.info.state != Some(state) {
+            meta.info.state = Some(state);
+            self.write_meta(&dir, &meta)?;
+        }
+        Ok(())
+    }
+
+    fn runs(&self, fqn: &str, limit: usize) -> Result<Vec<RunSummary>, StoreError> {
+        let dir = self.root.join(encode(fqn));
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(format!("listing {}", dir.display()))(e)),
+        };
+        let mut runs = Vec::new();
+        for entry in entries.flatten() {
+            if let Some(meta) = self.read_meta(&entry.path())? {
+                runs.push(RunSummary { run: meta.run, info: meta.info });
+            }
+        }
+        runs.sort_by(|a, b| b.info.created_ms.cmp(&a.info.created_ms).then_with(|| b.run.cmp(&a.run)));
+        runs.truncate(limit);
+        Ok(runs)
+    }
+
+    fn pipelines(&self, limit: usize) -> Result<Vec<String>, StoreError> {
+        let entries = std::fs::read_dir(&self.root).map_err(io(format!("listing {}", self.root.display())))?;
+        let mut names: Vec<String> =
+            entries.flatten().filter_map(|e| e.file_name().to_str().and_then(decode)).collect();
+        names.sort();
+        names.truncate(limit);
+        Ok(names)
+    }
+}
+
+#[async_trait]
+impl RunLogStore for FileRunLogStore {
+    async fn ensure_run(&self, run: &RunKey) -> Result<(), StoreError> {
+        let run = run.clone();
+        self.blocking(move |inner| {
+            let _guard = inner.lock(&run);
+            inner.meta_or_new(&run, &inner.dir(&run)).map(|_| ())
+        })
+        .await
+    }
+
+    async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError> {
+        let (run, lines) = (run.clone(), lines.iter().map(|l| l.to_string()).collect::<Vec<_>>());
+        self.blocking(move |inner| inner.append(&run, token, &lines)).await
+    }
+
+    async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {
+        let run = run.clone();
+        self.blocking(move |inner| inner.set_state(&run, state)).await
+    }
+
+    async fn info(&self, run: &RunKey) -> Result<Option<RunInfo>, StoreError> {
+        let run = run.clone();
+        self.blocking(move |inner| Ok(inner.read_meta(&inner.dir(&run))?.map(|m| m.info))).await
+    }
+
+    async fn read(
+        &self,
+        run: &RunKey,
+        from: u64,
+        max_lines: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let run = run.clone();
+        self.blocking(move |inner| inner.read(&run, from, max_lines, max_bytes)).await
+    }
+
+    async fn pipeline_exists(&self, fqn: &str) -> Result<bool, StoreError> {
+        let dir = self.inner.root.join(encode(fqn));
+        self.blocking(move |_| Ok(dir.is_dir())).await
+    }
+
+    async fn pipelines(&self, limit: usize) -> Result<Vec<String>, StoreError> {
+        self.blocking(move |inner| inner.pipelines(limit)).await
+    }
+
+    async fn runs(&self, fqn: &str, limit: usize) -> Result<Vec<RunSummary>, StoreError> {
+        let fqn = fqn.to_string();
+        self.blocking(move |inner| inner.runs(&fqn, limit)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_encoded_reversibly_and_never_escape() {
+        for name in ["svc.pipe", ".hidden", "..", "a b/c", "scheduled__2026-08-10T00:00:00", "例"] {
+            let encoded = encode(name);
+            assert!(!encoded.starts_with('.') && !encoded.contains('/'), "{encoded}");
+            assert_eq!(decode(&encoded).as_deref(), Some(name));
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! Run logs in Redis (cluster mode: every node reads every run).
+//!
+//! ```text
+//! {prefix}:pipelines                 set of pipeline names
+//! {prefix}:runs:{n}:{fqn}            sorted set of run ids by creation time
+//! {prefix}:run:{n}:{fqn}:{runId}     hash: lines, bytes, state, token, created
+//! {prefix}:log:{n}:{fqn}:{runId}     list of lines
+//! ```
+//!
+//! (`{n}` is the length of the fqn, so no two runs share a key.) An append
+//! is one Lua script: it compares the container's token with the stored
+//! one, pushes the lines and updates the counters together, so a
+//! redelivered container changes nothing and a crash leaves all or none.
+
+use async_trait::async_trait;
+use redis::aio::ConnectionManager;
+
+use super::{RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError};
+use crate::stream::{SequenceToken, now_ms};
+
+/// KEYS: run hash, log list, runs zset, pipelines set.
+/// ARGV: fqn, run, created, token major, token minor, bytes, lines...
+const APPEND: &str = r"
+if redis.call('HSETNX', KEYS[1], 'created', ARGV[3]) == 1 then
+  redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
+  redis.call('SADD', KEYS[4], ARGV[1])
+end
+local major = tonumber(redis.call('HGET', KEYS[1], 'major') or '-1')
+local minor = tonumber(redis.call('HGET', KEYS[1], 'minor') or '-1')
+local m, n = tonumber(ARGV[4]), tonumber(ARGV[5])
+if major > m or (major == m and minor >= n) then
+  return 0
+end
+for i = 7, #ARGV do
+  redis.call('RPUSH', KEYS[2], ARGV[i])
+end
+redis.call('HINCRBY', KEYS[1], 'lines', #ARGV - 6)
+redis.call('HINCRBY', KEYS[1], 'bytes', ARGV[6])
+redis.call('HSET', KEYS[1], 'major', ARGV[4], 'minor', ARGV[5])
+return 1";
+
+/// KEYS: run hash, runs zset, pipelines set. ARGV: fqn, run, created, state?
+const ENSURE: &str = r"
+if redis.call('HSETNX', KEYS[1], 'created', ARGV[3]) == 1 then
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+  redis.call('SADD', KEYS[3], ARGV[1])
+end
+if ARGV[4] then
+  redis.call('HSET', KEYS[1], 'state', ARGV[4])
+end
+return 1";
+
+/// See the module documentation.
+pub struct RedisRunLogStore {
+    conn: ConnectionManager,
+    prefix: String,
+    append: redis::Script,
+    ensure: redis::Script,
+}
+
+fn backend(e: redis::RedisError) -> StoreError {
+    StoreError::Backend(format!("redis: {e}"))
+}
+
+impl RedisRunLogStore {
+    /// Over an existing connection; every key starts with `prefix`.
+    pub fn new(conn: ConnectionManager, prefix: &str) -> Self {
+        Self {
+            conn,
+            prefix: prefix.to_string(),
+            append: redis::Script::new(APPEND),
+            ensure: redis::Script::new(ENSURE),
+        }
+    }
+
+    /// Connects to `url`.
+    pub async fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(|e| StoreError::Backend(format!("redis url `{url}`: {e}")))?;
+        Ok(Self::new(client.get_connection_manager().await.map_err(backend)?, prefix))
+    }
+
+    fn run_key(&self, run: &RunKey) -> String {
+        format!("{}:run:{}:{}:{}", self.prefix, run.fqn().len(), run.fqn(), run.run())
+    }
+
+    fn log_key(&self, run: &RunKey) -> String {
+        format!("{}:log:{}:{}:{}", self.prefix, run.fqn().len(), run.fqn(), run.run())
+    }
+
+    fn runs_key(&self, fqn: &str) -> String {
+        format!("{}:runs:{}:{fqn}", self.prefix, fqn.len())
+    }
+
+    fn pipelines_key(&self) -> String {
+        format!("{}:pipelines", self.prefix)
+    }
+
+    async fn ensure(&self, run: &RunKey, state: Option<RunState>) -> Result<(), StoreError> {
+        let mut invocation = self.ensure.key(self.run_key(run));
+        invocation.key(self.runs_key(run.fqn())).key(self.pipelines_key());
+        invocation.arg(run.fqn()).arg(run.run()).arg(now_ms());
+        if let Some(state) = state {
+            invocation.arg(state.as_str());
+        }
+        invocation.invoke_async::<i64>(&mut self.conn.clone()).await.map_err(backend).map(|_| ())
+    }
+}
+
+fn parse_info(run: &RunKey, fields: std::collections::HashMap<String, String>) -> Result<Option<RunInfo>, StoreError> {
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let number = |name: &str| -> Result<Option<u64>, StoreError> {
+        fields
+            .get(name)
+            .map(|v| v.parse::<u64>().map_err(|_| StoreError::Corrupt(format!("field `{name}` of run {run}"))))
+            .transpose()
+    };
+    let last_token = match (number("major")?, number("minor")?) {
+        (Some(major), Some(minor)) => Some(SequenceToken::new(major, minor)),
+        _ => None,
+    };
+    Ok(Some(RunInfo {
+        lines: number("lines")?.unwrap_or(0),
+        bytes: number("bytes")?.unwrap_or(0),
+        state: fields.get("state").and_then(|s| RunState::parse(s)),
+        last_token,
+        created_ms: number("created")?.unwrap_or(0),
+    }))
+}
+
+#[async_trait]
+impl RunLogStore for RedisRunLogStore {
+    async fn ensure_run(&self, run: &RunKey) -> Result<(), StoreError> {
+        self.ensure(run, None).await
+    }
+
+    async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError> {
+        if lines.is_empty() {
+            return Ok(false);
+        }
+        let bytes: usize = lines.iter().map(|l| l.len() + 1).sum();
+        let mut invocation = self.append.key(self.run_key(run));
+        invocation.key(self.log_key(run)).key(self.runs_key(run.fqn())).key(self.pipelines_key());
+        invocation.arg(run.fqn()).arg(run.run()).arg(now_ms()).arg(token.major).arg(token.minor).arg(bytes);
+        for line in lines {
+            invocation.arg(*line);
+        }
+        let appended: i64 = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
+        Ok(appended == 1)
+    }
+
+    async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {
+        self.ensure(run, Some(state)).await
+    }
+
+    async fn info(&self, run: &RunKey) -> Result<Option<RunInfo>, StoreError> {
+        let fields: std::collections::HashMap<String, String> =
+            redis::cmd("HGETALL").arg(self.run_key(run)).query_async(&mut self.conn.clone()).await.map_err(backend)?;
+        parse_info(run, fields)
+    }
+
+    async fn read(
+        &self,
+        run: &RunKey,
+        from: u64,
+        max_lines: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        if max_lines == 0 {
+            return Ok(Vec::new());
+        }
+        let lines: Vec<String> = redis::cmd("LRANGE")
+            .arg(self.log_key(run))
+            .arg(from)
+            .arg(from + max_lines as u64 - 1)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(backend)?;
+        let mut taken = 0;
+        let mut out = Vec::with_capacity(lines.len());
+        for line in lines {
+            if !out.is_empty() && taken + line.len() + 1 > max_bytes {
+                break;
+            }
+            taken += line.len() + 1;
+            out.push(line);
+        }
+        Ok(out)
+    }
+
+    async fn pipeline_exists(&self, fqn: &str) -> Result<bool, StoreError> {
+        redis::cmd("SISMEMBER")
+            .arg(self.pipelines_key())
+            .arg(fqn)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(backend)
+    }
+
+    async fn pipelines(&self, limit: usize) -> Result<Vec<String>, StoreError> {
+        let mut names: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.pipelines_key())
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(backend)?;
+        names.sort();
+        names.truncate(limit);
+        Ok(names)
+    }
+
+    async fn runs(&self, fqn: &str, limit: usize) -> Result<Vec<RunSummary>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<String> = redis::cmd("ZREVRANGE")
+            .arg(self.runs_key(fqn))
+            .arg(0)
+            .arg(limit - 1)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(backend)?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let Ok(run) = RunKey::new(fqn, &id) else { continue };
+            if let Some(info) = self.info(&run).await? {
+                out.push(RunSummary { run: id, info });
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,154 @@
+//! Ingest: `POST /api/v1/logs/{fqn}/runs/{runId}/lines` and
+//! `PUT /api/v1/logs/{fqn}/runs/{runId}/status`.
+//!
+//! A request's lines become one batch (one container): it is accepted
+//! whole or refused whole, and answered `202 {"accepted": n}` once the
+//! queue adapter has it durably. `text/plain`: one line per line.
+//! `application/x-ndjson`: one JSON object per line, `{"line": "…"}` or
+//! `{"line": "…", "id": "…"}` (the producer's event id, kept end to end).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::LogEdge;
+use crate::archive::{RunKey, RunState, lines_of};
+use crate::queue::QueueError;
+use crate::stream::{Event, EventId, now_ms};
+
+/// A clear 4xx/5xx, answered with a JSON body `{"code": …, "message": …}`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({ "code": self.status.as_u16(), "message": self.message }))).into_response()
+    }
+}
+
+pub(crate) fn problem(status: StatusCode, message: impl Into<String>) -> ApiError {
+    ApiError { status, message: message.into() }
+}
+
+pub(crate) fn run_key(fqn: &str, run: &str) -> Result<RunKey, ApiError> {
+    RunKey::new(fqn, run).map_err(|e| problem(StatusCode::BAD_REQUEST, e.to_string()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NdLine {
+    line: String,
+    #[serde(default)]
+    id: Option<String>,
+}
+
+/// The body's lines with their optional producer ids.
+fn parse_lines(headers: &HeaderMap, body: &[u8], max: usize) -> Result<Vec<(String, Option<String>)>, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| problem(StatusCode::BAD_REQUEST, format!("the body is not UTF-8: {e}")))?;
+    let ndjson = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/x-ndjson"));
+    let mut out = Vec::new();
+    if ndjson {
+        for (n, raw) in text.lines().enumerate() {
+            if raw.trim().is_empty() {
+                continue;
+            }
+            let parsed: NdLine = serde_json::from_str(raw).map_err(|e| {
+                problem(StatusCode::BAD_REQUEST, format!("line {}: expected {{\"line\": …, \"id\"?: …}}: {e}", n + 1))
+            })?;
+            if parsed.id.as_ref().is_some_and(|id| id.is_empty() || id.len() > 256) {
+                return Err(problem(StatusCode::BAD_REQUEST, format!("line {}: an id must be 1 to 256 bytes", n + 1)));
+            }
+            for line in lines_of(&parsed.line) {
+                out.push((line.to_string(), parsed.id.clone()));
+            }
+        }
+    } else if !text.is_empty() {
+        out.extend(lines_of(text).map(|l| (l.to_string(), None)));
+    }
+    if out.is_empty() {
+        return Err(problem(StatusCode::BAD_REQUEST, "no lines in the body"));
+    }
+    if out.len() > max {
+        return Err(problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("{} lines in one request; at most {max} (setting edge.max_lines_per_request)", out.len()),
+        ));
+    }
+    Ok(out)
+}
+
+pub(crate) async fn post_lines(
+    State(edge): State<Arc<LogEdge>>,
+    Path((fqn, run)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let key = run_key(&fqn, &run)?;
+    let lines = parse_lines(&headers, &body, edge.options.max_lines_per_request)?;
+    let now = now_ms();
+    let events: Vec<Event> = lines
+        .into_iter()
+        .map(|(line, id)| {
+            let id = match id {
+                Some(id) => EventId::new(id),
+                None => EventId::new(format!("{}-{}", edge.id_prefix, edge.next_id.fetch_add(1, Ordering::Relaxed))),
+            };
+            Event { id, timestamp_ms: now, payload: Bytes::from(line) }
+        })
+        .collect();
+    let count = events.len();
+    edge.store.ensure_run(&key).await.map_err(|e| problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    Err(match edge.node.produce(&key.stream(), events).await {
+        Ok(_) => {
+            metrics::counter!("tailrace_edge_ingested_lines_total").increment(count as u64);
+            return Ok((StatusCode::ACCEPTED, Json(json!({ "accepted": count }))).into_response());
+        }
+        Err(error @ QueueError::BatchTooLarge { .. }) => {
+            problem(StatusCode::PAYLOAD_TOO_LARGE, format!("{error}; nothing was accepted"))
+        }
+        Err(error @ (QueueError::Refused { .. } | QueueError::Full { .. })) => {
+            problem(StatusCode::SERVICE_UNAVAILABLE, format!("{error}; nothing was accepted, retry later"))
+        }
+        Err(error) if error.is_transient() => {
+            problem(StatusCode::SERVICE_UNAVAILABLE, format!("{error}; nothing was accepted, retry later"))
+        }
+        Err(error) => problem(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}; nothing was accepted")),
+    })
+}
+
+#[derive(Deserialize)]
+struct StatusBody {
+    #[serde(alias = "pipelineState")]
+    state: String,
+}
+
+pub(crate) async fn put_status(
+    State(edge): State<Arc<LogEdge>>,
+    Path((fqn, run)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let key = run_key(&fqn, &run)?;
+    let parsed: StatusBody = serde_json::from_slice(&body)
+        .map_err(|e| problem(StatusCode::BAD_REQUEST, format!("expected {{\"state\": …}}: {e}")))?;
+    let Some(state) = RunState::parse(&parsed.state) else {
+        let known: Vec<&str> = RunState::ALL.iter().map(|s| s.as_str()).collect();
+        let message = format!("unknown state `{}` (one of {})", parsed.state, known.join(", "));
+        return Err(problem(StatusCode::BAD_REQUEST, message));
+    };
+    edge.store.set_state(&key, state).await.map_err(|e| problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    Ok(Json(json!({ "runId": key.run(), "state": state })).into_response())
+}

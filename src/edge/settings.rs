@@ -1,0 +1,159 @@
+//! The edge's settings: `[edge]`, `[edge.auth]` and `[edge.log_stream]`
+//! (OpenMetadata's `LogStreamSettings`, in snake_case, with its defaults).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// `[edge]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EdgeOptions {
+    /// Largest ingest request body, in bytes (larger: 413).
+    pub max_body_bytes: usize,
+    /// Most lines one ingest request may carry (more: 413).
+    pub max_lines_per_request: usize,
+    /// Most lines one page of `…/last` returns (`limit` is capped to it).
+    pub max_page_lines: usize,
+    /// Most pipelines or runs a listing returns.
+    pub max_listing: usize,
+    /// Bearer tokens.
+    pub auth: AuthOptions,
+    /// The SSE log stream.
+    pub log_stream: LogStreamSettings,
+}
+
+impl Default for EdgeOptions {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 4 * 1024 * 1024,
+            max_lines_per_request: 10_000,
+            max_page_lines: 10_000,
+            max_listing: 200,
+            auth: AuthOptions::default(),
+            log_stream: LogStreamSettings::default(),
+        }
+    }
+}
+
+/// What a token may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// Stream, page and download logs; list pipelines and runs.
+    Read,
+    /// Ingest lines and set run states.
+    Write,
+}
+
+/// One bearer token.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEntry {
+    /// The secret sent as `Authorization: Bearer <token>`.
+    pub token: String,
+    /// What it may do.
+    pub scopes: Vec<Scope>,
+}
+
+/// `[edge.auth]`: with no token, the API is open and the edge refuses to
+/// listen anywhere but loopback.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthOptions {
+    /// Accepted tokens (`[[edge.auth.tokens]]`).
+    pub tokens: Vec<TokenEntry>,
+}
+
+/// `[edge.log_stream]`. Durations are in seconds and may be fractional.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogStreamSettings {
+    /// How often each run's tailer checks its end conditions (new lines are
+    /// pushed, not polled).
+    pub poll_seconds: f64,
+    /// Lines per store read when a viewer catches up.
+    pub lines_per_read: usize,
+    /// Store reads per viewer and tick while catching up.
+    pub max_reads_per_tick: usize,
+    /// Bytes of content per viewer and tick while catching up.
+    pub max_bytes_per_tick: usize,
+    /// Content a tailer publishes before it ends with `maxBytes`.
+    pub max_stream_bytes: u64,
+    /// Tailer lifetime before it ends with `maxDuration`.
+    pub max_stream_seconds: f64,
+    /// Quiet time before a tailer ends with `idleTimeout`.
+    pub max_idle_seconds: f64,
+    /// Quiet time after a run finished before `runFinished`.
+    pub finish_grace_seconds: f64,
+    /// Quiet time for a run with no status before `runFinished`.
+    pub unknown_run_grace_seconds: f64,
+    /// Least time between two lookups of a run's status.
+    pub run_probe_seconds: f64,
+    /// Content kept in memory per run for viewers who join or resume.
+    pub max_replay_bytes: usize,
+    /// Bytes of frames a viewer may have waiting before it is dropped.
+    pub max_pending_bytes_per_client: usize,
+    /// Runs tailed at once on this node.
+    pub max_active_runs: usize,
+    /// SSE connections at once on this node.
+    pub max_active_connections: usize,
+    /// Interval of the `: heartbeat` comment.
+    pub heartbeat_seconds: f64,
+}
+
+impl Default for LogStreamSettings {
+    fn default() -> Self {
+        Self {
+            poll_seconds: 2.0,
+            lines_per_read: 1000,
+            max_reads_per_tick: 20,
+            max_bytes_per_tick: 1_048_576,
+            max_stream_bytes: 33_554_432,
+            max_stream_seconds: 3600.0,
+            max_idle_seconds: 300.0,
+            finish_grace_seconds: 10.0,
+            unknown_run_grace_seconds: 60.0,
+            run_probe_seconds: 10.0,
+            max_replay_bytes: 262_144,
+            max_pending_bytes_per_client: 4_194_304,
+            max_active_runs: 200,
+            max_active_connections: 500,
+            heartbeat_seconds: 25.0,
+        }
+    }
+}
+
+/// Seconds from the config as a duration (negative or NaN: zero).
+pub(crate) fn secs(value: f64) -> Duration {
+    Duration::try_from_secs_f64(value).unwrap_or(Duration::ZERO)
+}
+
+impl LogStreamSettings {
+    /// Problems with these settings, if any.
+    pub fn check(&self) -> Result<(), String> {
+        let positive = [
+            ("poll_seconds", self.poll_seconds),
+            ("heartbeat_seconds", self.heartbeat_seconds),
+            ("max_stream_seconds", self.max_stream_seconds),
+            ("max_idle_seconds", self.max_idle_seconds),
+        ];
+        for (name, value) in positive {
+            if !(value > 0.0 && value.is_finite()) {
+                return Err(format!("edge.log_stream.{name} must be a positive number of seconds (got {value})"));
+            }
+        }
+        let counts = [
+            ("lines_per_read", self.lines_per_read),
+            ("max_reads_per_tick", self.max_reads_per_tick),
+            ("max_active_runs", self.max_active_runs),
+            ("max_active_connections", self.max_active_connections),
+        ];
+        for (name, value) in counts {
+            if value == 0 {
+                return Err(format!("edge.log_stream.{name} must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,284 @@
+//! A node with its log path over real HTTP on loopback: memory queues, a
+//! run log store in a temporary directory (optionally wrapped to fail or
+//! count), the archiver, and an SSE client that reads raw frames.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use serde_json::Value;
+use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
+use tailrace::archive::{
+    Archiver, FileRunLogStore, LOGS_NAMESPACE, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError,
+};
+use tailrace::cluster::NodeId;
+use tailrace::config::Config;
+use tailrace::edge::{EdgeOptions, LogEdge, LogStreamSettings};
+use tailrace::node::Node;
+use tailrace::pubsub::ImplicitSubscriptions;
+use tailrace::stream::SequenceToken;
+use tokio_util::sync::CancellationToken;
+
+/// Short limits for tests (seconds may be fractional).
+pub fn quick_settings() -> LogStreamSettings {
+    LogStreamSettings {
+        poll_seconds: 0.05,
+        finish_grace_seconds: 0.3,
+        unknown_run_grace_seconds: 1.0,
+        run_probe_seconds: 0.1,
+        max_idle_seconds: 30.0,
+        heartbeat_seconds: 30.0,
+        ..LogStreamSettings::default()
+    }
+}
+
+/// Wraps the file store: counts status lookups and reads, and fails the
+/// next `fail_info` lookups / `fail_reads` reads.
+pub struct ProbeStore {
+    inner: FileRunLogStore,
+    pub infos: AtomicUsize,
+    pub reads: AtomicUsize,
+    pub fail_info: AtomicUsize,
+    pub fail_reads: AtomicUsize,
+}
+
+fn take(counter: &AtomicUsize) -> bool {
+    counter.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+}
+
+#[async_trait]
+impl RunLogStore for ProbeStore {
+    async fn ensure_run(&self, run: &RunKey) -> Result<(), StoreError> {
+        self.inner.ensure_run(run).await
+    }
+    async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError> {
+        self.inner.append(run, token, lines).await
+    }
+    async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {
+        self.inner.set_state(run, state).await
+    }
+    async fn info(&self, run: &RunKey) -> Result<Option<RunInfo>, StoreError> {
+        self.infos.fetch_add(1, Ordering::SeqCst);
+        if take(&self.fail_info) {
+            return Err(StoreError::Backend("injected lookup failure".into()));
+        }
+        self.inner.info(run).await
+    }
+    async fn read(&self, run: &RunKey, from: u64, lines: usize, bytes: usize) -> Result<Vec<String>, StoreError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        if take(&self.fail_reads) {
+            return Err(StoreError::Backend("injected read failure".into()));
+        }
+        self.inner.read(run, from, lines, bytes).await
+    }
+    async fn pipeline_exists(&self, fqn: &str) -> Result<bool, StoreError> {
+        self.inner.pipeline_exists(fqn).await
+    }
+    async fn pipelines(&self, limit: usize) -> Result<Vec<String>, StoreError> {
+        self.inner.pipelines(limit).await
+    }
+    async fn runs(&self, fqn: &str, limit: usize) -> Result<Vec<RunSummary>, StoreError> {
+        self.inner.runs(fqn, limit).await
+    }
+}
+
+pub struct LogServer {
+    pub base: String,
+    pub edge: Arc<LogEdge>,
+    pub node: Arc<Node>,
+    pub store: Arc<ProbeStore>,
+    pub client: reqwest::Client,
+    stop: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl LogServer {
+    pub async fn start(settings: LogStreamSettings) -> Self {
+        Self::start_with(EdgeOptions { log_stream: settings, ..EdgeOptions::default() }, super::quick_config()).await
+    }
+
+    pub async fn start_with(options: EdgeOptions, config: Config) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(ProbeStore {
+            inner: FileRunLogStore::open(dir.path().join("runs"), false).unwrap(),
+            infos: AtomicUsize::new(0),
+            reads: AtomicUsize::new(0),
+            fail_info: AtomicUsize::new(0),
+            fail_reads: AtomicUsize::new(0),
+        });
+        let factory = Arc::new(MemoryAdapterFactory::new(2, MemoryOptions::default()));
+        let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, Archiver::new(store.clone()));
+        let node = Arc::new(
+            Node::builder(NodeId::new("edge"), factory).config(config).implicit(implicit).start().await.unwrap(),
+        );
+        let stop = CancellationToken::new();
+        let edge = LogEdge::new(node.clone(), store.clone(), options, stop.clone());
+        let (bound, _server) =
+            tailrace::edge::serve("127.0.0.1:0".parse().unwrap(), edge.router(), stop.clone()).await.unwrap();
+        Self { base: format!("http://{bound}"), edge, node, store, client: reqwest::Client::new(), stop, _dir: dir }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn stream_url(&self, fqn: &str, run: &str, after: Option<&str>) -> String {
+        let mut url = self.url(&format!("/api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run}"));
+        if let Some(after) = after {
+            url.push_str(&format!("?after={after}"));
+        }
+        url
+    }
+
+    /// Posts `body` as text/plain lines; panics unless 202.
+    pub async fn lines(&self, fqn: &str, run: &str, body: &str) {
+        let response = self.post(fqn, run, body).await;
+        assert_eq!(response.status(), 202, "{:?}", response.text().await);
+    }
+
+    pub async fn post(&self, fqn: &str, run: &str, body: &str) -> reqwest::Response {
+        self.client
+            .post(self.url(&format!("/api/v1/logs/{fqn}/runs/{run}/lines")))
+            .header("content-type", "text/plain")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn state(&self, fqn: &str, run: &str, state: &str) {
+        let response = self
+            .client
+            .put(self.url(&format!("/api/v1/logs/{fqn}/runs/{run}/status")))
+            .json(&serde_json::json!({ "state": state }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    }
+
+    /// Waits until the store holds `lines` lines of the run.
+    pub async fn archived(&self, fqn: &str, run: &str, lines: u64) {
+        let key = RunKey::new(fqn, run).unwrap();
+        let store = self.store.clone();
+        for _ in 0..1_000 {
+            if store.inner.info(&key).await.unwrap().is_some_and(|i| i.lines >= lines) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("{fqn}/{run} never reached {lines} archived lines");
+    }
+
+    pub async fn open(&self, fqn: &str, run: &str, after: Option<&str>) -> Sse {
+        Sse::open(&self.client, &self.stream_url(fqn, run, after)).await
+    }
+}
+
+impl Drop for LogServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// An SSE response read frame by frame (raw, so the exact bytes can be
+/// checked).
+pub struct Sse {
+    pub status: u16,
+    pub content_type: String,
+    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    buffer: Vec<u8>,
+    ended: bool,
+}
+
+/// How long a test waits for the next frame.
+pub const FRAME_WAIT: Duration = Duration::from_secs(10);
+
+impl Sse {
+    pub async fn open(client: &reqwest::Client, url: &str) -> Self {
+        let response = client.get(url).send().await.unwrap();
+        let status = response.status().as_u16();
+        let content_type =
+            response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        Self { status, content_type, body: Box::pin(response.bytes_stream()), buffer: Vec::new(), ended: false }
+    }
+
+    /// The next raw frame (without its blank line), `None` at the end of
+    /// the stream; panics after `wait`.
+    pub async fn frame_within(&mut self, wait: Duration) -> Option<String> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(at) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+                let frame: Vec<u8> = self.buffer.drain(..at + 2).collect();
+                return Some(String::from_utf8(frame[..at].to_vec()).unwrap());
+            }
+            if self.ended {
+                assert!(
+                    self.buffer.is_empty(),
+                    "a partial frame at the end: {:?}",
+                    String::from_utf8_lossy(&self.buffer)
+                );
+                return None;
+            }
+            match tokio::time::timeout_at(deadline, self.body.next()).await {
+                Ok(Some(Ok(chunk))) => self.buffer.extend_from_slice(&chunk),
+                Ok(Some(Err(_))) | Ok(None) => self.ended = true,
+                Err(_) => panic!("no frame within {wait:?}; buffered: {:?}", String::from_utf8_lossy(&self.buffer)),
+            }
+        }
+    }
+
+    /// The next event (heartbeats skipped), parsed.
+    pub async fn event(&mut self) -> Option<Value> {
+        loop {
+            let frame = self.frame_within(FRAME_WAIT).await?;
+            if frame.starts_with(':') {
+                continue;
+            }
+            let data = frame.strip_prefix("data: ").unwrap_or_else(|| panic!("not a data frame: {frame:?}"));
+            assert!(!data.contains('\n'), "one data line per frame: {frame:?}");
+            return Some(serde_json::from_str(data).unwrap());
+        }
+    }
+
+    /// Events until the stream ends.
+    pub async fn rest(&mut self) -> Vec<Value> {
+        let mut out = Vec::new();
+        while let Some(event) = self.event().await {
+            out.push(event);
+        }
+        out
+    }
+
+    /// Whether any frame (heartbeats included) arrives within `wait`.
+    pub async fn quiet_for(&mut self, wait: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + wait;
+        if self.buffer.windows(2).any(|w| w == b"\n\n") {
+            return false;
+        }
+        match tokio::time::timeout_at(deadline, self.body.next()).await {
+            Err(_) => true,
+            Ok(Some(Ok(chunk))) => {
+                self.buffer.extend_from_slice(&chunk);
+                false
+            }
+            Ok(_) => {
+                self.ended = true;
+                false
+            }
+        }
+    }
+}
+
+/// The `logs` text of a series of events, joined by newlines.
+pub fn text(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter(|e| e["eventType"] == "logs")
+        .map(|e| e["logs"].as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
+}

@@ -1,0 +1,135 @@
+//! The SSE edge's limits over real HTTP: run and connection caps with
+//! their exact texts, heartbeats, a stalled viewer dropped while others go
+//! on, slots freed at once, a persistent failure as an `error` event.
+
+mod common;
+
+use std::time::Duration;
+
+use common::logs::*;
+use tailrace::edge::{EdgeOptions, LogStreamSettings, TOO_MANY_RUNS, TOO_MANY_VIEWERS};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// 21: a run past `max_active_runs` is refused with one `error` frame and
+/// the exact text, then EOF; the run already tailed goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_past_the_cap_is_refused_not_queued() {
+    let server = LogServer::start(LogStreamSettings { max_active_runs: 1, ..quick_settings() }).await;
+    server.lines("svc.etl", "a", "in a").await;
+    server.lines("svc.etl", "b", "in b").await;
+    let mut a = server.open("svc.etl", "a", None).await;
+    assert_eq!(a.event().await.unwrap()["logs"], "in a");
+    let mut b = server.open("svc.etl", "b", None).await;
+    assert_eq!(b.status, 200);
+    let refused = b.rest().await;
+    assert_eq!(refused, [serde_json::json!({"eventType": "error", "runId": "b", "message": TOO_MANY_RUNS})]);
+    assert_eq!(server.edge.active_runs(), 1);
+    // Viewers of a run already tailed are still admitted.
+    let mut second = server.open("svc.etl", "a", None).await;
+    assert_eq!(second.event().await.unwrap()["logs"], "in a");
+}
+
+/// 22, A1: a viewer past `max_active_connections` gets the `error` as its
+/// last frame and no heartbeat; admitted viewers get heartbeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_past_the_connection_cap_is_refused() {
+    let settings = LogStreamSettings { max_active_connections: 2, heartbeat_seconds: 0.2, ..quick_settings() };
+    let server = LogServer::start(settings).await;
+    server.lines("svc.etl", "r-1", "x").await;
+    let mut one = server.open("svc.etl", "r-1", None).await;
+    let mut two = server.open("svc.etl", "r-1", None).await;
+    one.event().await.unwrap();
+    two.event().await.unwrap();
+    let mut three = server.open("svc.etl", "r-1", None).await;
+    let mut frames = Vec::new();
+    while let Some(frame) = three.frame_within(FRAME_WAIT).await {
+        frames.push(frame);
+    }
+    let expected = format!(r#"data: {{"eventType":"error","runId":"r-1","message":"{TOO_MANY_VIEWERS}"}}"#);
+    assert_eq!(frames.last(), Some(&expected));
+    assert!(frames.iter().all(|f| !f.starts_with(':')), "refused connections get no heartbeat");
+    assert_eq!(one.frame_within(FRAME_WAIT).await.as_deref(), Some(": heartbeat"));
+}
+
+/// A6: when a stream ends, its connection slot is free at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_are_freed_as_soon_as_a_stream_ends() {
+    let settings = LogStreamSettings { max_active_connections: 1, max_active_runs: 1, ..quick_settings() };
+    let server = LogServer::start(settings).await;
+    server.lines("svc.etl", "r-1", "x").await;
+    server.state("svc.etl", "r-1", "success").await;
+    for round in 0..3 {
+        let mut sse = server.open("svc.etl", "r-1", None).await;
+        let events = sse.rest().await;
+        assert_eq!(events.last().unwrap()["reason"], "runFinished", "round {round}: admitted, not refused");
+        drop(sse);
+    }
+}
+
+/// 44: a viewer that stops reading is dropped without `complete` once
+/// `max_pending_bytes_per_client` is waiting, while another viewer of the
+/// same run receives everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_viewer_is_dropped_while_another_keeps_streaming() {
+    let settings = LogStreamSettings { max_pending_bytes_per_client: 64 * 1024, ..quick_settings() };
+    let server = LogServer::start(settings).await;
+    server.lines("svc.etl", "r-1", "start").await;
+    let mut reader = server.open("svc.etl", "r-1", None).await;
+    reader.event().await.unwrap();
+    // The reading viewer reads all along, counting lines.
+    let (counts, mut counted) = tokio::sync::watch::channel(0usize);
+    let reading = tokio::spawn(async move {
+        let mut lines = 0;
+        while let Some(event) = reader.event().await {
+            assert_eq!(event["replay"], false);
+            lines += event["logs"].as_str().unwrap().lines().count();
+            counts.send_replace(lines);
+        }
+    });
+    // A client that sends its request and never reads, with a tiny window.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let address = server.base.trim_start_matches("http://").parse().unwrap();
+    let mut stalled = socket.connect(address).await.unwrap();
+    let request =
+        format!("GET /api/v1/services/ingestionPipelines/logs/svc.etl/stream/r-1 HTTP/1.1\r\nhost: {address}\r\n\r\n");
+    stalled.write_all(request.as_bytes()).await.unwrap();
+    assert!(common::eventually(Duration::from_secs(5), || server.edge.active_connections() == 2).await);
+    let line = "y".repeat(100);
+    let chunk: Vec<&str> = std::iter::repeat_n(line.as_str(), 100).collect();
+    let body = chunk.join("\n");
+    let mut sent = 0;
+    while server.edge.active_connections() > 1 {
+        assert!(sent < 4_000, "the stalled viewer was never dropped");
+        server.lines("svc.etl", "r-1", &body).await;
+        sent += 1;
+    }
+    // The reading viewer gets every chunk, in order.
+    let all = tokio::time::timeout(FRAME_WAIT, counted.wait_for(|n| *n >= sent * 100)).await;
+    assert_eq!(all.ok().and_then(|r| r.ok()).map(|n| *n), Some(sent * 100), "the other viewer kept streaming");
+    assert!(!reading.is_finished(), "and is still connected");
+    // The stalled one, read at last, ends without a terminal event.
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stalled.read_to_end(&mut raw)).await.unwrap().unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    assert!(!text.contains("\"eventType\":\"complete\"") && !text.contains("\"eventType\":\"error\""));
+}
+
+/// 11: a failure that does not go away (no agent will attach the tailer)
+/// ends the stream with an `error` event carrying the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_failure_ends_the_stream_with_an_error_event() {
+    let mut config = common::quick_config();
+    config.pubsub.attach_timeout = Duration::from_millis(300);
+    let options = EdgeOptions { log_stream: quick_settings(), ..EdgeOptions::default() };
+    let server = LogServer::start_with(options, config).await;
+    server.lines("svc.etl", "r-1", "x").await;
+    server.archived("svc.etl", "r-1", 1).await;
+    server.node.stop_agents().await.unwrap();
+    let mut sse = server.open("svc.etl", "r-1", None).await;
+    let events = sse.rest().await;
+    let last = events.last().unwrap();
+    assert_eq!(last["eventType"], "error");
+    assert!(last["message"].as_str().unwrap().contains("no pulling agent attached"), "{last}");
+    assert_eq!(server.edge.active_runs(), 0, "the run slot is released");
+}

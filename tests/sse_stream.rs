@@ -1,0 +1,368 @@
+//! The SSE live tail over real HTTP: what viewers of a run see, how they
+//! join, resume and end. Scenario numbers refer to OpenMetadata's tests
+//! (docs/sse.md lists which apply).
+
+mod common;
+
+use std::time::Duration;
+
+use common::logs::*;
+use serde_json::Value;
+use tailrace::edge::{IDLE_MESSAGE, LogStreamSettings};
+
+/// 1, 14: content produced while a viewer watches arrives in order, live,
+/// each event carrying the cursor just past it and the run id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_lines_arrive_live_in_order_with_their_cursor() {
+    let server = LogServer::start(quick_settings()).await;
+    server.lines("svc.etl", "r-1", "setup\n").await;
+    let mut sse = server.open("svc.etl", "r-1", None).await;
+    assert_eq!((sse.status, sse.content_type.as_str()), (200, "text/event-stream"));
+    let first = sse.event().await.unwrap();
+    assert_eq!(first["logs"], "setup");
+    server.lines("svc.etl", "r-1", "first line\n").await;
+    server.lines("svc.etl", "r-1", "second line\nthird line").await;
+    let (a, b) = (sse.event().await.unwrap(), sse.event().await.unwrap());
+    assert_eq!(
+        (a["logs"].as_str(), a["after"].as_str(), a["replay"].as_bool()),
+        (Some("first line"), Some("2"), Some(false))
+    );
+    assert_eq!((b["logs"].as_str(), b["after"].as_str()), (Some("second line\nthird line"), Some("4")));
+    assert!([&first, &a, &b].iter().all(|e| e["runId"] == "r-1" && e["eventType"] == "logs"));
+}
+
+/// 2, 20: viewers of one run share one subscription, and each sees the
+/// same content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_viewer_of_a_run_shares_one_reader() {
+    let server = LogServer::start(quick_settings()).await;
+    server.lines("svc.etl", "r-1", "hello").await;
+    let mut viewers = Vec::new();
+    for _ in 0..3 {
+        let mut sse = server.open("svc.etl", "r-1", None).await;
+        assert_eq!(sse.event().await.unwrap()["logs"], "hello");
+        viewers.push(sse);
+    }
+    assert_eq!(server.edge.active_runs(), 1);
+    let explicit = server.node.subscriptions(&tailrace::archive::RunKey::new("svc.etl", "r-1").unwrap().stream()).await;
+    assert_eq!(explicit.unwrap().iter().filter(|s| !s.id.is_implicit()).count(), 1, "one tailer subscription");
+    server.lines("svc.etl", "r-1", "shared output").await;
+    for sse in &mut viewers {
+        let event = sse.event().await.unwrap();
+        assert_eq!((event["logs"].as_str(), event["after"].as_str()), (Some("shared output"), Some("2")));
+    }
+}
+
+/// 3: a late joiner without a cursor gets the whole log first, all of it
+/// marked as replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_joiner_gets_the_log_so_far_as_replay() {
+    let server = LogServer::start(quick_settings()).await;
+    let mut first = server.open_after_lines("svc.etl", "r-1", &["a", "b", "c"]).await;
+    assert_eq!(
+        text(&[first.event().await.unwrap(), first.event().await.unwrap(), first.event().await.unwrap()]),
+        "a\nb\nc"
+    );
+    let mut late = server.open("svc.etl", "r-1", None).await;
+    let mut seen = Vec::new();
+    while text(&seen).lines().count() < 3 {
+        seen.push(late.event().await.unwrap());
+    }
+    assert_eq!(text(&seen), "a\nb\nc");
+    assert!(seen.iter().all(|e| e["replay"] == true));
+}
+
+/// 15, 16, exact resume: a viewer resuming with its cursor gets exactly
+/// what it missed; one already up to date gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuming_from_a_cursor_is_exact() {
+    let server = LogServer::start(quick_settings()).await;
+    let mut watcher = server.open_after_lines("svc.etl", "r-1", &["one"]).await;
+    let first = watcher.event().await.unwrap();
+    server.lines("svc.etl", "r-1", "two\nthree").await;
+    let second = watcher.event().await.unwrap();
+    // Disconnect after the first chunk; resume from its cursor.
+    let mut resumed = server.open("svc.etl", "r-1", first["after"].as_str()).await;
+    let missed = resumed.event().await.unwrap();
+    assert_eq!(
+        (missed["logs"].as_str(), missed["after"].as_str(), missed["replay"].as_bool()),
+        (Some("two\nthree"), Some("3"), Some(true))
+    );
+    // Up to date: nothing until the next line, which is live.
+    let mut current = server.open("svc.etl", "r-1", second["after"].as_str()).await;
+    assert!(current.quiet_for(Duration::from_millis(300)).await, "nothing to replay");
+    server.lines("svc.etl", "r-1", "four").await;
+    for sse in [&mut current, &mut resumed, &mut watcher] {
+        let next = sse.event().await.unwrap();
+        assert_eq!(
+            (next["logs"].as_str(), next["after"].as_str(), next["replay"].as_bool()),
+            (Some("four"), Some("4"), Some(false))
+        );
+    }
+}
+
+/// A cursor older than the in-memory replay still resumes exactly, from
+/// the run log store, in pages (A7: at most `lines_per_read` per frame).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_older_than_the_replay_buffer_resumes_exactly_from_the_store() {
+    let settings = LogStreamSettings { max_replay_bytes: 16, lines_per_read: 4, ..quick_settings() };
+    let server = LogServer::start(settings).await;
+    let mut watcher = server.open_after_lines("svc.etl", "r-1", &["line-0"]).await;
+    watcher.event().await.unwrap();
+    for i in 1..30 {
+        server.lines("svc.etl", "r-1", &format!("line-{i}")).await;
+    }
+    let mut live = Vec::new();
+    while live.len() < 29 {
+        live.push(watcher.event().await.unwrap());
+    }
+    server.archived("svc.etl", "r-1", 30).await;
+    let mut resumed = server.open("svc.etl", "r-1", Some("3")).await;
+    let mut seen = Vec::new();
+    while seen.last().is_none_or(|e: &Value| e["after"] != "30") {
+        seen.push(resumed.event().await.unwrap());
+    }
+    let expected: Vec<String> = (3..30).map(|i| format!("line-{i}")).collect();
+    assert_eq!(text(&seen), expected.join("\n"), "no gap, no duplicate");
+    assert!(seen.iter().all(|e| e["truncated"] == false && e["replay"] == true));
+    assert!(seen.iter().all(|e| e["logs"].as_str().unwrap().lines().count() <= 4), "pages of lines_per_read");
+    assert!(server.store.reads.load(std::sync::atomic::Ordering::SeqCst) >= 6, "served from the store");
+}
+
+/// 4, 17, 42, A3, A9: a cursor the server cannot place (garbage, another
+/// stream's, beyond the log) gets the truncation notice first, without a
+/// cursor, then the replay it holds; never a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unplaceable_cursor_gets_the_truncation_notice_then_the_replay() {
+    let settings = LogStreamSettings { max_replay_bytes: 8, ..quick_settings() };
+    let server = LogServer::start(settings).await;
+    let mut watcher = server.open_after_lines("svc.etl", "r-1", &["a"]).await;
+    watcher.event().await.unwrap();
+    server.lines("svc.etl", "r-1", "a very long line beyond the replay bytes").await;
+    watcher.event().await.unwrap();
+    for cursor in ["garbage", "0:17", "999"] {
+        let mut sse = server.open("svc.etl", "r-1", Some(cursor)).await;
+        assert_eq!(sse.status, 200);
+        let notice = sse.event().await.unwrap();
+        assert_eq!(
+            notice,
+            serde_json::json!({"eventType": "logs", "runId": "r-1", "logs": "", "replay": true, "truncated": true})
+        );
+        let replay = sse.event().await.unwrap();
+        assert_eq!(replay["logs"], "a very long line beyond the replay bytes", "the newest chunk is always kept");
+        assert_eq!((replay["after"].as_str(), replay["replay"].as_bool()), (Some("2"), Some(true)));
+    }
+}
+
+/// 5, 23, A3, A6: a finished run that went quiet ends with `runFinished`
+/// (no message, the last cursor), and frees its run slot at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_run_that_went_quiet_completes() {
+    for state in ["success", "FAILED", "partialSuccess", "stopped"] {
+        let server = LogServer::start(quick_settings()).await;
+        let mut sse = server.open_after_lines("svc.etl", "r-1", &["done soon"]).await;
+        sse.event().await.unwrap();
+        server.state("svc.etl", "r-1", state).await;
+        let rest = sse.rest().await;
+        assert_eq!(
+            rest,
+            [serde_json::json!({"eventType": "complete", "runId": "r-1", "after": "1", "reason": "runFinished"})],
+            "{state}"
+        );
+        assert_eq!(server.edge.active_runs(), 0);
+        assert!(common::eventually(Duration::from_secs(5), || server.edge.active_connections() == 0).await);
+    }
+}
+
+/// 6, 24: a running (or queued) run stays open while quiet, past every
+/// grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_run_stays_open_while_quiet() {
+    for state in ["running", "queued"] {
+        let server = LogServer::start(quick_settings()).await;
+        let mut sse = server.open_after_lines("svc.etl", "r-1", &["working"]).await;
+        sse.event().await.unwrap();
+        server.state("svc.etl", "r-1", state).await;
+        assert!(sse.quiet_for(Duration::from_millis(1_500)).await, "{state}: open past the unknown-run grace");
+        server.lines("svc.etl", "r-1", "still here").await;
+        assert_eq!(sse.event().await.unwrap()["logs"], "still here");
+    }
+}
+
+/// 7, A4: a run that never logs again ends with `idleTimeout` and the
+/// exact message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_run_ends_with_idle_timeout() {
+    let server = LogServer::start(LogStreamSettings { max_idle_seconds: 0.4, ..quick_settings() }).await;
+    let mut sse = server.open_after_lines("svc.etl", "r-1", &["x"]).await;
+    sse.event().await.unwrap();
+    server.state("svc.etl", "r-1", "running").await;
+    let end = sse.event().await.unwrap();
+    assert_eq!((end["eventType"].as_str(), end["reason"].as_str()), (Some("complete"), Some("idleTimeout")));
+    assert_eq!((end["message"].as_str(), end["after"].as_str()), (Some(IDLE_MESSAGE), Some("1")));
+    assert_eq!(sse.event().await, None);
+}
+
+/// 8: a chunk past `max_stream_bytes` is delivered, then `maxBytes`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tailer_past_its_byte_limit_completes_after_the_chunk() {
+    let server = LogServer::start(LogStreamSettings { max_stream_bytes: 32, ..quick_settings() }).await;
+    let mut sse = server.open_after_lines("svc.etl", "r-1", &["short"]).await;
+    sse.event().await.unwrap();
+    let big = "x".repeat(64);
+    server.lines("svc.etl", "r-1", &big).await;
+    assert_eq!(sse.event().await.unwrap()["logs"], big.as_str());
+    let end = sse.event().await.unwrap();
+    assert_eq!(
+        (end["reason"].as_str(), end["message"].as_str()),
+        (Some("maxBytes"), Some(tailrace::edge::BYTES_MESSAGE))
+    );
+}
+
+/// `maxDuration`: the tailer's age, inherited by late joiners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tailer_past_its_lifetime_completes() {
+    let server = LogServer::start(LogStreamSettings { max_stream_seconds: 0.5, ..quick_settings() }).await;
+    let mut sse = server.open_after_lines("svc.etl", "r-1", &["x"]).await;
+    server.state("svc.etl", "r-1", "running").await;
+    let events = sse.rest().await;
+    let end = events.last().unwrap();
+    assert_eq!(
+        (end["reason"].as_str(), end["message"].as_str()),
+        (Some("maxDuration"), Some(tailrace::edge::DURATION_MESSAGE))
+    );
+}
+
+/// 12, 25: a run with no status gets the longer grace, then `runFinished`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_without_status_gets_the_unknown_grace() {
+    let server = LogServer::start(quick_settings()).await;
+    let mut sse = server.open_after_lines("svc.etl", "r-1", &["x"]).await;
+    sse.event().await.unwrap();
+    assert!(sse.quiet_for(Duration::from_millis(600)).await, "past the finish grace, within the unknown one");
+    let end = sse.event().await.unwrap();
+    assert_eq!(end["reason"], "runFinished");
+}
+
+/// 28: the run under stream is not confused with a newer one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_running_run_does_not_keep_an_older_finished_one_open() {
+    let server = LogServer::start(quick_settings()).await;
+    server.lines("svc.etl", "r-new", "new").await;
+    server.state("svc.etl", "r-new", "running").await;
+    let mut sse = server.open_after_lines("svc.etl", "r-old", &["old"]).await;
+    server.state("svc.etl", "r-old", "success").await;
+    let events = sse.rest().await;
+    assert_eq!(events.last().unwrap()["reason"], "runFinished");
+}
+
+/// 13, 18: the status is looked up sparingly, and a failing lookup never
+/// ends a stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_lookups_are_sparing_and_failures_count_as_running() {
+    use std::sync::atomic::Ordering;
+    let settings = LogStreamSettings { run_probe_seconds: 0.3, unknown_run_grace_seconds: 1.0, ..quick_settings() };
+    let server = LogServer::start(settings).await;
+    let mut sse = server.open_after_lines("svc.etl", "r-1", &["x"]).await;
+    sse.event().await.unwrap();
+    server.store.fail_info.store(1_000, Ordering::SeqCst);
+    let before = server.store.infos.load(Ordering::SeqCst);
+    assert!(sse.quiet_for(Duration::from_millis(1_600)).await, "failed lookups count as running");
+    let probes = server.store.infos.load(Ordering::SeqCst) - before;
+    assert!((3..=7).contains(&probes), "about one lookup per 0.3 s over 1.6 s, not one per 50 ms poll: {probes}");
+    server.store.fail_info.store(0, Ordering::SeqCst);
+    assert_eq!(sse.event().await.unwrap()["reason"], "runFinished", "no status: the unknown grace applies");
+}
+
+/// 10: a store hiccup while a tailer starts does not end the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_hiccup_does_not_end_the_stream() {
+    let server = LogServer::start(quick_settings()).await;
+    server.lines("svc.etl", "r-1", "before").await;
+    server.archived("svc.etl", "r-1", 1).await;
+    server.store.fail_info.store(2, std::sync::atomic::Ordering::SeqCst);
+    server.store.fail_reads.store(2, std::sync::atomic::Ordering::SeqCst);
+    let mut sse = server.open("svc.etl", "r-1", None).await;
+    assert_eq!(sse.event().await.unwrap()["logs"], "before");
+    server.lines("svc.etl", "r-1", "after").await;
+    assert_eq!(sse.event().await.unwrap()["logs"], "after");
+}
+
+/// 9, A5: the last viewer leaving ends the subscription; the next viewer
+/// starts a fresh tailer from its own cursor, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_viewer_leaving_ends_the_subscription() {
+    let server = LogServer::start(quick_settings()).await;
+    let stream = tailrace::archive::RunKey::new("svc.etl", "r-1").unwrap().stream();
+    let mut sse = server.open_after_lines("svc.etl", "r-1", &["a"]).await;
+    sse.event().await.unwrap();
+    drop(sse);
+    assert!(common::eventually(Duration::from_secs(5), || server.edge.active_runs() == 0).await);
+    let explicit =
+        || async { server.node.subscriptions(&stream).await.unwrap().iter().filter(|s| !s.id.is_implicit()).count() };
+    for _ in 0..200 {
+        if explicit().await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(explicit().await, 0, "the tailer unsubscribed");
+    server.lines("svc.etl", "r-1", "b").await;
+    let mut again = server.open("svc.etl", "r-1", Some("1")).await;
+    let next = again.event().await.unwrap();
+    assert_eq!((next["logs"].as_str(), next["truncated"].as_bool()), (Some("b"), Some(false)));
+}
+
+/// 46, 49, A2, A10: every frame is one `data:` line of JSON naming its
+/// type and run, no `id:`; run ids need not be UUIDs; chunks have no
+/// trailing newline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_carry_type_and_run_and_nothing_else() {
+    let server = LogServer::start(quick_settings()).await;
+    let run = "scheduled__2026-08-10T00:00:00";
+    server.lines("svc.etl", run, "a\nb\n").await;
+    let mut sse =
+        Sse::open(&server.client, &server.stream_url("svc.etl", "scheduled__2026-08-10T00%3A00%3A00", None)).await;
+    assert_eq!(sse.status, 200);
+    let frame = sse.frame_within(FRAME_WAIT).await.unwrap();
+    assert!(frame.starts_with("data: {") && !frame.contains("\nid:") && !frame.starts_with("id:"), "{frame}");
+    let event: Value = serde_json::from_str(&frame["data: ".len()..]).unwrap();
+    assert_eq!((event["runId"].as_str(), event["logs"].as_str()), (Some(run), Some("a\nb")));
+}
+
+/// 50: an unknown pipeline is a plain 404, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_pipeline_is_404() {
+    let server = LogServer::start(quick_settings()).await;
+    let sse = server.open("non.existent.pipeline", "r-1", None).await;
+    assert_eq!(sse.status, 404);
+}
+
+/// 45, 47: the stream commits before any content exists and ends on its
+/// own; `?after=0` is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_commits_at_once_and_ends_on_its_own() {
+    let server = LogServer::start(quick_settings()).await;
+    server.state("svc.etl", "r-1", "success").await;
+    let mut sse = server.open("svc.etl", "r-1", Some("0")).await;
+    assert_eq!(sse.status, 200, "headers before any content");
+    let events = sse.rest().await;
+    assert_eq!(
+        events,
+        [serde_json::json!({"eventType": "complete", "runId": "r-1", "after": "0", "reason": "runFinished"})]
+    );
+}
+
+trait OpenAfter {
+    async fn open_after_lines(&self, fqn: &str, run: &str, lines: &[&str]) -> Sse;
+}
+
+impl OpenAfter for LogServer {
+    /// Posts `lines` (one request each), then opens a stream from the start.
+    async fn open_after_lines(&self, fqn: &str, run: &str, lines: &[&str]) -> Sse {
+        for line in lines {
+            self.lines(fqn, run, line).await;
+        }
+        self.open(fqn, run, None).await
+    }
+}
