@@ -173,6 +173,10 @@ impl LogServer {
         panic!("{fqn}/{run} never reached {lines} archived lines");
     }
 
+    pub async fn store_has_pipeline(&self, fqn: &str) -> bool {
+        self.store.inner.pipeline_exists(fqn).await.unwrap()
+    }
+
     pub async fn open(&self, fqn: &str, run: &str, after: Option<&str>) -> Sse {
         Sse::open(&self.client, &self.stream_url(fqn, run, after)).await
     }
@@ -199,7 +203,14 @@ pub const FRAME_WAIT: Duration = Duration::from_secs(10);
 
 impl Sse {
     pub async fn open(client: &reqwest::Client, url: &str) -> Self {
-        let response = client.get(url).send().await.unwrap();
+        Self::from(client.get(url).send().await.unwrap())
+    }
+
+    pub async fn open_with(client: &reqwest::Client, url: &str, token: &str) -> Self {
+        Self::from(client.get(url).bearer_auth(token).send().await.unwrap())
+    }
+
+    fn from(response: reqwest::Response) -> Self {
         let status = response.status().as_u16();
         let content_type =
             response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();

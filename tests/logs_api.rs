@@ -1,0 +1,246 @@
+//! The log path's request/response endpoints over real HTTP: ingest and
+//! its validation, run states, the paginated and download endpoints,
+//! listings, bearer-token auth, the viewer page.
+
+mod common;
+
+use common::logs::*;
+use serde_json::{Value, json};
+use tailrace::edge::{AuthOptions, EdgeOptions, Scope, TokenEntry};
+
+async fn body(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn last(server: &LogServer, query: &str) -> (u16, Value) {
+    let url = server.url(&format!("/api/v1/services/ingestionPipelines/logs/svc.etl/last?{query}"));
+    body(server.client.get(url).send().await.unwrap()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_lines_are_accepted_whole_and_archived_in_order() {
+    let server = LogServer::start(quick_settings()).await;
+    let response = server.post("svc.etl", "r-1", "one\r\ntwo\nthree\n").await;
+    assert_eq!(body(response).await, (202, json!({ "accepted": 3 })));
+    server.archived("svc.etl", "r-1", 3).await;
+    let (status, page) = last(&server, "runId=r-1").await;
+    assert_eq!((status, page), (200, json!({ "logs": "one\ntwo\nthree", "total": "3" })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ndjson_lines_keep_their_producer_ids() {
+    let server = LogServer::start(quick_settings()).await;
+    let payload = "{\"line\": \"a\", \"id\": \"evt-1\"}\n\n{\"line\": \"b\"}\n";
+    let response = server
+        .client
+        .post(server.url("/api/v1/logs/svc.etl/runs/r-1/lines"))
+        .header("content-type", "application/x-ndjson")
+        .body(payload)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(body(response).await, (202, json!({ "accepted": 2 })));
+    server.archived("svc.etl", "r-1", 2).await;
+    assert_eq!(last(&server, "runId=r-1").await.1["logs"], "a\nb");
+    let bad = server
+        .client
+        .post(server.url("/api/v1/logs/svc.etl/runs/r-1/lines"))
+        .header("content-type", "application/x-ndjson")
+        .body("{\"line\": \"c\"}\nnot json\n")
+        .send()
+        .await
+        .unwrap();
+    let (status, problem) = body(bad).await;
+    assert_eq!(status, 400);
+    assert!(problem["message"].as_str().unwrap().starts_with("line 2: "), "{problem}");
+    assert_eq!(last(&server, "runId=r-1").await.1["total"], "2", "a refused request enqueues nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_ingest_requests_get_clear_4xx_errors() {
+    let options = EdgeOptions {
+        max_body_bytes: 1024,
+        max_lines_per_request: 3,
+        log_stream: quick_settings(),
+        ..EdgeOptions::default()
+    };
+    let server = LogServer::start_with(options, common::quick_config()).await;
+    let cases: [(&str, Vec<u8>, u16, &str); 5] = [
+        ("/api/v1/logs/svc.etl/runs/r-1/lines", Vec::new(), 400, "no lines in the body"),
+        ("/api/v1/logs/svc.etl/runs/r-1/lines", vec![0xff, 0xfe], 400, "the body is not UTF-8"),
+        (
+            "/api/v1/logs/svc.etl/runs/r-1/lines",
+            b"1\n2\n3\n4".to_vec(),
+            413,
+            "at most 3 (setting edge.max_lines_per_request)",
+        ),
+        ("/api/v1/logs/a%2Fb/runs/r-1/lines", b"x".to_vec(), 400, "invalid pipeline fqn `a/b`: it contains a slash"),
+        ("/api/v1/logs/svc.etl/runs/r%0A1/lines", b"x".to_vec(), 400, "control character"),
+    ];
+    for (path, payload, status, text) in cases {
+        let response = server.client.post(server.url(path)).body(payload).send().await.unwrap();
+        let (got, problem) = body(response).await;
+        assert_eq!(got, status, "{path}: {problem}");
+        assert!(problem["message"].as_str().unwrap().contains(text), "{path}: {problem}");
+    }
+    // A client that does not normalise `..` (HTTP clients do) still cannot
+    // climb out of the store.
+    let raw = raw_post(&server.base, "/api/v1/logs/svc.etl/runs/%2E%2E/lines", "x").await;
+    assert!(raw.starts_with("HTTP/1.1 400") && raw.contains("invalid run id `..`"), "{raw}");
+    let huge = server.post("svc.etl", "r-1", &"x".repeat(2048)).await;
+    assert_eq!(huge.status(), 413, "body past edge.max_body_bytes");
+    assert!(!server.store_has_pipeline("a").await && !server.store_has_pipeline("svc.etl").await, "nothing stored");
+}
+
+async fn raw_post(base: &str, path: &str, body: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = base.trim_start_matches("http://");
+    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nhost: {address}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    socket.read_to_end(&mut response).await.unwrap();
+    String::from_utf8_lossy(&response).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_states_are_accepted_in_any_case_and_unknown_ones_refused() {
+    let server = LogServer::start(quick_settings()).await;
+    for state in ["queued", "RUNNING", "partialSuccess", "Success", "failed", "stopped"] {
+        server.state("svc.etl", "r-1", state).await;
+    }
+    let response = server
+        .client
+        .put(server.url("/api/v1/logs/svc.etl/runs/r-1/status"))
+        .json(&json!({ "state": "done" }))
+        .send()
+        .await
+        .unwrap();
+    let (status, problem) = body(response).await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        problem["message"],
+        "unknown state `done` (one of queued, running, success, failed, partialSuccess, stopped)"
+    );
+    let runs = body(server.client.get(server.url("/api/v1/logs/svc.etl/runs")).send().await.unwrap()).await.1;
+    assert_eq!(runs["runs"][0]["state"], "stopped");
+}
+
+/// 38-42: pages walk forward without repeating a line, pick up appended
+/// lines, resume from a previous cursor, and read garbage as the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_paginated_endpoint_walks_the_log() {
+    let server = LogServer::start(quick_settings()).await;
+    server.lines("svc.etl", "r-1", "one\ntwo\nthree\nfour\nfive").await;
+    server.archived("svc.etl", "r-1", 5).await;
+    let (_, first) = last(&server, "runId=r-1&limit=3").await;
+    assert_eq!(first, json!({ "logs": "one\ntwo\nthree", "after": "3", "total": "5" }));
+    let (_, second) = last(&server, "runId=r-1&limit=3&after=3").await;
+    assert_eq!(second, json!({ "logs": "four\nfive", "total": "5" }));
+    let (_, empty) = last(&server, "runId=r-1&after=5").await;
+    assert_eq!(empty, json!({ "logs": "", "total": "5" }));
+    server.lines("svc.etl", "r-1", "six").await;
+    server.archived("svc.etl", "r-1", 6).await;
+    assert_eq!(last(&server, "runId=r-1&after=5").await.1["logs"], "six");
+    assert_eq!(last(&server, "runId=r-1&after=not-a-number&limit=1").await.1["logs"], "one");
+    // Without runId: the newest run.
+    server.lines("svc.etl", "r-2", "newer").await;
+    server.archived("svc.etl", "r-2", 1).await;
+    assert_eq!(last(&server, "").await.1["logs"], "newer");
+    assert_eq!(last(&server, "runId=nope").await.0, 404);
+    let unknown = server.client.get(server.url("/api/v1/services/ingestionPipelines/logs/nope/last")).send().await;
+    assert_eq!(unknown.unwrap().status(), 404);
+}
+
+/// The download endpoint returns the whole log, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_download_is_the_whole_log_byte_for_byte() {
+    let options = EdgeOptions { max_page_lines: 7, log_stream: quick_settings(), ..EdgeOptions::default() };
+    let server = LogServer::start_with(options, common::quick_config()).await;
+    let mut expected = String::new();
+    for batch in 0..5 {
+        let lines: Vec<String> = (0..9).map(|i| format!("batch {batch} line {i} ✓ \"quoted\"")).collect();
+        server.lines("svc.etl", "r-1", &lines.join("\n")).await;
+        for line in lines {
+            expected.push_str(&line);
+            expected.push('\n');
+        }
+    }
+    server.archived("svc.etl", "r-1", 45).await;
+    let url = server.url("/api/v1/services/ingestionPipelines/logs/svc.etl/last/download?runId=r-1");
+    let response = server.client.get(url).send().await.unwrap();
+    assert_eq!(response.headers()["content-type"], "text/plain; charset=utf-8");
+    assert!(response.headers()["content-disposition"].to_str().unwrap().contains("svc.etl_r-1.log"));
+    assert_eq!(response.text().await.unwrap(), expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_name_pipelines_and_runs_newest_first() {
+    let server = LogServer::start(quick_settings()).await;
+    server.lines("b.pipe", "r-1", "x").await;
+    server.lines("a.pipe", "old", "x").await;
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    server.lines("a.pipe", "new", "x").await;
+    let pipelines = body(server.client.get(server.url("/api/v1/logs/pipelines")).send().await.unwrap()).await.1;
+    assert_eq!(pipelines, json!({ "pipelines": ["a.pipe", "b.pipe"] }));
+    let runs = body(server.client.get(server.url("/api/v1/logs/a.pipe/runs")).send().await.unwrap()).await.1;
+    let ids: Vec<&str> = runs["runs"].as_array().unwrap().iter().map(|r| r["runId"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["new", "old"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bearer_tokens_guard_reads_and_writes() {
+    let token = |t: &str, scopes: Vec<Scope>| TokenEntry { token: t.into(), scopes };
+    let auth = AuthOptions {
+        tokens: vec![
+            token("reader-token-0123456789", vec![Scope::Read]),
+            token("writer-token-0123456789", vec![Scope::Read, Scope::Write]),
+        ],
+    };
+    let options = EdgeOptions { auth, log_stream: quick_settings(), ..EdgeOptions::default() };
+    let server = LogServer::start_with(options, common::quick_config()).await;
+    let post = |token: Option<&'static str>| {
+        let mut request = server.client.post(server.url("/api/v1/logs/svc.etl/runs/r-1/lines")).body("x");
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+    let missing = post(None).await.unwrap();
+    assert_eq!((missing.status().as_u16(), missing.headers()["www-authenticate"].to_str().unwrap()), (401, "Bearer"));
+    assert_eq!(post(Some("wrong-token-0123456789")).await.unwrap().status(), 401);
+    let forbidden = post(Some("reader-token-0123456789")).await.unwrap();
+    assert_eq!(forbidden.status(), 403);
+    assert!(forbidden.text().await.unwrap().contains("lacks the `write` scope"));
+    assert_eq!(post(Some("writer-token-0123456789")).await.unwrap().status(), 202);
+    let stream = server.stream_url("svc.etl", "r-1", None);
+    assert_eq!(server.client.get(&stream).send().await.unwrap().status(), 401, "before the stream opens");
+    let mut sse = Sse::open_with(&server.client, &stream, "reader-token-0123456789").await;
+    assert_eq!(sse.status, 200);
+    assert_eq!(sse.event().await.unwrap()["logs"], "x");
+    // The page and the probes stay open.
+    assert_eq!(server.client.get(server.url("/")).send().await.unwrap().status(), 200);
+}
+
+#[test]
+fn without_tokens_the_edge_stays_on_loopback() {
+    let open = AuthOptions::default();
+    assert!(tailrace::edge::check_listen("127.0.0.1:8585".parse().unwrap(), &open).is_ok());
+    let refused = tailrace::edge::check_listen("0.0.0.0:8585".parse().unwrap(), &open).unwrap_err();
+    assert!(refused.contains("refusing to listen on 0.0.0.0:8585 without [edge.auth] tokens"), "{refused}");
+    let short = AuthOptions { tokens: vec![TokenEntry { token: "short".into(), scopes: vec![Scope::Read] }] };
+    assert!(tailrace::edge::check_listen("0.0.0.0:8585".parse().unwrap(), &short).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_viewer_page_is_served_by_the_binary() {
+    let server = LogServer::start(quick_settings()).await;
+    let page = server.client.get(server.url("/")).send().await.unwrap();
+    assert!(page.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+    let html = page.text().await.unwrap();
+    assert!(html.contains("id=\"log\"") && html.contains("/stream/"), "the page follows the SSE stream");
+}
