@@ -25,6 +25,10 @@ enum Command {
     /// One node on the embedded file adapter with its HTTP edge, until
     /// Ctrl-C.
     Serve(cli::serve::ServeArgs),
+    /// Send log lines from standard input to a run on a running edge.
+    Produce(cli::produce::ProduceArgs),
+    /// Follow a run's log from the terminal, resuming across disconnects.
+    Tail(cli::tail::TailArgs),
     /// The file handoff: recover a prefix after a writer crashed.
     Handoff {
         #[command(subcommand)]
@@ -67,6 +71,8 @@ fn main() -> anyhow::Result<()> {
         match args.command {
             Command::Demo(demo) => cli::demo::run(demo).await,
             Command::Serve(serve) => cli::serve::run(serve).await,
+            Command::Produce(args) => cli::produce::run(args).await,
+            Command::Tail(args) => cli::tail::run(args).await,
             Command::Handoff { command: HandoffCommand::Recover(args) } => cli::handoff::recover(args),
             Command::Bench { scenario, quick, redis_url } => cli::bench::run(&scenario, quick, &redis_url).await,
         }

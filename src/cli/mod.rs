@@ -3,4 +3,6 @@
 pub mod bench;
 pub mod demo;
 pub mod handoff;
+pub mod produce;
 pub mod serve;
+pub mod tail;

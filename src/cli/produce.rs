@@ -1,0 +1,161 @@
+//! `tailrace produce --fqn F --run R [--status S]`: reads log lines from
+//! standard input and posts them to a running edge, in batches sent at
+//! least every `--flush-ms` (so a pipeline's output shows up live), with
+//! retries on transient failures. At the end of input, sets `--status`.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tailrace::retry::Backoff;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// Options of `tailrace produce`.
+#[derive(clap::Args, Debug)]
+pub struct ProduceArgs {
+    /// The edge.
+    #[arg(long, default_value = "http://127.0.0.1:8585")]
+    url: String,
+    /// The pipeline's fully qualified name.
+    #[arg(long)]
+    fqn: String,
+    /// The run id.
+    #[arg(long)]
+    run: String,
+    /// The run's state to set at the end of input (queued, running,
+    /// success, failed, partialSuccess, stopped).
+    #[arg(long)]
+    status: Option<String>,
+    /// A bearer token with the `write` scope.
+    #[arg(long, env = "TAILRACE_TOKEN")]
+    token: Option<String>,
+    /// Most lines per request.
+    #[arg(long, default_value_t = 1000)]
+    batch_lines: usize,
+    /// Longest a read line waits before it is sent.
+    #[arg(long, default_value_t = 200)]
+    flush_ms: u64,
+    /// Attempts per request before giving up.
+    #[arg(long, default_value_t = 8)]
+    attempts: u32,
+}
+
+struct Poster {
+    client: reqwest::Client,
+    args: ProduceArgs,
+    sent: u64,
+}
+
+impl Poster {
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let url = format!(
+            "{}/api/v1/logs/{}/runs/{}/{path}",
+            self.args.url.trim_end_matches('/'),
+            enc(&self.args.fqn),
+            enc(&self.args.run)
+        );
+        let request = self.client.request(method, url);
+        match &self.args.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    /// Sends `lines` as one request; transient failures (connection, 503)
+    /// are retried with backoff, 4xx are not.
+    async fn send(&mut self, lines: &mut Vec<String>) -> anyhow::Result<()> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let body = lines.join("\n");
+        let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10), Duration::from_millis(200));
+        for attempt in 1..=self.args.attempts {
+            let outcome = self
+                .request(reqwest::Method::POST, "lines")
+                .header("content-type", "text/plain")
+                .body(body.clone())
+                .send()
+                .await;
+            match outcome {
+                Ok(response) if response.status().is_success() => {
+                    self.sent += lines.len() as u64;
+                    eprint!("\r  {} lines sent   ", self.sent);
+                    lines.clear();
+                    return Ok(());
+                }
+                Ok(response) if response.status().is_client_error() => {
+                    let status = response.status();
+                    bail!(
+                        "the edge refused the lines ({status}): {}",
+                        response.text().await.unwrap_or_default().trim()
+                    );
+                }
+                Ok(response) => eprintln!(
+                    "\n  attempt {attempt}: {} ({})",
+                    response.status(),
+                    response.text().await.unwrap_or_default().trim()
+                ),
+                Err(error) => eprintln!("\n  attempt {attempt}: {error}"),
+            }
+            tokio::time::sleep(backoff.delay(attempt)).await;
+        }
+        bail!("gave up after {} attempts; {} lines were sent before", self.args.attempts, self.sent)
+    }
+}
+
+/// Percent-encodes a path segment.
+pub fn enc(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for byte in segment.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
+    let flush = Duration::from_millis(args.flush_ms.max(1));
+    let batch = args.batch_lines.max(1);
+    let mut poster = Poster { client: reqwest::Client::new(), args, sent: 0 };
+    let mut input = BufReader::new(tokio::io::stdin()).lines();
+    let mut pending: Vec<String> = Vec::new();
+    let mut deadline = tokio::time::Instant::now() + flush;
+    loop {
+        tokio::select! {
+            line = input.next_line() => match line.context("reading standard input")? {
+                Some(line) => {
+                    if pending.is_empty() {
+                        deadline = tokio::time::Instant::now() + flush;
+                    }
+                    pending.push(line);
+                    if pending.len() >= batch {
+                        poster.send(&mut pending).await?;
+                    }
+                }
+                None => break,
+            },
+            _ = tokio::time::sleep_until(deadline), if !pending.is_empty() => poster.send(&mut pending).await?,
+        }
+    }
+    poster.send(&mut pending).await?;
+    eprintln!("\r  {} lines sent", poster.sent);
+    if let Some(status) = poster.args.status.clone() {
+        let response = poster
+            .request(reqwest::Method::PUT, "status")
+            .json(&serde_json::json!({ "state": status }))
+            .send()
+            .await
+            .context("setting the run's status")?;
+        if !response.status().is_success() {
+            bail!(
+                "the edge refused the status ({}): {}",
+                response.status(),
+                response.text().await.unwrap_or_default().trim()
+            );
+        }
+        eprintln!("  run is now {status}");
+    }
+    Ok(())
+}
