@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use async_trait::async_trait;
+use tailrace::archive::{Archiver, LOGS_NAMESPACE};
 use tailrace::cluster::InProcessCluster;
+use tailrace::edge::LogEdge;
 use tailrace::config::Config;
 use tailrace::pubsub::{
     ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer,
@@ -118,15 +120,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         None => Config::default(),
     };
     config.adapters.file.dir = args.data_dir.join("queues");
+    config.archive.dir = args.data_dir.join("runs");
+    tailrace::edge::check_listen(args.listen, &config.edge.auth).map_err(anyhow::Error::msg)?;
     let metrics = tailrace::edge::install_metrics()?;
     let stop = CancellationToken::new();
-    let (bound, server) = tailrace::edge::serve(args.listen, tailrace::edge::router(metrics), stop.clone())
-        .await
-        .context("the demo serves /metrics; pick another --listen")?;
+    let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
     let factory = tailrace::adapters::build(&config).await.context("opening the queues")?.factory;
     let adapter = factory.create_adapter().await?;
     let tally = Arc::new(Tally::default());
-    let implicit = ImplicitSubscriptions::new().bind("demo", Arc::new(CheckerFactory(tally.clone())));
+    let implicit = ImplicitSubscriptions::new()
+        .bind("demo", Arc::new(CheckerFactory(tally.clone())))
+        .bind(LOGS_NAMESPACE, Archiver::new(store.clone()));
     let cluster = Arc::new(InProcessCluster::new(factory, config.clone()).with_implicit(implicit));
     let names: Vec<String> = (1..=args.nodes.max(1)).map(|i| format!("node-{i}")).collect();
     for name in &names {
@@ -138,6 +142,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let last_line = Arc::new(LastLine::default());
     let first = cluster.node(&names[0]).context("the first node is gone")?;
     first.subscribe(&streams[0], last_line.clone(), StartPosition::Latest).await?;
+    // The log path: simulated pipeline runs, and the edge on the first node
+    // (chaos spares it, so viewers stay connected while queues move).
+    let logs = LogEdge::new(first.clone(), store.clone(), config.edge.clone(), stop.clone());
+    let (bound, server) =
+        tailrace::edge::serve(args.listen, tailrace::edge::router(metrics).merge(logs.router()), stop.clone())
+            .await
+            .context("the demo serves its edge there; pick another --listen")?;
+    let epoch = tailrace::stream::now_ms() / 1000;
+    let runs = super::pipelines::spawn(first.clone(), store, epoch, stop.clone());
 
     println!(
         "tailrace demo: {} nodes, {} queues ({} adapter), {} streams at {} events/s",
@@ -147,6 +160,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         streams.len(),
         args.rate
     );
+    let pipeline = super::pipelines::PIPELINES[0];
+    let run = super::pipelines::run_id(pipeline, epoch, 1);
+    println!("viewer:  http://{bound}/?fqn={pipeline}&run={run}");
+    println!("tail:    tailrace tail --url http://{bound} --fqn {pipeline} --run {run}");
     println!("metrics: http://{bound}/metrics   (Ctrl-C to stop)");
 
     let produced = Arc::new(AtomicU64::new(0));
@@ -169,13 +186,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             owners.push(format!("{node}:{}", queues.iter().map(|q| q.0.to_string()).collect::<Vec<_>>().join(",")));
         }
         println!(
-            "{:>4}s produced {:>9} delivered {:>9} ({:>6}/s) dup {} | queues {} | {}: {}",
+            "{:>4}s produced {:>9} delivered {:>9} ({:>6}/s) dup {} | queues {} | tails {} viewers {} | {}: {}",
             started.elapsed().as_secs(),
             produced.load(Ordering::Relaxed),
             delivered,
             delivered - last_delivered,
             tally.duplicates.load(Ordering::Relaxed),
             owners.join(" "),
+            logs.active_runs(),
+            logs.active_connections(),
             streams[0].key(),
             last_line.0.lock().unwrap_or_else(|p| p.into_inner()),
         );
@@ -190,6 +209,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     producer.await??;
     if let Some(chaos) = chaos {
         chaos.await??;
+    }
+    for run in runs {
+        let _ = run.await;
     }
     let total = produced.load(Ordering::Relaxed);
     let settle = Instant::now() + Duration::from_secs(30);
@@ -262,7 +284,9 @@ async fn chaos(
             _ = tokio::time::sleep(Duration::from_secs(20)) => {}
             _ = stop.cancelled() => return Ok(()),
         }
-        let name = &names[victim % names.len()];
+        // The first node hosts the edge; the others take turns.
+        let victims = if names.len() > 1 { &names[1..] } else { &names[..] };
+        let name = &victims[victim % victims.len()];
         victim += 1;
         println!("chaos: {name} crashes (kill, no handoff)");
         cluster.kill_node(name);
