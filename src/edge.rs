@@ -5,6 +5,7 @@
 //! protocol.
 
 mod auth;
+mod direct;
 mod frames;
 mod ingest;
 mod pages;
@@ -96,6 +97,8 @@ pub struct LogEdge {
     id_prefix: String,
     next_id: AtomicU64,
     stop: CancellationToken,
+    store_reads: AtomicU64,
+    auth: Arc<auth::Auth>,
 }
 
 impl LogEdge {
@@ -113,7 +116,20 @@ impl LogEdge {
             .spawn_heartbeats(settings::secs(settings.heartbeat_seconds).max(Duration::from_millis(1)), stop.clone());
         let runs = tailer::Runs::new(node.clone(), store.clone(), settings.clone());
         let id_prefix = format!("{}-{:08x}", node.id(), rand::random::<u32>());
-        Arc::new(Self { node, store, options, settings, runs, registry, id_prefix, next_id: AtomicU64::new(1), stop })
+        let auth = auth::Auth::new(&options.auth);
+        Arc::new(Self {
+            node,
+            store,
+            options,
+            settings,
+            runs,
+            registry,
+            id_prefix,
+            next_id: AtomicU64::new(1),
+            stop,
+            store_reads: AtomicU64::new(0),
+            auth,
+        })
     }
 
     /// Runs tailed now (each holds one subscription, however many viewers).
@@ -126,10 +142,33 @@ impl LogEdge {
         self.registry.len()
     }
 
+    /// Pages read from the run log store so far (catch-up, paginated and
+    /// download endpoints).
+    pub fn store_reads(&self) -> u64 {
+        self.store_reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Binds `addr` and serves the log path (see [`LogEdge::router`]) and
+    /// `extra` routes until `shutdown` fires. Log streams opened by a
+    /// connection's first request are written straight on the socket.
+    pub async fn serve(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        extra: Router,
+        shutdown: CancellationToken,
+    ) -> Result<(SocketAddr, tokio::task::JoinHandle<Result<(), EdgeError>>), EdgeError> {
+        serve_with(addr, self.router().merge(extra), Some(self.clone()), shutdown).await
+    }
+
+    fn count_read(&self) {
+        self.store_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        metrics::counter!("tailrace_edge_store_reads_total").increment(1);
+    }
+
     /// The routes of the log path, behind bearer-token auth, and the viewer
     /// page at `/`.
     pub fn router(self: &Arc<Self>) -> Router {
-        let auth = auth::Auth::new(&self.options.auth);
+        let auth = self.auth.clone();
         let api = Router::new()
             .route("/api/v1/logs/{fqn}/runs/{run}/lines", post(ingest::post_lines))
             .route("/api/v1/logs/{fqn}/runs/{run}/status", put(ingest::put_status))
@@ -155,13 +194,20 @@ pub async fn serve(
     router: Router,
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<Result<(), EdgeError>>), EdgeError> {
+    serve_with(addr, router, None, shutdown).await
+}
+
+async fn serve_with(
+    addr: SocketAddr,
+    router: Router,
+    logs: Option<Arc<LogEdge>>,
+    shutdown: CancellationToken,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<Result<(), EdgeError>>), EdgeError> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| EdgeError::Bind { addr, source })?;
     let bound = listener.local_addr().map_err(|source| EdgeError::Bind { addr, source })?;
     let task = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
-            .map_err(EdgeError::Serve)
+        direct::accept_loop(listener, router, logs, shutdown).await;
+        Ok(())
     });
     Ok((bound, task))
 }

@@ -9,6 +9,11 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::{Parser, Subcommand};
 
+/// Threads for blocking file I/O (short tasks: reads, appends, fsyncs).
+/// Bounded: each thread costs its own allocator heap, so a burst of
+/// thousands of viewers catching up at once must not start hundreds.
+const MAX_BLOCKING_THREADS: usize = 16;
+
 #[derive(Parser)]
 #[command(name = "tailrace", version, about = "Durable, ordered event streams; live log tails over SSE")]
 struct Args {
@@ -29,6 +34,9 @@ enum Command {
     Produce(cli::produce::ProduceArgs),
     /// Follow a run's log from the terminal, resuming across disconnects.
     Tail(cli::tail::TailArgs),
+    /// The client process of `bench sse` (viewers or pollers).
+    #[command(hide = true)]
+    BenchClient(cli::bench::sse_client::ClientArgs),
     /// The file handoff: recover a prefix after a writer crashed.
     Handoff {
         #[command(subcommand)]
@@ -37,7 +45,7 @@ enum Command {
     /// Run a benchmark scenario against its baseline; the last line is
     /// `RESULT scenario=... ratio=...`.
     Bench {
-        /// The scenario: pipeline, file or redis.
+        /// The scenario: pipeline, file, redis or sse.
         scenario: String,
         /// A shorter run (CI).
         #[arg(long)]
@@ -66,13 +74,15 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().max_blocking_threads(MAX_BLOCKING_THREADS).enable_all().build()?;
     runtime.block_on(async move {
         match args.command {
             Command::Demo(demo) => cli::demo::run(demo).await,
             Command::Serve(serve) => cli::serve::run(serve).await,
             Command::Produce(args) => cli::produce::run(args).await,
             Command::Tail(args) => cli::tail::run(args).await,
+            Command::BenchClient(args) => cli::bench::sse_client::run(args).await,
             Command::Handoff { command: HandoffCommand::Recover(args) } => cli::handoff::recover(args),
             Command::Bench { scenario, quick, redis_url } => cli::bench::run(&scenario, quick, &redis_url).await,
         }

@@ -64,7 +64,8 @@ fn an_unknown_bench_scenario_is_a_clear_error() {
     let out = tailrace().args(["bench", "nope", "--quick"]).output().unwrap();
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("unknown bench scenario `nope` (known: pipeline, file, redis)")
+        String::from_utf8_lossy(&out.stderr)
+            .contains("unknown bench scenario `nope` (known: pipeline, file, redis, sse)")
     );
 }
 

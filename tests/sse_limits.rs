@@ -133,3 +133,46 @@ async fn a_persistent_failure_ends_the_stream_with_an_error_event() {
     assert!(last["message"].as_str().unwrap().contains("no pulling agent attached"), "{last}");
     assert_eq!(server.edge.active_runs(), 0, "the run slot is released");
 }
+
+/// A stream opened by a connection's first request is written straight on
+/// the socket; one opened later on a kept-alive connection goes through
+/// the general HTTP stack. Both carry the same frames.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_on_a_kept_alive_connection_is_served_the_same() {
+    let server = LogServer::start(quick_settings()).await;
+    server.lines("svc.etl", "r-1", "one").await;
+    server.archived("svc.etl", "r-1", 1).await;
+    server.state("svc.etl", "r-1", "running").await;
+    let address = server.base.trim_start_matches("http://").to_string();
+    let stream_request =
+        format!("GET /api/v1/services/ingestionPipelines/logs/svc.etl/stream/r-1 HTTP/1.1\r\nhost: {address}\r\n\r\n");
+    let mut first = tokio::net::TcpStream::connect(&address).await.unwrap();
+    first.write_all(stream_request.as_bytes()).await.unwrap();
+    let mut kept = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let listing = format!("GET /api/v1/logs/pipelines HTTP/1.1\r\nhost: {address}\r\n\r\n");
+    kept.write_all(listing.as_bytes()).await.unwrap();
+    let expected = "{\"pipelines\":[\"svc.etl\"]}";
+    let mut listed = Vec::new();
+    while !String::from_utf8_lossy(&listed).contains(expected) {
+        let mut buffer = [0u8; 1024];
+        let n = kept.read(&mut buffer).await.unwrap();
+        assert!(n > 0, "the listing was answered on a kept-alive connection");
+        listed.extend_from_slice(&buffer[..n]);
+    }
+    kept.write_all(stream_request.as_bytes()).await.unwrap();
+    let frame = "data: {\"eventType\":\"logs\",\"runId\":\"r-1\",\"logs\":\"one\",\"after\":\"1\",\"replay\":";
+    for socket in [&mut first, &mut kept] {
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains(frame) {
+            let mut buffer = [0u8; 1024];
+            let n = tokio::time::timeout(FRAME_WAIT, socket.read(&mut buffer)).await.unwrap().unwrap();
+            assert!(n > 0, "got {:?}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&buffer[..n]);
+        }
+        let text = String::from_utf8_lossy(&seen);
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n") || text.contains("HTTP/1.1 200 OK\r\n"));
+        assert!(
+            text.contains("content-type: text/event-stream\r\n") && text.contains("transfer-encoding: chunked\r\n")
+        );
+    }
+}

@@ -13,8 +13,8 @@ use anyhow::Context;
 use async_trait::async_trait;
 use tailrace::archive::{Archiver, LOGS_NAMESPACE};
 use tailrace::cluster::InProcessCluster;
-use tailrace::edge::LogEdge;
 use tailrace::config::Config;
+use tailrace::edge::LogEdge;
 use tailrace::pubsub::{
     ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer,
 };
@@ -145,10 +145,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     // The log path: simulated pipeline runs, and the edge on the first node
     // (chaos spares it, so viewers stay connected while queues move).
     let logs = LogEdge::new(first.clone(), store.clone(), config.edge.clone(), stop.clone());
-    let (bound, server) =
-        tailrace::edge::serve(args.listen, tailrace::edge::router(metrics).merge(logs.router()), stop.clone())
-            .await
-            .context("the demo serves its edge there; pick another --listen")?;
+    let (bound, server) = logs
+        .serve(args.listen, tailrace::edge::router(metrics), stop.clone())
+        .await
+        .context("the demo serves its edge there; pick another --listen")?;
     let epoch = tailrace::stream::now_ms() / 1000;
     let runs = super::pipelines::spawn(first.clone(), store, epoch, stop.clone());
 

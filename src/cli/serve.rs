@@ -50,8 +50,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     let metrics = tailrace::edge::install_metrics()?;
     let logs = LogEdge::new(node.clone(), store, config.edge.clone(), stop.clone());
-    let router = tailrace::edge::router(metrics).merge(logs.router());
-    let (bound, server) = tailrace::edge::serve(args.listen, router, stop.clone()).await?;
+    let (bound, server) = logs.serve(args.listen, tailrace::edge::router(metrics), stop.clone()).await?;
     println!(
         "tailrace serve: node {} on {} queues ({} adapter), run logs in {} ({} store)",
         node.id(),

@@ -38,30 +38,43 @@ pub fn check_listen(addr: SocketAddr, options: &AuthOptions) -> Result<(), Strin
     Ok(())
 }
 
-pub(crate) async fn require(State(auth): State<Arc<Auth>>, request: Request, next: Next) -> Response {
-    if auth.tokens.is_empty() {
-        return next.run(request).await;
-    }
-    let needed = if matches!(*request.method(), Method::GET | Method::HEAD) { Scope::Read } else { Scope::Write };
-    let token = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let Some(token) = token else {
-        return unauthorized("missing bearer token (Authorization: Bearer <token>)");
-    };
-    match auth.tokens.get(token) {
-        None => unauthorized("unknown bearer token"),
-        Some(scopes) if !scopes.contains(&needed) => {
-            let scope = if needed == Scope::Read { "read" } else { "write" };
-            (StatusCode::FORBIDDEN, format!("this token lacks the `{scope}` scope\n")).into_response()
+/// Why a request was refused.
+pub(crate) struct Refusal {
+    pub(crate) status: StatusCode,
+    pub(crate) message: String,
+}
+
+impl Auth {
+    /// Whether a request (a read, or a write) with this `Authorization`
+    /// header may go on.
+    pub(crate) fn check(&self, read: bool, authorization: Option<&str>) -> Result<(), Refusal> {
+        if self.tokens.is_empty() {
+            return Ok(());
         }
-        Some(_) => next.run(request).await,
+        let needed = if read { Scope::Read } else { Scope::Write };
+        let refuse = |status, message: &str| Err(Refusal { status, message: format!("{message}\n") });
+        let Some(token) = authorization.and_then(|v| v.strip_prefix("Bearer ")).map(str::trim) else {
+            return refuse(StatusCode::UNAUTHORIZED, "missing bearer token (Authorization: Bearer <token>)");
+        };
+        match self.tokens.get(token) {
+            None => refuse(StatusCode::UNAUTHORIZED, "unknown bearer token"),
+            Some(scopes) if !scopes.contains(&needed) => {
+                let scope = if needed == Scope::Read { "read" } else { "write" };
+                refuse(StatusCode::FORBIDDEN, &format!("this token lacks the `{scope}` scope"))
+            }
+            Some(_) => Ok(()),
+        }
     }
 }
 
-fn unauthorized(message: &str) -> Response {
-    (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], format!("{message}\n")).into_response()
+pub(crate) async fn require(State(auth): State<Arc<Auth>>, request: Request, next: Next) -> Response {
+    let read = matches!(*request.method(), Method::GET | Method::HEAD);
+    let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    match auth.check(read, authorization) {
+        Ok(()) => next.run(request).await,
+        Err(Refusal { status, message }) if status == StatusCode::UNAUTHORIZED => {
+            (status, [(header::WWW_AUTHENTICATE, "Bearer")], message).into_response()
+        }
+        Err(Refusal { status, message }) => (status, message).into_response(),
+    }
 }

@@ -65,7 +65,7 @@ pub(crate) async fn last(
     // An unreadable cursor starts at the beginning, as the stream does.
     let from = query.after.as_deref().and_then(|a| a.parse::<u64>().ok()).unwrap_or(0);
     let limit = query.limit.unwrap_or(edge.settings.lines_per_read).clamp(1, edge.options.max_page_lines);
-    metrics::counter!("tailrace_edge_store_reads_total").increment(1);
+    edge.count_read();
     let (lines, info) =
         match (edge.store.read(&key, from, limit, edge.options.max_body_bytes).await, edge.store.info(&key).await) {
             (Ok(lines), Ok(info)) => (lines, info.unwrap_or_default()),
@@ -103,7 +103,7 @@ pub(crate) async fn download(
         if done {
             return None;
         }
-        metrics::counter!("tailrace_edge_store_reads_total").increment(1);
+        edge.count_read();
         match edge.store.read(&key, at, lines_per_page, DOWNLOAD_PAGE_BYTES).await {
             Ok(lines) if lines.is_empty() => None,
             Ok(lines) => {

@@ -42,34 +42,47 @@ pub(crate) async fn stream(
     Path((fqn, run)): Path<(String, String)>,
     Query(query): Query<StreamQuery>,
 ) -> Response {
-    let Ok(key) = RunKey::new(&fqn, &run) else {
-        return (StatusCode::NOT_FOUND, format!("no pipeline `{fqn}`\n")).into_response();
-    };
+    match open(edge, &fqn, &run, query.after.as_deref()).await {
+        Ok(body) => (
+            [
+                (header::CONTENT_TYPE, "text/event-stream"),
+                (header::CACHE_CONTROL, "no-cache"),
+                (header::HeaderName::from_static("x-accel-buffering"), "no"),
+            ],
+            Body::from_stream(body),
+        )
+            .into_response(),
+        Err((status, message)) => (status, message).into_response(),
+    }
+}
+
+/// The frames of a viewer's stream, or why there is none (404 for an
+/// unknown pipeline, 503 if the store cannot tell). An `Err` item means
+/// "cut the connection".
+pub(crate) async fn open(
+    edge: Arc<LogEdge>,
+    fqn: &str,
+    run: &str,
+    after: Option<&str>,
+) -> Result<impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static, (StatusCode, String)> {
+    let unknown = || (StatusCode::NOT_FOUND, format!("no pipeline `{fqn}`\n"));
+    let key = RunKey::new(fqn, run).map_err(|_| unknown())?;
     match edge.store.pipeline_exists(key.fqn()).await {
         Ok(true) => {}
-        Ok(false) => return (StatusCode::NOT_FOUND, format!("no pipeline `{fqn}`\n")).into_response(),
-        Err(error) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response(),
+        Ok(false) => return Err(unknown()),
+        Err(error) => return Err((StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n"))),
     }
-    let start = match query.after.as_deref() {
+    let start = match after {
         None => StartAt::Offset(0),
         Some(text) => text.parse().map_or(StartAt::Unplaceable, StartAt::Offset),
     };
+    let stop = edge.stop.clone();
     let session = Session { edge, key, start, viewer: None, tailer: None, attached: false, stage: Stage::Setup };
-    let stop = session.edge.stop.clone();
     let body = futures::stream::unfold(session, |mut session| async move {
         session.next_frame().await.map(|frame| (frame, session))
     });
     // Open streams must not hold up a graceful shutdown.
-    let body = futures::StreamExt::take_until(body, stop.cancelled_owned());
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-            (header::HeaderName::from_static("x-accel-buffering"), "no"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response()
+    Ok(futures::StreamExt::take_until(body, stop.cancelled_owned()))
 }
 
 enum Stage {
@@ -206,7 +219,7 @@ impl Session {
         let want = (*until - *at).min(settings.lines_per_read as u64) as usize;
         let budget = settings.max_bytes_per_tick.saturating_sub(tick.bytes).max(1);
         tick.reads += 1;
-        metrics::counter!("tailrace_edge_store_reads_total").increment(1);
+        self.edge.count_read();
         let lines = match self.edge.store.read(&self.key, *at, want, budget).await {
             Ok(lines) => lines,
             Err(error) => {

@@ -117,7 +117,7 @@ impl LogServer {
         let stop = CancellationToken::new();
         let edge = LogEdge::new(node.clone(), store.clone(), options, stop.clone());
         let (bound, _server) =
-            tailrace::edge::serve("127.0.0.1:0".parse().unwrap(), edge.router(), stop.clone()).await.unwrap();
+            edge.serve("127.0.0.1:0".parse().unwrap(), axum::Router::new(), stop.clone()).await.unwrap();
         Self { base: format!("http://{bound}"), edge, node, store, client: reqwest::Client::new(), stop, _dir: dir }
     }
 

@@ -5,6 +5,8 @@
 mod file;
 mod pipeline;
 mod redis;
+mod sse;
+pub mod sse_client;
 
 use std::io::Write;
 use std::sync::Arc;
@@ -17,7 +19,8 @@ pub async fn run(scenario: &str, quick: bool, redis_url: &str) -> anyhow::Result
         "pipeline" => pipeline::run(quick).await,
         "file" => file::run(quick).await,
         "redis" => redis::run(quick, redis_url).await,
-        other => anyhow::bail!("unknown bench scenario `{other}` (known: pipeline, file, redis)"),
+        "sse" => sse::run(quick).await,
+        other => anyhow::bail!("unknown bench scenario `{other}` (known: pipeline, file, redis, sse)"),
     }
 }
 

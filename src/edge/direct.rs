@@ -1,0 +1,259 @@
+//! The accept loop, and the SSE route served straight on the socket.
+//!
+//! A general HTTP/1 connection costs about 25 KiB of memory for as long
+//! as it is open (hyper keeps an 8 KiB read buffer and an 8 KiB header
+//! buffer per connection, plus its state); a tailing viewer holds its
+//! connection for minutes or hours. So the first request of a connection
+//! is read here (`httparse`); if it opens a log stream, the stream is
+//! written on the socket directly as chunked `text/event-stream` and the
+//! connection closes with it. Every other request, and every later
+//! request of a kept-alive connection, goes to the router through hyper
+//! (which serves the stream route too, so nothing depends on this path).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::StatusCode;
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use super::LogEdge;
+
+/// Longest request head read before the route is known.
+const MAX_HEAD: usize = 8 * 1024;
+/// How long a client may take to send its request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+const STREAM_PREFIX: &str = "/api/v1/services/ingestionPipelines/logs/";
+
+/// Serves `listener` until `shutdown`; stream requests go straight to
+/// `edge` when there is one.
+pub(crate) async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    edge: Option<Arc<LogEdge>>,
+    shutdown: CancellationToken,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.max_buf_size(64 * 1024).header_read_timeout(HEAD_TIMEOUT).timer(hyper_util::rt::TokioTimer::new());
+    let builder = Arc::new(builder);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let (router, edge, builder, watcher) = (router.clone(), edge.clone(), builder.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            let (stream, head) = match &edge {
+                Some(edge) => match direct(stream, edge).await {
+                    Some(handed_back) => handed_back,
+                    None => return,
+                },
+                None => (stream, Vec::new()),
+            };
+            let service = hyper_util::service::TowerToHyperService::new(router);
+            let io = hyper_util::rt::TokioIo::new(Rewind { head, at: 0, inner: stream });
+            let _ = watcher.watch(builder.serve_connection(io, service)).await;
+        });
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await;
+}
+
+/// Reads the first request head. A log stream request is served here
+/// (`None`); anything else is handed back with the bytes read so far.
+async fn direct(mut stream: TcpStream, edge: &Arc<LogEdge>) -> Option<(TcpStream, Vec<u8>)> {
+    let mut head = Vec::with_capacity(1024);
+    let parsed = tokio::time::timeout(HEAD_TIMEOUT, async {
+        loop {
+            if head.len() >= MAX_HEAD || stream.read_buf(&mut head).await.ok()? == 0 {
+                return None;
+            }
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut request = httparse::Request::new(&mut headers);
+            match request.parse(&head) {
+                Ok(httparse::Status::Complete(_)) => return Some(route(&request)),
+                Ok(httparse::Status::Partial) => continue,
+                // Let hyper answer malformed requests.
+                Err(_) => return Some(None),
+            }
+        }
+    })
+    .await;
+    let route = match parsed {
+        Ok(Some(route)) => route,
+        // Closed, too slow or too long: nothing to serve.
+        Ok(None) | Err(_) => return None,
+    };
+    let Some(request) = route else { return Some((stream, head)) };
+    drop(head);
+    serve_stream(stream, edge, request).await;
+    None
+}
+
+/// A log stream request: path parts, cursor, credentials, HTTP version.
+struct StreamRequest {
+    fqn: String,
+    run: String,
+    after: Option<String>,
+    authorization: Option<String>,
+    http10: bool,
+}
+
+fn route(request: &httparse::Request<'_, '_>) -> Option<StreamRequest> {
+    if request.method != Some("GET") {
+        return None;
+    }
+    let (path, query) = request.path?.split_once('?').unwrap_or((request.path?, ""));
+    let rest = path.strip_prefix(STREAM_PREFIX)?;
+    let mut parts = rest.split('/');
+    let (fqn, word, run) = (parts.next()?, parts.next()?, parts.next()?);
+    if word != "stream" || parts.next().is_some() {
+        return None;
+    }
+    let decode = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8().ok().map(|c| c.into_owned());
+    let after = form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "after").map(|(_, v)| v.into_owned());
+    let authorization = request
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("authorization"))
+        .and_then(|h| std::str::from_utf8(h.value).ok())
+        .map(str::to_string);
+    Some(StreamRequest {
+        fqn: decode(fqn)?,
+        run: decode(run)?,
+        after,
+        authorization,
+        http10: request.version == Some(0),
+    })
+}
+
+async fn serve_stream(mut stream: TcpStream, edge: &Arc<LogEdge>, request: StreamRequest) {
+    if let Err(refusal) = edge.auth.check(true, request.authorization.as_deref()) {
+        let challenge = if refusal.status == StatusCode::UNAUTHORIZED { "www-authenticate: Bearer\r\n" } else { "" };
+        return plain(&mut stream, refusal.status, challenge, &refusal.message).await;
+    }
+    let body = match super::sse::open(edge.clone(), &request.fqn, &request.run, request.after.as_deref()).await {
+        Ok(body) => body,
+        Err((status, message)) => return plain(&mut stream, status, "", &message).await,
+    };
+    let chunked = !request.http10;
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nx-accel-buffering: no\r\n{}\r\n",
+        if chunked { "transfer-encoding: chunked\r\n" } else { "connection: close\r\n" }
+    );
+    if stream.write_all(head.as_bytes()).await.is_err() {
+        return;
+    }
+    let (mut reader, mut writer) = stream.split();
+    let mut body = std::pin::pin!(body);
+    let mut probe = [0u8; 1];
+    loop {
+        let frame = tokio::select! {
+            frame = body.next() => frame,
+            // The client closed (or sent something it should not): done.
+            _ = reader.read(&mut probe) => return,
+        };
+        match frame {
+            Some(Ok(frame)) => {
+                if write_frame(&mut writer, &frame, chunked).await.is_err() {
+                    return;
+                }
+            }
+            // Dropped: cut the connection without ending the response.
+            Some(Err(_)) => return,
+            None => {
+                if chunked {
+                    let _ = writer.write_all(b"0\r\n\r\n").await;
+                }
+                let _ = writer.shutdown().await;
+                return;
+            }
+        }
+    }
+}
+
+async fn write_frame(writer: &mut (impl AsyncWrite + Unpin), frame: &Bytes, chunked: bool) -> std::io::Result<()> {
+    if !chunked {
+        return writer.write_all(frame).await;
+    }
+    let mut chunk = Vec::with_capacity(frame.len() + 12);
+    chunk.extend_from_slice(format!("{:x}\r\n", frame.len()).as_bytes());
+    chunk.extend_from_slice(frame);
+    chunk.extend_from_slice(b"\r\n");
+    writer.write_all(&chunk).await
+}
+
+async fn plain(stream: &mut TcpStream, status: StatusCode, extra: &str, message: &str) {
+    let response = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\n{extra}connection: close\r\n\r\n{message}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        message.len()
+    );
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
+/// A socket whose first bytes were already read: they are read again first.
+struct Rewind {
+    head: Vec<u8>,
+    at: usize,
+    inner: TcpStream,
+}
+
+impl AsyncRead for Rewind {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.at < this.head.len() {
+            let n = (this.head.len() - this.at).min(buf.remaining());
+            buf.put_slice(&this.head[this.at..this.at + n]);
+            this.at += n;
+            if this.at == this.head.len() {
+                this.head = Vec::new();
+                this.at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Rewind {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
