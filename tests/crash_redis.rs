@@ -80,17 +80,6 @@ async fn a_node_killed_mid_delivery_during_a_redis_restart_loses_nothing() {
     }
     assert!(deliveries(dir.path()).len() < produced.len(), "the kill came before the end");
 
-    let mut node = child("child_redis_node", &env);
-    wait_ready(&mut node);
-    let started = Instant::now();
-    let delivered_ids = || deliveries(dir.path()).into_iter().map(|(_, _, id)| id).collect::<BTreeSet<_>>();
-    while !delivered_ids().is_superset(&produced) {
-        let missing: Vec<_> = produced.difference(&delivered_ids()).take(10).cloned().collect();
-        assert!(started.elapsed() < Duration::from_secs(60), "lost: {missing:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    node.kill().unwrap();
-    node.wait().unwrap();
-    let duplicates = check_duplicates_after(dir.path(), &at_kill);
-    println!("{} events, {duplicates} delivered again after the checkpoint", produced.len());
+    let node = child("child_redis_node", &env);
+    restart_delivers_everything(node, dir.path(), &produced, &at_kill).await;
 }

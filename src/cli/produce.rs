@@ -9,25 +9,45 @@ use anyhow::{Context, bail};
 use tailrace::retry::Backoff;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+/// The run a command talks to, and how to reach it.
+#[derive(clap::Args, Debug)]
+pub struct RunTarget {
+    /// The edge.
+    #[arg(long, default_value = "http://127.0.0.1:8585")]
+    pub url: String,
+    /// The pipeline's fully qualified name.
+    #[arg(long)]
+    pub fqn: String,
+    /// The run id.
+    #[arg(long)]
+    pub run: String,
+    /// A bearer token (`write` scope to produce, `read` to tail).
+    #[arg(long, env = "TAILRACE_TOKEN")]
+    pub token: Option<String>,
+}
+
+impl RunTarget {
+    /// A request to `{url}{path}`, with `{fqn}` and `{run}` in `path`
+    /// replaced by the percent-encoded pipeline and run, and the token.
+    pub fn request(&self, client: &reqwest::Client, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let path = path.replace("{fqn}", &enc(&self.fqn)).replace("{run}", &enc(&self.run));
+        let request = client.request(method, format!("{}{path}", self.url.trim_end_matches('/')));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+}
+
 /// Options of `tailrace produce`.
 #[derive(clap::Args, Debug)]
 pub struct ProduceArgs {
-    /// The edge.
-    #[arg(long, default_value = "http://127.0.0.1:8585")]
-    url: String,
-    /// The pipeline's fully qualified name.
-    #[arg(long)]
-    fqn: String,
-    /// The run id.
-    #[arg(long)]
-    run: String,
+    #[command(flatten)]
+    target: RunTarget,
     /// The run's state to set at the end of input (queued, running,
     /// success, failed, partialSuccess, stopped).
     #[arg(long)]
     status: Option<String>,
-    /// A bearer token with the `write` scope.
-    #[arg(long, env = "TAILRACE_TOKEN")]
-    token: Option<String>,
     /// Most lines per request.
     #[arg(long, default_value_t = 1000)]
     batch_lines: usize,
@@ -46,18 +66,8 @@ struct Poster {
 }
 
 impl Poster {
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let url = format!(
-            "{}/api/v1/logs/{}/runs/{}/{path}",
-            self.args.url.trim_end_matches('/'),
-            enc(&self.args.fqn),
-            enc(&self.args.run)
-        );
-        let request = self.client.request(method, url);
-        match &self.args.token {
-            Some(token) => request.bearer_auth(token),
-            None => request,
-        }
+    fn request(&self, method: reqwest::Method, what: &str) -> reqwest::RequestBuilder {
+        self.args.target.request(&self.client, method, &format!("/api/v1/logs/{{fqn}}/runs/{{run}}/{what}"))
     }
 
     /// Sends `lines` as one request; transient failures (connection, 503)

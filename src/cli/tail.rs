@@ -16,26 +16,16 @@ use futures::StreamExt;
 use serde::Deserialize;
 use tailrace::retry::Backoff;
 
-use super::produce::enc;
+use super::produce::{RunTarget, enc};
 
 /// Options of `tailrace tail`.
 #[derive(clap::Args, Debug)]
 pub struct TailArgs {
-    /// The edge.
-    #[arg(long, default_value = "http://127.0.0.1:8585")]
-    url: String,
-    /// The pipeline's fully qualified name.
-    #[arg(long)]
-    fqn: String,
-    /// The run id.
-    #[arg(long)]
-    run: String,
+    #[command(flatten)]
+    target: RunTarget,
     /// Start after this cursor (from an earlier `tail` or stream).
     #[arg(long)]
     after: Option<String>,
-    /// A bearer token with the `read` scope.
-    #[arg(long, env = "TAILRACE_TOKEN")]
-    token: Option<String>,
     /// Failures in a row before giving up.
     #[arg(long, default_value_t = 6)]
     max_failures: u32,
@@ -102,20 +92,11 @@ pub async fn run(args: TailArgs) -> anyhow::Result<()> {
 }
 
 async fn follow(client: &reqwest::Client, args: &TailArgs, cursor: &mut Option<String>, out: &mut impl Write) -> Ended {
-    let mut url = format!(
-        "{}/api/v1/services/ingestionPipelines/logs/{}/stream/{}",
-        args.url.trim_end_matches('/'),
-        enc(&args.fqn),
-        enc(&args.run)
-    );
+    let mut path = "/api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run}".to_string();
     if let Some(after) = cursor.as_deref() {
-        url.push_str(&format!("?after={}", enc(after)));
+        path.push_str(&format!("?after={}", enc(after)));
     }
-    let mut request = client.get(url);
-    if let Some(token) = &args.token {
-        request = request.bearer_auth(token);
-    }
-    let response = match request.send().await {
+    let response = match args.target.request(client, reqwest::Method::GET, &path).send().await {
         Ok(response) => response,
         Err(error) => return Ended::Broken { progressed: false, why: error.to_string() },
     };

@@ -118,3 +118,26 @@ pub fn check_duplicates_after(
     }
     duplicates
 }
+
+/// The restarted node `node` delivers every event of `produced` (within a
+/// minute), then is killed; duplicates are allowed only after the
+/// checkpoints stored at the first kill.
+pub async fn restart_delivers_everything(
+    mut node: Child,
+    dir: &Path,
+    produced: &std::collections::BTreeSet<String>,
+    at_kill: &std::collections::BTreeMap<u32, Option<SequenceToken>>,
+) {
+    wait_ready(&mut node);
+    let started = std::time::Instant::now();
+    let delivered = || deliveries(dir).into_iter().map(|(_, _, id)| id).collect::<std::collections::BTreeSet<_>>();
+    while !delivered().is_superset(produced) {
+        let missing: Vec<_> = produced.difference(&delivered()).take(10).cloned().collect();
+        assert!(started.elapsed() < std::time::Duration::from_secs(60), "lost: {missing:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    node.kill().unwrap();
+    node.wait().unwrap();
+    let duplicates = check_duplicates_after(dir, at_kill);
+    println!("{} events, {duplicates} delivered again after the checkpoint", produced.len());
+}

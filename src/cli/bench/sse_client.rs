@@ -100,24 +100,41 @@ fn stamps(logs: &str) -> impl Iterator<Item = u64> + '_ {
     logs.lines().filter_map(|line| line.strip_prefix("t=")?.split(' ').next()?.parse().ok())
 }
 
+/// What every client task shares.
+struct Shared {
+    client: reqwest::Client,
+    base: String,
+    fqn: String,
+    run: String,
+    totals: Totals,
+    /// When measuring began (µs since the epoch; `u64::MAX` before).
+    measuring: AtomicU64,
+    /// Bounds the clients connecting at once.
+    gate: Semaphore,
+}
+
 pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
     super::sse::raise_open_files()?;
-    let totals = Arc::new(Totals::default());
-    let measuring = Arc::new(AtomicU64::new(u64::MAX));
-    let client = reqwest::Client::builder().pool_max_idle_per_host(args.clients).build()?;
-    let gate = Arc::new(Semaphore::new(CONNECT_AT_ONCE));
+    let shared = Arc::new(Shared {
+        client: reqwest::Client::builder().pool_max_idle_per_host(args.clients).build()?,
+        base: args.url.clone(),
+        fqn: args.fqn.clone(),
+        run: args.run.clone(),
+        totals: Totals::default(),
+        measuring: AtomicU64::new(u64::MAX),
+        gate: Semaphore::new(CONNECT_AT_ONCE),
+    });
+    let (totals, measuring) = (&shared.totals, &shared.measuring);
     let mut tasks = Vec::with_capacity(args.clients);
     for i in 0..args.clients {
-        let (client, totals, measuring, gate) = (client.clone(), totals.clone(), measuring.clone(), gate.clone());
-        let base = args.url.clone();
-        let (fqn, run) = (args.fqn.clone(), args.run.clone());
+        let shared = shared.clone();
         tasks.push(tokio::spawn(async move {
             let outcome = match args.mode {
-                Mode::Stream => viewer(i, &client, &base, &fqn, &run, &totals, &measuring, &gate).await,
-                Mode::Poll => poller(i, &client, &base, &fqn, &run, &totals, &measuring, &gate).await,
+                Mode::Stream => viewer(i, &shared).await,
+                Mode::Poll => poller(i, &shared).await,
             };
             if outcome.is_err() {
-                totals.failed.fetch_add(1, Ordering::Relaxed);
+                shared.totals.failed.fetch_add(1, Ordering::Relaxed);
             }
         }));
     }
@@ -157,17 +174,8 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn viewer(
-    i: usize,
-    client: &reqwest::Client,
-    base: &str,
-    fqn: &str,
-    run: &str,
-    totals: &Totals,
-    measuring: &AtomicU64,
-    gate: &Semaphore,
-) -> anyhow::Result<()> {
+async fn viewer(i: usize, shared: &Shared) -> anyhow::Result<()> {
+    let Shared { client, base, fqn, run, totals, measuring, gate } = shared;
     let permit = gate.acquire().await?;
     let response =
         client.get(format!("{base}/api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run}")).send().await?;
@@ -211,17 +219,8 @@ struct Page {
     total: String,
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn poller(
-    i: usize,
-    client: &reqwest::Client,
-    base: &str,
-    fqn: &str,
-    run: &str,
-    totals: &Totals,
-    measuring: &AtomicU64,
-    gate: &Semaphore,
-) -> anyhow::Result<()> {
+async fn poller(i: usize, shared: &Shared) -> anyhow::Result<()> {
+    let Shared { client, base, fqn, run, totals, measuring, gate } = shared;
     let url = format!("{base}/api/v1/services/ingestionPipelines/logs/{fqn}/last");
     let get = |after: u64| client.get(&url).query(&[("runId", run), ("after", &after.to_string())]).send();
     // Start where the log ends now, like a viewer that caught up.
