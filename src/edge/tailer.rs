@@ -458,30 +458,24 @@ impl Tailer {
         }
         state.replay.clear();
         state.replay_bytes = 0;
-        let subscription = state.subscription.take();
         drop(state);
         self.phase.send_replace(Phase::Ended);
         if let Some(reason) = &ending {
             tracing::debug!(run = %self.key, ?reason, "tailer ended");
         }
         self.release();
-        if let (Some(handle), Some(runs)) = (subscription, self.runs.upgrade()) {
+    }
+
+    /// Frees the run slot and ends the subscription (if it was made).
+    fn release(self: &Arc<Self>) {
+        let Some(runs) = self.runs.upgrade() else { return };
+        runs.release(self);
+        if let Some(handle) = self.lock().subscription.take() {
             tokio::spawn(async move {
                 if let Err(error) = runs.node.unsubscribe(&handle).await {
                     tracing::warn!(%error, "could not end a tailer's subscription");
                 }
             });
-        }
-    }
-
-    fn release(self: &Arc<Self>) {
-        if let Some(runs) = self.runs.upgrade() {
-            runs.release(self);
-            if let Some(handle) = self.lock().subscription.take() {
-                tokio::spawn(async move {
-                    let _ = runs.node.unsubscribe(&handle).await;
-                });
-            }
         }
     }
 }
