@@ -13,7 +13,6 @@ use anyhow::Context;
 use async_trait::async_trait;
 use tailrace::archive::{Archiver, LOGS_NAMESPACE};
 use tailrace::cluster::InProcessCluster;
-use tailrace::config::Config;
 use tailrace::edge::LogEdge;
 use tailrace::pubsub::{
     ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer,
@@ -115,13 +114,7 @@ impl StreamConsumer for LastLine {
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let mut config = match &args.config {
-        Some(path) => Config::load(path)?,
-        None => Config::default(),
-    };
-    config.adapters.file.dir = args.data_dir.join("queues");
-    config.archive.dir = args.data_dir.join("runs");
-    tailrace::edge::check_listen(args.listen, &config.edge.auth).map_err(anyhow::Error::msg)?;
+    let config = super::node_config(args.config.as_ref(), &args.data_dir, args.listen)?;
     let metrics = tailrace::edge::install_metrics()?;
     let stop = CancellationToken::new();
     let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use tailrace::archive::{Archiver, LOGS_NAMESPACE};
 use tailrace::cluster::NodeId;
-use tailrace::config::Config;
 use tailrace::edge::LogEdge;
 use tailrace::node::Node;
 use tailrace::pubsub::ImplicitSubscriptions;
@@ -30,13 +29,7 @@ pub struct ServeArgs {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let mut config = match &args.config {
-        Some(path) => Config::load(path)?,
-        None => Config::default(),
-    };
-    config.adapters.file.dir = args.data_dir.join("queues");
-    config.archive.dir = args.data_dir.join("runs");
-    tailrace::edge::check_listen(args.listen, &config.edge.auth).map_err(anyhow::Error::msg)?;
+    let config = super::node_config(args.config.as_ref(), &args.data_dir, args.listen)?;
     let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
     let backend = tailrace::adapters::build(&config).await.context("opening the queues")?;
     let adapter = backend.factory.create_adapter().await?;

@@ -80,27 +80,69 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What every stream's counter adds to: events delivered, batches out of
+/// order, and a wake-up once `total` events arrived.
+#[derive(Clone)]
+pub(super) struct Tally {
+    pub(super) delivered: Arc<AtomicU64>,
+    pub(super) disorder: Arc<AtomicU64>,
+    pub(super) done: Arc<Notify>,
+    total: u64,
+}
+
+impl Tally {
+    pub(super) fn new(total: u64) -> Self {
+        Self {
+            delivered: Arc::new(AtomicU64::new(0)),
+            disorder: Arc::new(AtomicU64::new(0)),
+            done: Arc::new(Notify::new()),
+            total,
+        }
+    }
+
+    /// A counter for one more stream.
+    pub(super) fn counter(&self) -> Counter {
+        Counter { next: AtomicU64::new(0), tally: self.clone() }
+    }
+
+    /// Waits for the producers, then for every event; fails on disorder.
+    /// Events per second since `started`.
+    async fn finish(
+        &self,
+        side: &str,
+        producers: Vec<tokio::task::JoinHandle<bool>>,
+        started: Instant,
+        progress: Progress,
+    ) -> anyhow::Result<f64> {
+        for producer in producers {
+            anyhow::ensure!(producer.await?, "a {side} producer failed to send");
+        }
+        while self.delivered.load(Ordering::Relaxed) < self.total {
+            self.done.notified().await;
+        }
+        let elapsed = started.elapsed();
+        progress.finish();
+        if self.disorder.load(Ordering::Relaxed) > 0 {
+            bail!("{side} delivered {} batches out of order", self.disorder.load(Ordering::Relaxed));
+        }
+        Ok(self.total as f64 / elapsed.as_secs_f64())
+    }
+}
+
 /// Counts a stream's events and checks they arrive in order.
 pub(super) struct Counter {
     next: AtomicU64,
-    delivered: Arc<AtomicU64>,
-    total: u64,
-    done: Arc<Notify>,
-    disorder: Arc<AtomicU64>,
+    tally: Tally,
 }
 
 impl Counter {
-    pub(super) fn new(delivered: Arc<AtomicU64>, total: u64, done: Arc<Notify>, disorder: Arc<AtomicU64>) -> Self {
-        Self { next: AtomicU64::new(0), delivered, total, done, disorder }
-    }
-
     pub(super) fn take(&self, first_id: &str, count: u64) {
         let expected = self.next.fetch_add(count, Ordering::Relaxed);
         if first_id.parse::<u64>().ok() != Some(expected) {
-            self.disorder.fetch_add(1, Ordering::Relaxed);
+            self.tally.disorder.fetch_add(1, Ordering::Relaxed);
         }
-        if self.delivered.fetch_add(count, Ordering::Relaxed) + count >= self.total {
-            self.done.notify_one();
+        if self.tally.delivered.fetch_add(count, Ordering::Relaxed) + count >= self.tally.total {
+            self.tally.done.notify_one();
         }
     }
 }
@@ -171,20 +213,11 @@ pub(super) async fn run_node(shape: Shape, factory: Arc<dyn QueueAdapterFactory>
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let streams = stream_ids(shape);
-    let delivered = Arc::new(AtomicU64::new(0));
-    let disorder = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(Notify::new());
+    let tally = Tally::new(shape.total());
     for stream in &streams {
-        let counter = Counter {
-            next: AtomicU64::new(0),
-            delivered: delivered.clone(),
-            total: shape.total(),
-            done: done.clone(),
-            disorder: disorder.clone(),
-        };
-        node.subscribe(stream, Arc::new(counter), StartPosition::Latest).await.context("subscribe")?;
+        node.subscribe(stream, Arc::new(tally.counter()), StartPosition::Latest).await.context("subscribe")?;
     }
-    let progress = Progress::start("tailrace", shape.total(), delivered.clone());
+    let progress = Progress::start("tailrace", shape.total(), tally.delivered.clone());
     let started = Instant::now();
     let streams = Arc::new(streams);
     let mut producers = Vec::new();
@@ -195,38 +228,20 @@ pub(super) async fn run_node(shape: Shape, factory: Arc<dyn QueueAdapterFactory>
             async move { tailrace::queue::QueueAdapter::enqueue(adapter.as_ref(), &streams[stream], events).await.is_ok() }
         })));
     }
-    for producer in producers {
-        anyhow::ensure!(producer.await?, "a tailrace producer failed to enqueue");
-    }
-    while delivered.load(Ordering::Relaxed) < shape.total() {
-        done.notified().await;
-    }
-    let elapsed = started.elapsed();
-    progress.finish();
-    if disorder.load(Ordering::Relaxed) > 0 {
-        bail!("tailrace delivered {} batches out of order", disorder.load(Ordering::Relaxed));
-    }
+    let rate = tally.finish("tailrace", producers, started, progress).await?;
     node.shutdown().await?;
-    Ok(shape.total() as f64 / elapsed.as_secs_f64())
+    Ok(rate)
 }
 
 async fn baseline_run(shape: Shape) -> anyhow::Result<f64> {
     let streams = stream_ids(shape);
     let mapper = QueueMapper::new(shape.queues);
-    let delivered = Arc::new(AtomicU64::new(0));
-    let disorder = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(Notify::new());
+    let tally = Tally::new(shape.total());
     // Per stream: a bounded channel and a consumer task with the same check.
     let mut stream_tx = Vec::new();
     for _ in &streams {
         let (tx, mut rx) = mpsc::channel::<Vec<Event>>(16);
-        let counter = Counter {
-            next: AtomicU64::new(0),
-            delivered: delivered.clone(),
-            total: shape.total(),
-            done: done.clone(),
-            disorder: disorder.clone(),
-        };
+        let counter = tally.counter();
         tokio::spawn(async move {
             while let Some(batch) = rx.recv().await {
                 if let Some(first) = batch.first() {
@@ -253,7 +268,7 @@ async fn baseline_run(shape: Shape) -> anyhow::Result<f64> {
     }
     let routes: Arc<Vec<usize>> = Arc::new(streams.iter().map(|s| mapper.queue_for(s).0 as usize).collect());
     let queue_tx = Arc::new(queue_tx);
-    let progress = Progress::start("baseline", shape.total(), delivered.clone());
+    let progress = Progress::start("baseline", shape.total(), tally.delivered.clone());
     let started = Instant::now();
     let mut producers = Vec::new();
     for p in 0..shape.producers {
@@ -263,16 +278,5 @@ async fn baseline_run(shape: Shape) -> anyhow::Result<f64> {
             async move { queue_tx[routes[stream]].send((stream, events)).await.is_ok() }
         })));
     }
-    for producer in producers {
-        anyhow::ensure!(producer.await?, "a baseline producer lost its channel");
-    }
-    while delivered.load(Ordering::Relaxed) < shape.total() {
-        done.notified().await;
-    }
-    let elapsed = started.elapsed();
-    progress.finish();
-    if disorder.load(Ordering::Relaxed) > 0 {
-        bail!("baseline delivered {} batches out of order", disorder.load(Ordering::Relaxed));
-    }
-    Ok(shape.total() as f64 / elapsed.as_secs_f64())
+    tally.finish("baseline", producers, started, progress).await
 }

@@ -6,17 +6,16 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
 use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
 use tailrace::queue::QueueMapper;
-use tokio::sync::Notify;
 
 use super::Progress;
-use super::pipeline::{Counter, Shape, produce, run_node, stream_ids};
+use super::pipeline::{Counter, Shape, Tally, produce, run_node, stream_ids};
 
 const GROUP: &str = "bench";
 /// Entries per `XREADGROUP` in the baseline.
@@ -109,14 +108,9 @@ async fn baseline_run(shape: Shape, client: &redis::Client, prefix: &str) -> any
     let mapper = QueueMapper::new(shape.queues);
     let index: Arc<HashMap<String, usize>> =
         Arc::new(streams.iter().enumerate().map(|(i, s)| (s.key().to_string(), i)).collect());
-    let delivered = Arc::new(AtomicU64::new(0));
-    let disorder = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(Notify::new());
-    let counters: Arc<Vec<Counter>> = Arc::new(
-        (0..shape.streams)
-            .map(|_| Counter::new(delivered.clone(), shape.total(), done.clone(), disorder.clone()))
-            .collect(),
-    );
+    let tally = Tally::new(shape.total());
+    let (delivered, disorder, done) = (tally.delivered.clone(), tally.disorder.clone(), tally.done.clone());
+    let counters: Arc<Vec<Counter>> = Arc::new((0..shape.streams).map(|_| tally.counter()).collect());
     let key = |q: u32| format!("{prefix}:q{q}");
     let mut consumers = Vec::new();
     for q in 0..shape.queues {
