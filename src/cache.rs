@@ -23,83 +23,11 @@ use std::collections::{BTreeMap, VecDeque};
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+mod types;
+
+pub use types::{AddError, AddOutcome, CacheMiss, CacheOptions, CursorId, CursorPosition, CursorStart, Purged};
 
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
-
-/// Size and shape of one queue's cache.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CacheOptions {
-    /// Most containers held at once (Orleans `CacheSize`, 4096).
-    pub cache_size: usize,
-    /// Pressure buckets (Orleans uses 10).
-    pub buckets: usize,
-}
-
-impl Default for CacheOptions {
-    fn default() -> Self {
-        Self { cache_size: 4096, buckets: 10 }
-    }
-}
-
-/// Identifies one cursor of one cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CursorId(u64);
-
-/// Where a new cursor starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CursorStart {
-    /// At the first container of the stream with a token `>=` this one.
-    At(SequenceToken),
-    /// At the first container of the stream with a token `>` this one.
-    After(SequenceToken),
-    /// At the oldest container of the stream still cached.
-    Earliest,
-    /// After everything read so far: only containers added later.
-    Latest,
-}
-
-/// A cursor could not be placed: containers it needs may have been purged.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("cache miss: {requested} is at or below {purged_through}, the newest position already purged from the cache")]
-pub struct CacheMiss {
-    /// The token asked for.
-    pub requested: SequenceToken,
-    /// Everything at or below this token has left the cache.
-    pub purged_through: SequenceToken,
-}
-
-/// `add` was offered more than fits, or containers out of queue order.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AddError {
-    /// More containers than the free space (the agent reads at most `max_add_count`).
-    #[error("cache full: {offered} containers offered, {free} free of {capacity}")]
-    Full {
-        /// Containers offered.
-        offered: usize,
-        /// Free slots.
-        free: usize,
-        /// The cache's capacity.
-        capacity: usize,
-    },
-}
-
-/// What [`QueueCache::purge`] drained, oldest first.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Purged {
-    /// Done by every cursor: acknowledge these.
-    pub acked: Vec<SequenceToken>,
-    /// Their delivery failed (skipped to the dead-letter sink): not acked.
-    pub failed: Vec<SequenceToken>,
-}
-
-impl Purged {
-    /// Nothing was drained.
-    pub fn is_empty(&self) -> bool {
-        self.acked.is_empty() && self.failed.is_empty()
-    }
-}
 
 struct Item {
     batch: Arc<BatchContainer>,
@@ -595,25 +523,6 @@ impl QueueCache {
         self.next_id += 1;
         self.next_id
     }
-}
-
-/// What `add` changed.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct AddOutcome {
-    /// Cursors that were caught up and now have something to deliver.
-    pub ready: Vec<CursorId>,
-    /// Containers skipped as redeliveries (token not newer than the last
-    /// added): they are already done, so they are to be acked.
-    pub skipped: Vec<SequenceToken>,
-}
-
-/// Where a cursor stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CursorPosition {
-    /// The next container to deliver has this token.
-    Next(SequenceToken),
-    /// Caught up; the last token seen (if any).
-    CaughtUp(Option<SequenceToken>),
 }
 
 /// The token just before `t`, if any.

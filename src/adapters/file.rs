@@ -1,6 +1,6 @@
 //! The `file` adapter: the embedded durable default (no server). Queue `n`
 //! is the directory `{dir}/q{n}`, fed through the file handoff
-//! ([`crate::handoff`]): this node writes with a [`LoggingConsumer`] of
+//! ([`crate::handoff`]): this node writes with a [`LoggingConsumer`](crate::handoff::LoggingConsumer) of
 //! prefix `prefix` (or an external writer does, with `write = false`), and
 //! the queue's receiver reads the sealed `.jsonl` files of that prefix in
 //! order. Checkpoints live in `{dir}/checkpoints`.
