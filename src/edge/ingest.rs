@@ -112,22 +112,22 @@ pub(crate) async fn post_lines(
         .collect();
     let count = events.len();
     edge.store.ensure_run(&key).await.map_err(|e| problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
-    Err(match edge.node.produce(&key.stream(), events).await {
-        Ok(_) => {
-            metrics::counter!("tailrace_edge_ingested_lines_total").increment(count as u64);
-            return Ok((StatusCode::ACCEPTED, Json(json!({ "accepted": count }))).into_response());
-        }
-        Err(error @ QueueError::BatchTooLarge { .. }) => {
-            problem(StatusCode::PAYLOAD_TOO_LARGE, format!("{error}; nothing was accepted"))
-        }
-        Err(error @ (QueueError::Refused { .. } | QueueError::Full { .. })) => {
-            problem(StatusCode::SERVICE_UNAVAILABLE, format!("{error}; nothing was accepted, retry later"))
-        }
-        Err(error) if error.is_transient() => {
-            problem(StatusCode::SERVICE_UNAVAILABLE, format!("{error}; nothing was accepted, retry later"))
-        }
-        Err(error) => problem(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}; nothing was accepted")),
-    })
+    edge.node.produce(&key.stream(), events).await.map_err(not_accepted)?;
+    metrics::counter!("tailrace_edge_ingested_lines_total").increment(count as u64);
+    Ok((StatusCode::ACCEPTED, Json(json!({ "accepted": count }))).into_response())
+}
+
+/// A queue's refusal as an answer: too large (413), full or down for now
+/// (503: retry), or broken (500). Nothing of the request was accepted.
+fn not_accepted(error: QueueError) -> ApiError {
+    let status = match &error {
+        QueueError::BatchTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        QueueError::Refused { .. } | QueueError::Full { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        error if error.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let retry = if status == StatusCode::SERVICE_UNAVAILABLE { ", retry later" } else { "" };
+    problem(status, format!("{error}; nothing was accepted{retry}"))
 }
 
 #[derive(Deserialize)]
