@@ -211,10 +211,7 @@ type NextLine<'d> = (Result<LineView<'d>, String>, std::ops::Range<usize>, Seque
 fn next_line<'d>(file: &mut Loaded, data: &'d Bytes, text: Option<&'d str>) -> Option<NextLine<'d>> {
     let rest = text.and_then(|t| t.get(file.offset..));
     if let Some((view, length)) = rest.and_then(LineView::parse_prefix) {
-        let range = file.offset..file.offset + length;
-        let token = SequenceToken::new(file.n, file.line);
-        file.offset = (range.end + 1).min(data.len());
-        file.line += 1;
+        let (range, token) = advance(file, length);
         return Some((Ok(view), range, token));
     }
     let (range, token) = take_line(file)?;
@@ -223,16 +220,18 @@ fn next_line<'d>(file: &mut Loaded, data: &'d Bytes, text: Option<&'d str>) -> O
 
 /// Where the next line of `file` is (without its newline), and its token.
 fn take_line(file: &mut Loaded) -> Option<(std::ops::Range<usize>, SequenceToken)> {
-    let rest = file.data.get(file.offset..)?;
-    if rest.is_empty() {
-        return None;
-    }
+    let rest = file.data.get(file.offset..).filter(|r| !r.is_empty())?;
     let length = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
+    Some(advance(file, length))
+}
+
+/// Moves past the line of `length` bytes at the offset (and its newline).
+fn advance(file: &mut Loaded, length: usize) -> (std::ops::Range<usize>, SequenceToken) {
     let range = file.offset..file.offset + length;
     let token = SequenceToken::new(file.n, file.line);
-    file.offset += (length + 1).min(rest.len());
+    file.offset = (range.end + 1).min(file.data.len());
     file.line += 1;
-    Some((range, token))
+    (range, token)
 }
 
 /// Reads one file queue. See the module documentation.
