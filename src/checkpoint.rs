@@ -130,6 +130,19 @@ impl FileCheckpointer {
     fn temp_path(&self, queue: QueueId) -> PathBuf {
         self.dir.join(format!("checkpoint-{queue}.json.tmp"))
     }
+
+    /// The stored checkpoint of `queue`, read on this thread (blocking I/O).
+    pub fn load_blocking(&self, queue: QueueId) -> Result<Option<SequenceToken>, CheckpointError> {
+        load_file(&self.temp_path(queue), &self.path(queue), queue)
+    }
+}
+
+/// A complete temp file is newer than the main one; a torn one is ignored.
+fn load_file(temp: &Path, path: &Path, queue: QueueId) -> Result<Option<SequenceToken>, CheckpointError> {
+    if let Ok(Some(token)) = read_checkpoint(temp, queue) {
+        return Ok(Some(token));
+    }
+    read_checkpoint(path, queue)
 }
 
 fn read_checkpoint(path: &Path, queue: QueueId) -> Result<Option<SequenceToken>, CheckpointError> {
@@ -173,15 +186,9 @@ fn write_checkpoint(
 impl Checkpointer for FileCheckpointer {
     async fn load(&self, queue: QueueId) -> Result<Option<SequenceToken>, CheckpointError> {
         let (temp, path) = (self.temp_path(queue), self.path(queue));
-        tokio::task::spawn_blocking(move || {
-            // A complete temp file is newer than the main one; a torn one is ignored.
-            if let Ok(Some(token)) = read_checkpoint(&temp, queue) {
-                return Ok(Some(token));
-            }
-            read_checkpoint(&path, queue)
-        })
-        .await
-        .map_err(|e| CheckpointError::Backend(format!("checkpoint reader task failed: {e}")))?
+        tokio::task::spawn_blocking(move || load_file(&temp, &path, queue))
+            .await
+            .map_err(|e| CheckpointError::Backend(format!("checkpoint reader task failed: {e}")))?
     }
 
     async fn save(&self, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError> {

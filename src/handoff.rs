@@ -12,25 +12,33 @@
 //!   held (flock) before anything else; a second writer fails. If the
 //!   sidecar is deleted or replaced, the writer fails for good instead of
 //!   writing on.
-//! - **Crashes need an operator**: a leftover lock or `.open` makes opening
-//!   the prefix fail with [`HandoffError::RecoveryRequired`] naming the files.
-//!   Nothing is renamed or stolen automatically; [`recover`] inspects and
-//!   quarantines (`tailrace handoff recover`).
+//! - **A standalone writer never steals**: a leftover lock or `.open` makes
+//!   opening the prefix fail with [`HandoffError::RecoveryRequired`] naming
+//!   the files; [`recover`] inspects, quarantines and republishes
+//!   (`tailrace handoff recover`). Only a process holding the data
+//!   directory's OS lock ([`DataDirLock`]) recovers by itself: the kernel
+//!   lock proves the leftovers are orphans.
+//! - **File numbers never go back**: the prefix's state file records the
+//!   numbers used, so a writer opened after readers deleted every file
+//!   still numbers past them.
 //! - **A byte budget per prefix** (`max_total_bytes`, `.open` and `.jsonl`
 //!   counted): an event past it is refused with a typed error; nothing
 //!   already accepted is lost.
 //! - **Durability** follows the [`FsyncPolicy`]: never (sealed files only),
 //!   on every flush, or grouped.
 
+mod dir_lock;
 mod files;
 mod line;
 mod lock;
 mod recover;
+mod state;
 mod writer;
 
+pub use dir_lock::{DATA_DIR_LOCK, DataDirLock};
 pub use files::{PrefixFile, list_prefix_files, sealed_path, validate_prefix};
 pub use line::{DecodedLine, LineView, decode_line, encode_line};
-pub use recover::{RecoveryReport, recover};
+pub use recover::{QUARANTINE, RecoveredFile, RecoveryReport, recover, recover_tree};
 pub use writer::{FsyncPolicy, LinePosition, LoggingConsumer, WriterOptions};
 
 use std::path::PathBuf;
@@ -58,7 +66,7 @@ pub enum HandoffError {
     },
     /// A crash left files behind; an operator must look at them first.
     #[error(
-        "prefix `{prefix}` in {dir} needs recovery (RECOVERY_REQUIRED): leftover {}; inspect and quarantine with `tailrace handoff recover --dir {} --prefix {prefix}`",
+        "prefix `{prefix}` in {dir} needs recovery (RECOVERY_REQUIRED): leftover {}; a node recovers its own data directory at start; otherwise inspect and recover with `tailrace handoff recover --dir {} --prefix {prefix} --republish`",
         files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "),
         dir.display()
     )]
@@ -69,6 +77,16 @@ pub enum HandoffError {
         prefix: String,
         /// The leftover lock and `.open` files.
         files: Vec<PathBuf>,
+    },
+    /// Another live process holds the data directory.
+    #[error(
+        "data directory {dir} is in use by another tailrace process ({holder}); stop it first, or give this one its own --data-dir"
+    )]
+    DataDirBusy {
+        /// The directory.
+        dir: PathBuf,
+        /// What the lock file says of its holder (`pid N`).
+        holder: String,
     },
     /// Accepting the events would pass the prefix's byte budget.
     #[error(

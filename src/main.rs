@@ -61,7 +61,8 @@ enum Command {
 enum HandoffCommand {
     /// Inspect what a crashed writer left (stale lock, .open files), report
     /// complete lines and a truncated tail, move the files aside into
-    /// quarantine/ and free the prefix. Republishes only with --republish.
+    /// quarantine/ and free the prefix; with --republish, write their
+    /// complete lines again. Safe to run twice.
     Recover(cli::handoff::RecoverArgs),
 }
 

@@ -116,7 +116,11 @@ async fn consumed_files_are_deleted_once_the_checkpoint_passed_them() {
     assert!(eventually(WAIT, || sealed() == 0).await, "{} sealed files left", sealed());
     node.node.shutdown().await.unwrap();
     adapter.close().await.unwrap();
-    assert!(std::fs::read_dir(dir.path().join("q0")).unwrap().next().is_none(), "nothing is left behind");
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("q0"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, [".events.state"], "nothing is left behind but the numbers used");
 }
 
 #[tokio::test]
@@ -180,4 +184,57 @@ async fn subscribing_at_an_old_token_rereads_the_files_still_on_disk() {
     assert_eq!(recorder.ids(&s), ids("e", 2..7));
     node.node.shutdown().await.unwrap();
     adapter.close().await.unwrap();
+}
+
+/// The queue's sealed files, by name.
+fn sealed_files(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".jsonl"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Issue: after the queue drained (every file consumed and deleted, the
+/// checkpoint far along) and a restart, new events were written below the
+/// checkpoint and never delivered. Several lives on one directory.
+#[tokio::test]
+async fn events_after_a_drained_restart_are_delivered_in_every_life() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = stream("f", "drained");
+    let mut expected = Vec::new();
+    for life in 0..4u64 {
+        let recorder = Recorder::new();
+        let factory = Arc::new(FileAdapterFactory::new(1, options(dir.path())).unwrap());
+        let adapter = factory.adapter();
+        let node = TestNode::start(factory, config(), implicit("f", &recorder)).await;
+        let batches = if life == 0 { 40 } else { 5 };
+        let mut produced = Vec::new();
+        for b in 0..batches {
+            let first = life * 1000 + b * 10;
+            node.node.produce(&s, events("e", first..first + 10)).await.unwrap();
+            produced.extend(ids("e", first..first + 10));
+        }
+        expected.extend(produced.iter().cloned());
+        assert!(
+            eventually(WAIT, || recorder.ids(&s).ends_with(&produced)).await,
+            "life {life}: delivered {} of {}",
+            recorder.ids(&s).len(),
+            produced.len()
+        );
+        // Drained: every file consumed and deleted before the stop.
+        assert!(eventually(WAIT, || sealed_files(&dir.path().join("q0")).is_empty()).await, "life {life}");
+        node.node.shutdown().await.unwrap();
+        adapter.close().await.unwrap();
+        let checkpoint = tailrace::checkpoint::FileCheckpointer::new(dir.path().join("checkpoints"))
+            .unwrap()
+            .load_blocking(tailrace::queue::QueueId(0))
+            .unwrap();
+        assert!(checkpoint.is_some(), "life {life}: a checkpoint was saved");
+        // Nothing from an earlier life came again, nothing of this one is missing.
+        assert_eq!(recorder.ids(&s), produced, "life {life}");
+    }
+    assert_eq!(expected.len(), 400 + 3 * 50);
 }

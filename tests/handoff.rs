@@ -16,9 +16,14 @@ fn event(i: u64) -> Event {
     Event::new(EventId::new(format!("e{i}")), format!("line {i} of the log"))
 }
 
+/// The directory's entries, but the prefixes' state files (their tests
+/// look at them on purpose).
 fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> =
-        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| !name.ends_with(".state"))
+        .collect();
     names.sort();
     names
 }
@@ -384,4 +389,111 @@ fn a_batch_is_one_unit_on_disk_and_never_spans_two_files() {
         [3, 1, 1, 1],
         "the first line carries the batch size"
     );
+}
+
+/// Writes `n` events to a fresh writer of `prefix`, closes it, and returns
+/// the file numbers it used.
+fn write_and_close(dir: &Path, prefix: &str, n: u64) -> Vec<u64> {
+    let mut writer = LoggingConsumer::open(dir, prefix, options()).unwrap();
+    for i in 0..n {
+        writer.append(&stream(), &event(i)).unwrap();
+        writer.rotate().unwrap();
+    }
+    writer.close().unwrap();
+    list_prefix_files(dir, prefix).unwrap().iter().map(|f| f.n).collect()
+}
+
+#[test]
+fn file_numbers_never_go_back_even_when_every_file_was_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut highest = 0;
+    for life in 0..4 {
+        let used = write_and_close(dir.path(), "events", 3);
+        assert_eq!(used.len(), 3, "life {life}: {used:?}");
+        assert!(used.iter().all(|n| *n > highest), "life {life}: {used:?} after {highest}");
+        highest = *used.iter().max().unwrap();
+        // A reader consumed everything and deleted it.
+        for file in list_prefix_files(dir.path(), "events").unwrap() {
+            std::fs::remove_file(file.path).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_writer_numbers_past_the_floor_it_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut writer = LoggingConsumer::open_from(dir.path(), "events", options(), 5000).unwrap();
+    assert_eq!(writer.append(&stream(), &event(0)).unwrap().file, 5000);
+    writer.close().unwrap();
+    std::fs::remove_file(dir.path().join(".events.state")).unwrap();
+    // Without its state file, the directory's files still count.
+    let mut writer = LoggingConsumer::open(dir.path(), "events", options()).unwrap();
+    assert_eq!(writer.append(&stream(), &event(1)).unwrap().file, 5001);
+    writer.close().unwrap();
+}
+
+/// A writer that dies with two complete lines and a torn third in its
+/// `.open` file.
+fn crash_with_a_torn_tail(dir: &Path) {
+    let mut writer = LoggingConsumer::open(dir, "events", options()).unwrap();
+    writer.append_batch(&stream(), &[event(0), event(1)]).unwrap();
+    writer.flush().unwrap();
+    drop(writer);
+    let open = dir.join("events-1.open");
+    let mut bytes = std::fs::read(&open).unwrap();
+    bytes.extend_from_slice(b"{\"id\":\"e2\",\"str");
+    std::fs::write(&open, bytes).unwrap();
+}
+
+#[test]
+fn recover_then_recover_with_republish_loses_nothing_and_a_third_run_is_harmless() {
+    let dir = tempfile::tempdir().unwrap();
+    crash_with_a_torn_tail(dir.path());
+    // The documented two steps: look first, then hand the lines over.
+    let first = recover(dir.path(), "events", false).unwrap();
+    assert_eq!(first.pending_lines(), 2);
+    assert!(first.to_string().contains("not republished yet"), "{first}");
+    assert!(sealed_ids(dir.path(), "events").is_empty());
+    let second = recover(dir.path(), "events", true).unwrap();
+    assert_eq!(second.republished(), 2, "{second}");
+    assert_eq!(sealed_ids(dir.path(), "events"), ["e0", "e1"]);
+    let third = recover(dir.path(), "events", true).unwrap();
+    assert!(third.is_empty(), "{third}");
+    assert_eq!(sealed_ids(dir.path(), "events"), ["e0", "e1"], "nothing republished twice");
+    let quarantined: Vec<String> = names(&dir.path().join(QUARANTINE));
+    assert_eq!(quarantined, ["events-1.open.republished"], "the torn tail is kept for a look");
+}
+
+#[test]
+fn recover_tree_recovers_every_queue_of_a_data_directory() {
+    let root = tempfile::tempdir().unwrap();
+    for queue in ["q0", "q3"] {
+        crash_with_a_torn_tail(&root.path().join(queue));
+    }
+    write_and_close(&root.path().join("q5"), "events", 1);
+    let reports = recover_tree(root.path(), "events", true).unwrap();
+    let dirs: Vec<String> = reports.iter().map(|r| r.dir.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(dirs, ["q0", "q3"], "a clean queue needs nothing");
+    for queue in ["q0", "q3"] {
+        assert_eq!(sealed_ids(&root.path().join(queue), "events"), ["e0", "e1"]);
+        LoggingConsumer::open(root.path().join(queue), "events", options()).unwrap().close().unwrap();
+    }
+    assert!(recover_tree(root.path(), "events", true).unwrap().is_empty(), "a second run finds nothing");
+}
+
+#[test]
+fn a_data_directory_is_held_by_one_process_and_lets_its_holder_recover() {
+    let root = tempfile::tempdir().unwrap();
+    let held = DataDirLock::acquire(root.path()).unwrap();
+    let err = DataDirLock::acquire(root.path()).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, HandoffError::DataDirBusy { .. }), "{text}");
+    assert!(text.contains(&format!("pid {}", std::process::id())) && text.contains("--data-dir"), "{text}");
+    let queue = root.path().join("queues").join("q1");
+    crash_with_a_torn_tail(&queue);
+    let reports = held.recover(&queue, "events").unwrap();
+    assert_eq!(reports.iter().map(RecoveryReport::republished).sum::<u64>(), 2);
+    assert!(held.recover(Path::new("/elsewhere"), "events").is_err(), "only inside the held directory");
+    drop(held);
+    DataDirLock::acquire(root.path()).unwrap();
 }

@@ -13,6 +13,13 @@
 //!   the stored checkpoint passed its last line.
 //! - A new receiver resumes after the later of the stored checkpoint and
 //!   what earlier receivers of this process saw acknowledged.
+//! - File numbers never go back: the writer starts past the prefix's
+//!   recorded numbers and the stored checkpoint, so nothing written after a
+//!   restart can land below the checkpoint.
+//! - Opened by the holder of the data directory's lock
+//!   ([`FileAdapterFactory::new_owned`]), the factory first recovers what a
+//!   crash left in the queue directories: the complete lines of `.open`
+//!   files are republished, torn tails quarantined, stale locks removed.
 
 mod reader;
 mod writer;
@@ -28,7 +35,7 @@ use tokio::sync::Notify;
 use crate::cache::CacheOptions;
 use crate::checkpoint::{Checkpointer, FileCheckpointer};
 use crate::failure::{DeadLetterSink, LogDeadLetters};
-use crate::handoff::{HandoffError, WriterOptions, validate_prefix};
+use crate::handoff::{DataDirLock, HandoffError, RecoveryReport, WriterOptions, validate_prefix};
 use crate::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
 use crate::stream::{Event, SequenceToken, StreamId};
 
@@ -81,27 +88,53 @@ pub struct FileAdapterFactory {
     adapter: Arc<FileAdapter>,
     checkpointer: Arc<FileCheckpointer>,
     cache: CacheOptions,
+    recovered: Vec<RecoveryReport>,
 }
 
 impl FileAdapterFactory {
     /// Opens (and creates) the queue directories. With `write`, takes every
-    /// queue's prefix now, so a crash's leftovers stop the node at start
-    /// with a recovery-required error naming the files.
+    /// queue's prefix now, so a crash's leftovers stop it with a
+    /// recovery-required error naming the files (see
+    /// [`new_owned`](Self::new_owned) for a node that owns its directory).
     pub fn new(queue_count: u32, options: FileOptions) -> Result<Self, QueueError> {
+        Self::open(queue_count, options, None)
+    }
+
+    /// Like [`new`](Self::new), for the holder of the data directory's lock:
+    /// with `write`, what a crash left in the queue directories is recovered
+    /// first (see [`recovered`](Self::recovered)).
+    pub fn new_owned(queue_count: u32, options: FileOptions, owner: &DataDirLock) -> Result<Self, QueueError> {
+        Self::open(queue_count, options, Some(owner))
+    }
+
+    fn open(queue_count: u32, options: FileOptions, owner: Option<&DataDirLock>) -> Result<Self, QueueError> {
         validate_prefix(&options.prefix).map_err(|e| QueueError::Config(e.to_string()))?;
         let mapper = QueueMapper::new(queue_count);
         let checkpointer = Arc::new(
             FileCheckpointer::new(options.dir.join("checkpoints")).map_err(|e| QueueError::Config(e.to_string()))?,
         );
         let mut queues = Vec::new();
+        let mut recovered = Vec::new();
         for queue in mapper.all_queues() {
             let dir = options.dir.join(queue.to_string());
             std::fs::create_dir_all(&dir)
                 .map_err(|source| QueueError::Io { context: format!("creating {}", dir.display()), source })?;
             let sealed = Arc::new(Notify::new());
             let writer = if options.write {
+                if let Some(owner) = owner {
+                    let reports = owner.recover(&dir, &options.prefix).map_err(|e| handoff_error(queue, e))?;
+                    recovered.extend(reports.into_iter().inspect(|r| log_recovery(queue, r)));
+                }
+                // Numbers past the checkpoint too: a directory emptied by
+                // deletions and missing its state file must not go back.
+                let stored = checkpointer.load_blocking(queue).map_err(|e| QueueError::Backend {
+                    adapter: NAME.into(),
+                    message: e.to_string(),
+                    transient: false,
+                })?;
+                let first_file = stored.map_or(1, |t| t.major.saturating_add(1));
                 Some(
-                    writer::QueueWriter::start(queue, &dir, &options, sealed.clone())
+                    writer::QueueWriter::start(queue, &dir, &options, first_file, sealed.clone())
                         .map_err(|e| handoff_error(queue, e))?,
                 )
             } else {
@@ -116,7 +149,12 @@ impl FileAdapterFactory {
             checkpointer: checkpointer.clone(),
             dead_letters: Mutex::new(Arc::new(LogDeadLetters)),
         });
-        Ok(Self { adapter, checkpointer, cache: CacheOptions::default() })
+        Ok(Self { adapter, checkpointer, cache: CacheOptions::default(), recovered })
+    }
+
+    /// What was recovered at start (only by [`new_owned`](Self::new_owned)).
+    pub fn recovered(&self) -> &[RecoveryReport] {
+        &self.recovered
     }
 
     /// Uses these cache options for every queue.
@@ -262,6 +300,27 @@ impl QueueAdapter for FileAdapter {
     async fn close(&self) -> Result<(), QueueError> {
         FileAdapter::close(self).await
     }
+}
+
+/// Says what a start-up recovery did, in the log and in `/metrics`.
+fn log_recovery(queue: QueueId, report: &RecoveryReport) {
+    for file in &report.files {
+        tracing::warn!(
+            %queue,
+            file = %file.original.display(),
+            quarantined = %file.quarantined.display(),
+            complete_lines = file.complete_lines,
+            republished = file.republished,
+            truncated_tail_bytes = file.truncated_tail_bytes,
+            "recovered what a crash left: complete lines republished, the file kept in quarantine"
+        );
+    }
+    if let Some(lock) = &report.stale_lock {
+        tracing::warn!(%queue, lock = %lock.display(), "removed a stale writer lock left by a crash");
+    }
+    metrics::counter!("tailrace_recovered_files_total").increment(report.files.len() as u64);
+    metrics::counter!("tailrace_recovered_events_total").increment(report.republished());
+    metrics::counter!("tailrace_recovered_tail_bytes_total").increment(report.truncated_tail_bytes());
 }
 
 /// A handoff error as a queue error.

@@ -10,6 +10,7 @@ pub mod redis;
 use std::sync::Arc;
 
 use crate::config::Config;
+use crate::handoff::DataDirLock;
 use crate::pubsub::PubSubStore;
 use crate::queue::{QueueAdapterFactory, QueueError};
 
@@ -24,7 +25,9 @@ pub struct Backend {
 
 /// Builds the backend `config.queues.adapter` names, with its section of
 /// `[adapters]` and the `[cache]` options. Connects to servers it needs.
-pub async fn build(config: &Config) -> Result<Backend, QueueError> {
+/// `owner`, the held lock of the node's data directory, lets the `file`
+/// adapter recover what a crash left there.
+pub async fn build(config: &Config, owner: Option<&DataDirLock>) -> Result<Backend, QueueError> {
     let (count, cache) = (config.queues.count, config.cache.clone());
     let (factory, store): (Arc<dyn QueueAdapterFactory>, Option<Arc<dyn PubSubStore>>) = match config
         .queues
@@ -35,7 +38,12 @@ pub async fn build(config: &Config) -> Result<Backend, QueueError> {
             (Arc::new(memory::MemoryAdapterFactory::new(count, config.adapters.memory.clone()).with_cache(cache)), None)
         }
         "file" => {
-            (Arc::new(file::FileAdapterFactory::new(count, config.adapters.file.clone())?.with_cache(cache)), None)
+            let options = config.adapters.file.clone();
+            let factory = match owner {
+                Some(owner) => file::FileAdapterFactory::new_owned(count, options, owner)?,
+                None => file::FileAdapterFactory::new(count, options)?,
+            };
+            (Arc::new(factory.with_cache(cache)), None)
         }
         "redis" => {
             let factory =

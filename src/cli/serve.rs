@@ -10,6 +10,7 @@ use anyhow::Context;
 use tailrace::archive::{Archiver, LOGS_NAMESPACE};
 use tailrace::cluster::NodeId;
 use tailrace::edge::LogEdge;
+use tailrace::handoff::DataDirLock;
 use tailrace::node::Node;
 use tailrace::pubsub::ImplicitSubscriptions;
 use tokio_util::sync::CancellationToken;
@@ -30,8 +31,12 @@ pub struct ServeArgs {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = super::node_config(args.config.as_ref(), &args.data_dir, args.listen)?;
+    // Held until the process ends: no other process writes here, so what a
+    // crash left in the queues is ours to recover.
+    let owner = DataDirLock::acquire(&args.data_dir)?;
+    let metrics = tailrace::edge::install_metrics()?;
     let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
-    let backend = tailrace::adapters::build(&config).await.context("opening the queues")?;
+    let backend = tailrace::adapters::build(&config, Some(&owner)).await.context("opening the queues")?;
     let adapter = backend.factory.create_adapter().await?;
     let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, Archiver::new(store.clone()));
     let mut builder =
@@ -41,7 +46,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let node = Arc::new(builder.start().await?);
     let stop = CancellationToken::new();
-    let metrics = tailrace::edge::install_metrics()?;
     let logs = LogEdge::new(node.clone(), store, config.edge.clone(), stop.clone());
     let (bound, server) = logs.serve(args.listen, tailrace::edge::router(metrics), stop.clone()).await?;
     println!(
@@ -61,5 +65,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     node.shutdown().await?;
     adapter.close().await?;
     let _ = server.await;
+    drop(owner);
     Ok(())
 }

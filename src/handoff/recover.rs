@@ -1,17 +1,34 @@
-//! `tailrace handoff recover`: after a crash, inspect what the writer left
-//! (a stale lock, `.open` files), report complete lines and a truncated
-//! tail, move the files aside into `quarantine/`, and free the prefix. It
-//! republishes the complete lines only when asked (`--republish`), through a
-//! fresh writer, event ids unchanged (so consumers can drop duplicates).
+//! Recovery after a writer crashed: inspect what it left (a stale lock,
+//! `.open` files), move the files aside into `quarantine/`, free the prefix,
+//! and (with `republish`) write their complete lines again into a sealed
+//! file, event ids unchanged, so consumers can drop what they already had.
+//!
+//! Every step is safe to repeat and nothing is lost whatever step a crash
+//! (or an operator) stops at:
+//! 1. each `.open` file is moved to `quarantine/` as is (pending);
+//! 2. the stale lock is removed;
+//! 3. with `republish`, every pending file of the prefix (this run's and
+//!    any an earlier run left without `republish`) is written again through
+//!    a fresh writer and sealed, then renamed `….republished`.
+//!
+//! A crash between 3's seal and its rename republishes that file once more
+//! on the next run: duplicates with the same event ids, never a loss.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::HandoffError;
-use super::files::{list_prefix_files, lock_path, sync_dir, validate_prefix};
+use super::files::{list_prefix_files, lock_path, parse_name, sync_dir, validate_prefix};
 use super::line::{DecodedLine, decode_line};
 use super::lock::{Acquired, probe};
 use super::writer::{LoggingConsumer, WriterOptions};
+
+/// The quarantine folder inside a queue directory.
+pub const QUARANTINE: &str = "quarantine";
+/// Marks a quarantined file whose lines were written again.
+const REPUBLISHED: &str = ".republished";
+/// How deep [`recover_tree`] looks for queue directories below its root.
+const TREE_DEPTH: usize = 2;
 
 /// One `.open` file that was recovered.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,8 +56,31 @@ pub struct RecoveryReport {
     pub prefix: String,
     /// The stale lock removed, if there was one.
     pub stale_lock: Option<PathBuf>,
-    /// The `.open` files moved aside.
+    /// The `.open` files moved aside now, and the quarantined files of an
+    /// earlier run that were republished now.
     pub files: Vec<RecoveredFile>,
+}
+
+impl RecoveryReport {
+    /// Whether there was nothing to recover.
+    pub fn is_empty(&self) -> bool {
+        self.stale_lock.is_none() && self.files.is_empty()
+    }
+
+    /// Events written again.
+    pub fn republished(&self) -> u64 {
+        self.files.iter().map(|f| f.republished).sum()
+    }
+
+    /// Bytes of torn tails left in quarantine.
+    pub fn truncated_tail_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.truncated_tail_bytes).sum()
+    }
+
+    /// Complete lines kept in quarantine only (not republished).
+    pub fn pending_lines(&self) -> u64 {
+        self.files.iter().filter(|f| f.republished == 0).map(|f| f.valid_lines).sum()
+    }
 }
 
 impl fmt::Display for RecoveryReport {
@@ -54,19 +94,91 @@ impl fmt::Display for RecoveryReport {
             writeln!(f, "  no .open file")?;
         }
         for file in &self.files {
+            let outcome = if file.republished > 0 {
+                format!("; {} events republished", file.republished)
+            } else if file.valid_lines > 0 {
+                "; not republished yet (run again with --republish)".into()
+            } else {
+                String::new()
+            };
             writeln!(
                 f,
-                "  {}: {} complete lines ({} valid), truncated tail {} bytes -> {}{}",
+                "  {}: {} complete lines ({} valid), truncated tail {} bytes -> {}{outcome}",
                 file.original.display(),
                 file.complete_lines,
                 file.valid_lines,
                 file.truncated_tail_bytes,
                 file.quarantined.display(),
-                if file.republished > 0 { format!("; {} events republished", file.republished) } else { String::new() }
             )?;
         }
         Ok(())
     }
+}
+
+/// What a crashed file holds.
+struct Inspected {
+    complete_lines: u64,
+    lines: Vec<DecodedLine>,
+    truncated_tail_bytes: u64,
+}
+
+fn inspect(path: &Path) -> Result<Inspected, HandoffError> {
+    let bytes = std::fs::read(path).map_err(HandoffError::io(format!("reading {}", path.display())))?;
+    let body_end = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    let mut lines = Vec::new();
+    let mut complete_lines = 0;
+    for line in bytes[..body_end].split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        complete_lines += 1;
+        if let Ok(decoded) = decode_line(line) {
+            lines.push(decoded);
+        }
+    }
+    Ok(Inspected { complete_lines, lines, truncated_tail_bytes: (bytes.len() - body_end) as u64 })
+}
+
+/// Whether `name` (in `quarantine/`) is a file of `prefix` not republished
+/// yet: `{prefix}-{n}.open` or `{prefix}-{n}.open.{k}`.
+fn is_pending(prefix: &str, name: &str) -> bool {
+    if name.ends_with(REPUBLISHED) {
+        return false;
+    }
+    let base = match name.rsplit_once('.') {
+        Some((base, k)) if !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()) => base,
+        _ => name,
+    };
+    matches!(parse_name(prefix, base), Some((_, true)))
+}
+
+/// The pending files in `quarantine`, oldest file number first.
+fn pending(quarantine: &Path, prefix: &str) -> Result<Vec<PathBuf>, HandoffError> {
+    let entries = match std::fs::read_dir(quarantine) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(HandoffError::io(format!("listing {}", quarantine.display()))(e)),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(HandoffError::io(format!("listing {}", quarantine.display())))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if is_pending(prefix, &name) {
+            let number = name.trim_start_matches(prefix).trim_start_matches('-');
+            let n: u64 = number.split('.').next().and_then(|n| n.parse().ok()).unwrap_or(u64::MAX);
+            found.push((n, name.clone(), entry.path()));
+        }
+    }
+    found.sort();
+    Ok(found.into_iter().map(|(_, _, path)| path).collect())
+}
+
+/// A free name for `name` in `quarantine`.
+fn quarantine_target(quarantine: &Path, name: &str) -> PathBuf {
+    let mut target = quarantine.join(name);
+    let mut k = 1;
+    while target.exists() || PathBuf::from(format!("{}{REPUBLISHED}", target.display())).exists() {
+        target = quarantine.join(format!("{name}.{k}"));
+        k += 1;
+    }
+    target
 }
 
 /// Recovers `prefix` in `dir`. Refuses while a live writer holds it.
@@ -81,28 +193,14 @@ pub fn recover(dir: &Path, prefix: &str, republish: bool) -> Result<RecoveryRepo
     } else {
         None
     };
-    let quarantine = dir.join("quarantine");
+    let quarantine = dir.join(QUARANTINE);
     let mut report = RecoveryReport { dir: dir.into(), prefix: prefix.into(), stale_lock, files: Vec::new() };
-    let mut to_republish: Vec<(usize, Vec<DecodedLine>)> = Vec::new();
+    // 1. Every `.open` file aside, as is.
     for file in list_prefix_files(dir, prefix)?.into_iter().filter(|f| f.open) {
-        let bytes = std::fs::read(&file.path).map_err(HandoffError::io(format!("reading {}", file.path.display())))?;
-        let body_end = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-        let mut decoded = Vec::new();
-        let mut complete = 0;
-        for line in bytes[..body_end].split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            complete += 1;
-            if let Ok(event) = decode_line(line) {
-                decoded.push(event);
-            }
-        }
+        let inspected = inspect(&file.path)?;
         std::fs::create_dir_all(&quarantine).map_err(HandoffError::io(format!("creating {}", quarantine.display())))?;
         let name = file.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let mut target = quarantine.join(&name);
-        let mut k = 1;
-        while target.exists() {
-            target = quarantine.join(format!("{name}.{k}"));
-            k += 1;
-        }
+        let target = quarantine_target(&quarantine, &name);
         std::fs::rename(&file.path, &target).map_err(HandoffError::io(format!(
             "moving {} to {}",
             file.path.display(),
@@ -113,36 +211,123 @@ pub fn recover(dir: &Path, prefix: &str, republish: bool) -> Result<RecoveryRepo
         report.files.push(RecoveredFile {
             original: file.path,
             quarantined: target,
-            complete_lines: complete,
-            valid_lines: decoded.len() as u64,
-            truncated_tail_bytes: (bytes.len() - body_end) as u64,
+            complete_lines: inspected.complete_lines,
+            valid_lines: inspected.lines.len() as u64,
+            truncated_tail_bytes: inspected.truncated_tail_bytes,
             republished: 0,
         });
-        if republish && !decoded.is_empty() {
-            to_republish.push((report.files.len() - 1, decoded));
-        }
     }
+    // 2. The prefix is free again.
     if report.stale_lock.is_some() {
         std::fs::remove_file(&lock).map_err(HandoffError::io(format!("removing stale lock {}", lock.display())))?;
         sync_dir(dir)?;
     }
-    if !to_republish.is_empty() {
-        let mut writer =
-            LoggingConsumer::open(dir, prefix, WriterOptions { max_file_age: None, ..WriterOptions::default() })?;
-        for (index, lines) in to_republish {
-            for line in &lines {
-                writer.append(&line.stream, &line.event)?;
-            }
-            writer.flush()?;
-            let entry = &mut report.files[index];
-            entry.republished = lines.len() as u64;
-            let marked = PathBuf::from(format!("{}.republished", entry.quarantined.display()));
-            std::fs::rename(&entry.quarantined, &marked)
-                .map_err(HandoffError::io(format!("marking {}", marked.display())))?;
-            entry.quarantined = marked;
-        }
-        writer.close()?;
-        sync_dir(&quarantine)?;
+    // 3. The complete lines of every pending file, written again.
+    if republish {
+        republish_pending(dir, prefix, &quarantine, &mut report)?;
     }
     Ok(report)
+}
+
+fn republish_pending(
+    dir: &Path,
+    prefix: &str,
+    quarantine: &Path,
+    report: &mut RecoveryReport,
+) -> Result<(), HandoffError> {
+    let files = pending(quarantine, prefix)?;
+    if files.is_empty() {
+        return Ok(());
+    }
+    let mut writer =
+        LoggingConsumer::open(dir, prefix, WriterOptions { max_file_age: None, ..WriterOptions::default() })?;
+    for path in files {
+        let inspected = inspect(&path)?;
+        append_batches(&mut writer, &inspected.lines)?;
+        // Sealed before the file is marked: a crash in between republishes
+        // it again (same ids), never loses it.
+        writer.rotate()?;
+        let marked = PathBuf::from(format!("{}{REPUBLISHED}", path.display()));
+        std::fs::rename(&path, &marked).map_err(HandoffError::io(format!("marking {}", marked.display())))?;
+        let republished = inspected.lines.len() as u64;
+        match report.files.iter_mut().find(|f| f.quarantined == path) {
+            Some(entry) => {
+                entry.republished = republished;
+                entry.quarantined = marked;
+            }
+            None => report.files.push(RecoveredFile {
+                original: path,
+                quarantined: marked,
+                complete_lines: inspected.complete_lines,
+                valid_lines: republished,
+                truncated_tail_bytes: inspected.truncated_tail_bytes,
+                republished,
+            }),
+        }
+    }
+    writer.close()?;
+    sync_dir(quarantine)
+}
+
+/// Appends lines as the batches they were written in (a batch's first line
+/// says how many lines it has).
+fn append_batches(writer: &mut LoggingConsumer, lines: &[DecodedLine]) -> Result<(), HandoffError> {
+    let mut i = 0;
+    while i < lines.len() {
+        let first = &lines[i];
+        let mut events = vec![first.event.clone()];
+        let mut j = i + 1;
+        while j < lines.len() && events.len() < first.batch as usize {
+            let next = &lines[j];
+            if next.stream != first.stream || next.batch != 1 {
+                break;
+            }
+            events.push(next.event.clone());
+            j += 1;
+        }
+        writer.append_batch(&first.stream, &events)?;
+        i = j;
+    }
+    Ok(())
+}
+
+/// Whether `dir` holds anything of `prefix` to recover.
+fn needs_recovery(dir: &Path, prefix: &str) -> Result<bool, HandoffError> {
+    Ok(lock_path(dir, prefix).exists()
+        || list_prefix_files(dir, prefix)?.iter().any(|f| f.open)
+        || !pending(&dir.join(QUARANTINE), prefix)?.is_empty())
+}
+
+/// Recovers `prefix` in `root` and in every directory below it (a few
+/// levels deep, quarantine folders skipped) that needs it: a data
+/// directory's queues in one run. Reports only what was recovered.
+pub fn recover_tree(root: &Path, prefix: &str, republish: bool) -> Result<Vec<RecoveryReport>, HandoffError> {
+    validate_prefix(prefix)?;
+    let mut reports = Vec::new();
+    let mut dirs = vec![(root.to_path_buf(), 0)];
+    while let Some((dir, depth)) = dirs.pop() {
+        if needs_recovery(&dir, prefix)? {
+            reports.push(recover(&dir, prefix, republish)?);
+        }
+        if depth >= TREE_DEPTH {
+            continue;
+        }
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(HandoffError::io(format!("listing {}", dir.display()))(e)),
+        };
+        let mut children = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(HandoffError::io(format!("listing {}", dir.display())))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name == QUARANTINE || name.starts_with('.') || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            children.push(entry.path());
+        }
+        children.sort();
+        dirs.extend(children.into_iter().rev().map(|child| (child, depth + 1)));
+    }
+    Ok(reports)
 }

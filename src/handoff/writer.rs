@@ -15,6 +15,7 @@ use super::HandoffError;
 use super::files::{file_path, list_prefix_files, lock_path, sync_dir, validate_prefix};
 use super::line::encode_line;
 use super::lock::{Acquired, PrefixLock};
+use super::state::{RESERVE, read_next_file, write_next_file};
 use crate::stream::{Event, StreamId};
 
 /// When written bytes are forced to disk.
@@ -130,6 +131,8 @@ pub struct LoggingConsumer {
     buffer: Vec<u8>,
     scratch: Vec<u8>,
     next_n: u64,
+    /// Numbers below this are recorded in the state file as possibly used.
+    reserved: u64,
     sealed_bytes: u64,
     failed: Option<String>,
     last_sync: Instant,
@@ -144,7 +147,21 @@ pub struct LoggingConsumer {
 impl LoggingConsumer {
     /// Takes `prefix` in `dir` (created if missing). Fails if another writer
     /// holds it, or if a crash left its lock or an `.open` file behind.
+    ///
+    /// Its first file is numbered past every number the directory holds or
+    /// the prefix's state file says was ever used: numbers never go back.
     pub fn open(dir: impl Into<PathBuf>, prefix: &str, options: WriterOptions) -> Result<Self, HandoffError> {
+        Self::open_from(dir, prefix, options, 1)
+    }
+
+    /// Like [`open`](Self::open), numbering files from at least `first_file`
+    /// (a reader's checkpoint may know of numbers the directory forgot).
+    pub fn open_from(
+        dir: impl Into<PathBuf>,
+        prefix: &str,
+        options: WriterOptions,
+        first_file: u64,
+    ) -> Result<Self, HandoffError> {
         validate_prefix(prefix)?;
         let dir = dir.into();
         std::fs::create_dir_all(&dir).map_err(HandoffError::io(format!("creating {}", dir.display())))?;
@@ -164,8 +181,17 @@ impl LoggingConsumer {
             lock.release(&dir)?;
             return Err(HandoffError::RecoveryRequired { dir, prefix: prefix.into(), files: leftovers });
         }
+        let recorded = match read_next_file(&dir, prefix) {
+            Ok(recorded) => recorded,
+            Err(error) => {
+                lock.release(&dir)?;
+                return Err(error);
+            }
+        };
+        let next_n = existing.iter().map(|f| f.n + 1).chain(recorded).chain([first_file, 1]).max().unwrap_or(1);
         Ok(Self {
-            next_n: existing.iter().map(|f| f.n + 1).max().unwrap_or(1),
+            next_n,
+            reserved: next_n,
             sealed_bytes: existing.iter().map(|f| f.bytes).sum(),
             dir,
             prefix: prefix.into(),
@@ -362,6 +388,12 @@ impl LoggingConsumer {
             return Ok(());
         }
         let n = self.next_n;
+        if n >= self.reserved {
+            // Record the numbers before using them, so a later writer never
+            // reuses one after readers deleted the files.
+            write_next_file(&self.dir, &self.prefix, n + RESERVE).inspect_err(|e| self.failed = Some(e.to_string()))?;
+            self.reserved = n + RESERVE;
+        }
         let path = file_path(&self.dir, &self.prefix, n, true);
         let file = OpenOptions::new()
             .append(true)

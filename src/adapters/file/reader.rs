@@ -97,6 +97,18 @@ impl Files {
             return Ok(());
         };
         self.next_file = after.major;
+        // Files wholly before the position were consumed: a crash may have
+        // come between the checkpoint and their deletion. They are deleted
+        // once the stored checkpoint passes them (a line past any real one
+        // stands for their end).
+        let files = list_prefix_files(&self.dir, &self.prefix).map_err(|e| QueueError::Backend {
+            adapter: NAME.into(),
+            message: e.to_string(),
+            transient: true,
+        })?;
+        for file in files.iter().filter(|f| !f.open && f.n < after.major) {
+            self.finished.insert(file.n, Some(SequenceToken::new(file.n, u64::MAX)));
+        }
         let Some((n, path)) = self.sealed(after.major)? else { return Ok(()) };
         if n != after.major {
             // The file was consumed and deleted: start at the next one.

@@ -35,11 +35,12 @@ impl QueueWriter {
         queue: QueueId,
         dir: &Path,
         options: &FileOptions,
+        first_file: u64,
         sealed: Arc<Notify>,
     ) -> Result<Self, HandoffError> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| HandoffError::Failed("the file adapter must be created inside a tokio runtime".into()))?;
-        let writer = LoggingConsumer::open(dir, &options.prefix, options.writer.clone())?;
+        let writer = LoggingConsumer::open_from(dir, &options.prefix, options.writer.clone(), first_file)?;
         let (requests, incoming) = mpsc::channel(QUEUE_DEPTH);
         let task = runtime.spawn(run(queue, writer, incoming, sealed));
         Ok(Self { requests, task: Mutex::new(Some(task)) })
