@@ -22,3 +22,21 @@ fn every_shipped_config_parses() {
     }
     assert!(checked >= 2);
 }
+
+/// A writer section that sets one key keeps the adapter's other defaults:
+/// it once turned age-based sealing off, and nothing reached a reader
+/// until a file filled up.
+#[test]
+fn a_partial_writer_section_keeps_the_adapters_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("small-files.toml");
+    std::fs::write(&path, "[adapters.file.writer]\nmax_file_bytes = 2048\n").unwrap();
+    let config = Config::load(&path).unwrap();
+    let defaults = Config::default().adapters.file.writer;
+    assert_eq!(config.adapters.file.writer.max_file_bytes, 2048);
+    assert_eq!(config.adapters.file.writer.max_file_age, defaults.max_file_age);
+    assert!(defaults.max_file_age.is_some());
+    std::fs::write(&path, "[adapters.file.writer]\nmax_file_bytez = 2048\n").unwrap();
+    let err = Config::load(&path).unwrap_err().to_string();
+    assert!(err.contains("max_file_bytez"), "{err}");
+}

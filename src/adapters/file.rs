@@ -52,7 +52,9 @@ pub struct FileOptions {
     /// Whether this node writes (`enqueue`); false when another process
     /// feeds the queues with a `LoggingConsumer` of the same prefix.
     pub write: bool,
-    /// The writer's settings (`[adapters.file.writer]`).
+    /// The writer's settings (`[adapters.file.writer]`); keys left out keep
+    /// this adapter's defaults (not the standalone writer's).
+    #[serde(deserialize_with = "writer_over_adapter_defaults")]
     pub writer: WriterOptions,
     /// How long `enqueue` waits for room in the prefix's budget.
     #[serde(with = "humantime_serde")]
@@ -81,6 +83,17 @@ impl Default for FileOptions {
             delete_consumed: true,
         }
     }
+}
+
+/// Reads `[adapters.file.writer]` over the adapter's writer defaults, so a
+/// section that sets one key (say `max_file_bytes`) does not turn off the
+/// age-based sealing readers rely on.
+fn writer_over_adapter_defaults<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<WriterOptions, D::Error> {
+    use serde::de::Error;
+    let given = toml::Table::deserialize(deserializer)?;
+    let mut merged = toml::Table::try_from(FileOptions::default().writer).map_err(D::Error::custom)?;
+    merged.extend(given);
+    WriterOptions::deserialize(toml::Value::Table(merged)).map_err(D::Error::custom)
 }
 
 /// Builds the file adapter (one per process and directory).

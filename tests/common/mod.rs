@@ -128,6 +128,7 @@ pub fn stream(ns: &str, key: &str) -> StreamId {
 }
 
 pub mod crash;
+pub mod life;
 pub mod logs;
 pub mod redis_server;
 pub mod scripted;

@@ -1,0 +1,306 @@
+//! A node's whole life, from outside: `tailrace serve` as a child process
+//! on one data directory, started, stopped with SIGINT, killed with
+//! SIGKILL and started again; producers posting over HTTP; a model of what
+//! each run's log must hold, checked against the download endpoint.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a node may take to start or to stop gracefully.
+const START_WITHIN: Duration = Duration::from_secs(60);
+const STOP_WITHIN: Duration = Duration::from_secs(60);
+/// How long acknowledged lines may take to reach the run log.
+pub const DRAIN_WITHIN: Duration = Duration::from_secs(90);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One `tailrace serve` on one data directory, over its lives.
+pub struct ServeNode {
+    data: tempfile::TempDir,
+    config: PathBuf,
+    port: u16,
+    child: Option<Child>,
+    /// Lives started so far.
+    pub lives: u32,
+    /// The log of every life (stderr), for a failure's message.
+    log: PathBuf,
+}
+
+impl ServeNode {
+    /// A node whose config file holds `config` (TOML).
+    pub fn new(config: &str) -> Self {
+        let data = tempfile::tempdir().unwrap();
+        let path = data.path().join("tailrace.toml");
+        std::fs::write(&path, config).unwrap();
+        let log = data.path().join("serve.log");
+        Self { config: path, data, port: free_port(), child: None, lives: 0, log }
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.data.path().join("data")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Starts a life and waits until it serves; panics with its log if it
+    /// does not (a start that needs an operator fails the test here).
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        self.lives += 1;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tailrace"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (ready, ready_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if !sent && line.contains("viewer:") {
+                    let _ = ready.send(());
+                    sent = true;
+                }
+            }
+        });
+        let started = ready_rx.recv_timeout(START_WITHIN).is_ok();
+        self.child = Some(child);
+        assert!(started, "life {} did not start within {START_WITHIN:?}:\n{}", self.lives, self.log_tail());
+    }
+
+    /// SIGKILL: no handoff, no flush, no unlock.
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// SIGINT (Ctrl-C) and a clean exit.
+    pub fn stop(&mut self) {
+        let mut child = self.child.take().expect("running");
+        let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + STOP_WITHIN;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "life {} exited with {status}:\n{}", self.lives, self.log_tail());
+                return;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                panic!("life {} did not stop within {STOP_WITHIN:?}:\n{}", self.lives, self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until every queue directory is empty of event files (every
+    /// file consumed, checkpointed past and deleted).
+    pub fn wait_queues_empty(&self) -> Result<(), String> {
+        let queues = self.data_dir().join("queues");
+        let deadline = Instant::now() + DRAIN_WITHIN;
+        loop {
+            let mut left = Vec::new();
+            for queue in std::fs::read_dir(&queues).map_err(|e| e.to_string())? {
+                let queue = queue.map_err(|e| e.to_string())?.path();
+                if !queue.file_name().is_some_and(|n| n.to_string_lossy().starts_with('q')) {
+                    continue;
+                }
+                for file in std::fs::read_dir(&queue).map_err(|e| e.to_string())? {
+                    let name = file.map_err(|e| e.to_string())?.file_name().to_string_lossy().into_owned();
+                    if name.ends_with(".jsonl") || name.ends_with(".open") {
+                        left.push(name);
+                    }
+                }
+            }
+            if left.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("queue files never consumed and deleted: {left:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// The last lines the node logged.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    pub fn path(&self) -> &Path {
+        self.data.path()
+    }
+}
+
+impl Drop for ServeNode {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// What became of a posted batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Answered 202: it must be in the log, once.
+    Acked,
+    /// Sent, with no 202 (the node died, or refused): in the log at most once.
+    Maybe,
+}
+
+/// One batch: `lines` lines `r{run} b{batch} l{i}/{lines}`.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    pub lines: u32,
+    pub outcome: Outcome,
+}
+
+/// What each run's log must hold: its batches in the order posted.
+#[derive(Default, Debug)]
+pub struct Model {
+    pub runs: BTreeMap<u32, Vec<Batch>>,
+}
+
+pub fn line(run: u32, batch: usize, i: u32, lines: u32) -> String {
+    format!("r{run} b{batch} l{i}/{lines}")
+}
+
+impl Model {
+    /// The next batch of `run`: its number and body.
+    pub fn next(&self, run: u32, lines: u32) -> (usize, String) {
+        let batch = self.runs.get(&run).map_or(0, Vec::len);
+        let body: String = (0..lines).map(|i| line(run, batch, i, lines) + "\n").collect();
+        (batch, body)
+    }
+
+    pub fn record(&mut self, run: u32, lines: u32, outcome: Outcome) {
+        self.runs.entry(run).or_default().push(Batch { lines, outcome });
+    }
+
+    pub fn acked_lines(&self) -> u64 {
+        self.runs.values().flatten().filter(|b| b.outcome == Outcome::Acked).map(|b| u64::from(b.lines)).sum()
+    }
+
+    /// Checks one run's log: batches whole and in order, every acknowledged
+    /// batch once, a maybe-batch at most once, nothing else.
+    pub fn check(&self, run: u32, log: &[String]) -> Result<(), String> {
+        let batches = self.runs.get(&run).map(Vec::as_slice).unwrap_or_default();
+        let mut at = 0;
+        let mut next_batch = 0;
+        while at < log.len() {
+            let first = &log[at];
+            let batch = (next_batch..batches.len())
+                .find(|&b| *first == line(run, b, 0, batches[b].lines))
+                .ok_or_else(|| format!("run {run}: line {at} `{first}` is not the start of a later batch"))?;
+            if let Some(skipped) = (next_batch..batch).find(|&b| batches[b].outcome == Outcome::Acked) {
+                return Err(format!("run {run}: acknowledged batch {skipped} is missing before line {at}"));
+            }
+            let lines = batches[batch].lines;
+            for i in 0..lines {
+                let expected = line(run, batch, i, lines);
+                match log.get(at + i as usize) {
+                    Some(got) if *got == expected => {}
+                    got => {
+                        return Err(format!("run {run}: line {} is {got:?}, expected `{expected}`", at + i as usize));
+                    }
+                }
+            }
+            at += lines as usize;
+            next_batch = batch + 1;
+        }
+        if let Some(missing) = (next_batch..batches.len()).find(|&b| batches[b].outcome == Outcome::Acked) {
+            return Err(format!("run {run}: acknowledged batch {missing} is missing at the end ({} lines)", log.len()));
+        }
+        Ok(())
+    }
+}
+
+/// The producer side: posts batches and reads logs back.
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+/// How a post ended.
+pub enum Posted {
+    Acked,
+    /// Never reached the node (connection refused): not sent.
+    NotSent,
+    /// Anything else: maybe accepted.
+    Maybe(String),
+}
+
+impl Client {
+    pub fn new(node: &ServeNode) -> Self {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+        Self { http, base: node.url("") }
+    }
+
+    pub async fn post(&self, run: u32, body: String) -> Posted {
+        let url = format!("{}/api/v1/logs/life/runs/run-{run}/lines", self.base);
+        match self.http.post(url).body(body).send().await {
+            Ok(response) if response.status() == 202 => Posted::Acked,
+            Ok(response) => {
+                Posted::Maybe(format!("{}: {}", response.status(), response.text().await.unwrap_or_default()))
+            }
+            Err(e) if e.is_connect() => Posted::NotSent,
+            Err(e) => Posted::Maybe(e.to_string()),
+        }
+    }
+
+    /// The run's whole log, as the download endpoint serves it.
+    pub async fn log(&self, run: u32) -> Vec<String> {
+        let url = format!("{}/api/v1/services/ingestionPipelines/logs/life/last/download?runId=run-{run}", self.base);
+        match self.http.get(url).send().await {
+            Ok(response) if response.status() == 200 => {
+                response.text().await.unwrap_or_default().lines().map(str::to_string).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Waits until every run's log passes the model's check; the last
+    /// failure if it never does.
+    pub async fn drained(&self, model: &Model) -> Result<(), String> {
+        let deadline = Instant::now() + DRAIN_WITHIN;
+        loop {
+            let mut failure = None;
+            for run in model.runs.keys() {
+                if let Err(e) = model.check(*run, &self.log(*run).await) {
+                    failure = Some(e);
+                    break;
+                }
+            }
+            match failure {
+                None => return Ok(()),
+                Some(e) if Instant::now() >= deadline => return Err(e),
+                Some(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+}
