@@ -118,6 +118,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let metrics = tailrace::edge::install_metrics()?;
     let stop = CancellationToken::new();
     let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
+    let retention = tailrace::archive::Retention::spawn(store.clone(), config.archive.retention.clone(), stop.clone());
     let factory = tailrace::adapters::build(&config).await.context("opening the queues")?.factory;
     let adapter = factory.create_adapter().await?;
     let tally = Arc::new(Tally::default());
@@ -216,6 +217,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     cluster.adapter_close().await?;
     let _ = server.await;
+    let _ = retention.await;
     let delivered = tally.delivered.load(Ordering::Relaxed);
     println!(
         "done: produced {total}, delivered {delivered}, duplicates {}, out of order {}",
