@@ -279,14 +279,17 @@ impl Retention {
         metrics::counter!("tailrace_archive_runs_pruned_total").increment(report.runs_removed);
         metrics::counter!("tailrace_archive_bytes_pruned_total").increment(report.bytes_freed);
         if report.runs_removed > 0 {
-            let shown: Vec<String> = report.removed.iter().map(RunKey::to_string).collect();
+            let mut shown: Vec<String> = report.removed.iter().map(RunKey::to_string).collect();
             let unlisted = report.runs_removed.saturating_sub(shown.len() as u64);
+            if unlisted > 0 {
+                shown.push(format!("and {unlisted} more"));
+            }
             tracing::info!(
                 runs = report.runs_removed,
                 bytes = report.bytes_freed,
                 runs_kept = report.runs_kept,
                 bytes_kept = report.bytes_kept,
-                "run log retention removed {} (and {unlisted} more)",
+                "run log retention removed {}",
                 shown.join(", ")
             );
         }
