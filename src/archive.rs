@@ -11,9 +11,13 @@
 //!
 //! Stores: [`FileRunLogStore`] (embedded, the default) and
 //! [`RedisRunLogStore`] (every node of a cluster reads every run).
+//!
+//! Finished runs are removed by [`Retention`] once they are old or the
+//! store is too big (`[archive.retention]`, see [`RetentionPolicy`]).
 
 mod file_store;
 mod redis_store;
+mod retention;
 
 use std::fmt;
 use std::sync::Arc;
@@ -23,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 pub use file_store::FileRunLogStore;
 pub use redis_store::RedisRunLogStore;
+pub use retention::{MAX_REPORTED_RUNS, MAX_RUNS_PER_PRUNE, PruneReport, Retention, RetentionPolicy, Verdict};
 
 use crate::pubsub::{
     ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionInfo,
@@ -43,6 +48,8 @@ pub struct ArchiveOptions {
     pub redis_url: String,
     /// Prefix of the Redis store's keys.
     pub redis_prefix: String,
+    /// `[archive.retention]`: when finished runs are removed.
+    pub retention: RetentionPolicy,
 }
 
 impl Default for ArchiveOptions {
@@ -53,6 +60,7 @@ impl Default for ArchiveOptions {
             fsync: true,
             redis_url: "redis://127.0.0.1:6379".into(),
             redis_prefix: "tailrace".into(),
+            retention: RetentionPolicy::default(),
         }
     }
 }
@@ -225,6 +233,27 @@ pub struct RunInfo {
     pub last_token: Option<SequenceToken>,
     /// When the run was first seen (ms since the Unix epoch).
     pub created_ms: u64,
+    /// When a line was last appended or the status last changed (ms since
+    /// the Unix epoch; 0 in runs stored before it was recorded).
+    #[serde(default)]
+    pub updated_ms: u64,
+}
+
+impl RunInfo {
+    /// When the run was last active: its last append or status change, or
+    /// its creation when nothing was recorded since. Retention ages a run
+    /// from here.
+    pub fn last_activity_ms(&self) -> u64 {
+        self.updated_ms.max(self.created_ms)
+    }
+}
+
+/// Where a store reads the time (ms since the Unix epoch): the system clock
+/// unless a test or a simulation gives its own.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+fn system_clock() -> Clock {
+    Arc::new(crate::stream::now_ms)
 }
 
 /// A run in a listing.
@@ -293,6 +322,13 @@ pub trait RunLogStore: Send + Sync + 'static {
 
     /// Up to `limit` runs of `fqn`, newest first.
     async fn runs(&self, fqn: &str, limit: usize) -> Result<Vec<RunSummary>, StoreError>;
+
+    /// Removes the runs `policy` lets go at `now_ms` (ms since the Unix
+    /// epoch), oldest first, at most [`MAX_RUNS_PER_PRUNE`] per call. A run
+    /// is removed whole or not at all, and only if nothing was appended to
+    /// it and its status did not change since it was chosen; a removed run
+    /// reads as never seen, and a pipeline whose last run went is unknown.
+    async fn prune(&self, policy: &RetentionPolicy, now_ms: u64) -> Result<PruneReport, StoreError>;
 }
 
 /// The log lines an event carries: its payload split at `\n` (a final

@@ -13,22 +13,33 @@
 //! The index is rebuilt from the log whenever it is shorter than the meta
 //! says. Writes to one run are serialised by a striped lock held on the
 //! blocking pool, never across an `.await`.
+//!
+//! Retention removes a run under its lock, and only if its meta is still
+//! the one it was chosen by: the run's directory is renamed to
+//! `{root}/.trash-*` (one rename: the run is there whole or gone), then
+//! deleted; an emptied pipeline directory goes too. Trash a crash left
+//! behind is deleted by the next prune; names starting with `.` are never
+//! pipelines (encoded names never start with one).
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::{RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError};
-use crate::stream::{SequenceToken, now_ms};
+use super::retention::{Candidate, Planner};
+use super::{Clock, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError};
+use crate::stream::SequenceToken;
 
 /// Lines between two index entries.
 const INDEX_EVERY: u64 = 1024;
 /// Lock stripes (runs hash onto them).
 const STRIPES: usize = 64;
+/// Where a removed run's directory goes before it is deleted.
+const TRASH: &str = ".trash-";
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Meta {
@@ -47,6 +58,8 @@ struct Inner {
     root: PathBuf,
     fsync: bool,
     stripes: Vec<Mutex<()>>,
+    clock: Clock,
+    trash_seq: AtomicU64,
 }
 
 fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -89,10 +102,15 @@ impl FileRunLogStore {
     /// A store under `root` (created if missing). With `fsync`, an append
     /// is on disk before it returns (the archiver acks only then).
     pub fn open(root: impl Into<PathBuf>, fsync: bool) -> Result<Self, StoreError> {
+        Self::open_with_clock(root, fsync, super::system_clock())
+    }
+
+    /// As [`FileRunLogStore::open`], stamping runs with `clock`'s time.
+    pub fn open_with_clock(root: impl Into<PathBuf>, fsync: bool, clock: Clock) -> Result<Self, StoreError> {
         let root = root.into();
         std::fs::create_dir_all(&root).map_err(io(format!("creating {}", root.display())))?;
         let stripes = (0..STRIPES).map(|_| Mutex::new(())).collect();
-        Ok(Self { inner: Arc::new(Inner { root, fsync, stripes }) })
+        Ok(Self { inner: Arc::new(Inner { root, fsync, stripes, clock, trash_seq: AtomicU64::new(0) }) })
     }
 
     async fn blocking<T: Send + 'static>(
@@ -148,11 +166,20 @@ impl Inner {
         if let Some(meta) = self.read_meta(dir)? {
             return Ok(meta);
         }
-        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        // A prune may remove the pipeline's directory, emptied of its last
+        // run, between the two levels create_dir_all makes: try again.
+        let mut attempts = 0;
+        while let Err(e) = std::fs::create_dir_all(dir) {
+            attempts += 1;
+            if e.kind() != std::io::ErrorKind::NotFound || attempts == 3 {
+                return Err(io(format!("creating {}", dir.display()))(e));
+            }
+        }
+        let now = (self.clock)();
         let meta = Meta {
             fqn: run.fqn().to_string(),
             run: run.run().to_string(),
-            info: RunInfo { created_ms: now_ms(), ..RunInfo::default() },
+            info: RunInfo { created_ms: now, updated_ms: now, ..RunInfo::default() },
         };
         self.write_meta(dir, &meta)?;
         Ok(meta)
@@ -205,6 +232,7 @@ impl Inner {
         meta.info.lines += lines.len() as u64;
         meta.info.bytes += buffer.len() as u64;
         meta.info.last_token = Some(token);
+        meta.info.updated_ms = (self.clock)();
         self.write_meta(&dir, &meta)?;
         Ok(true)
     }
@@ -287,6 +315,7 @@ impl Inner {
         let mut meta = self.meta_or_new(run, &dir)?;
         if meta.info.state != Some(state) {
             meta.info.state = Some(state);
+            meta.info.updated_ms = (self.clock)();
             self.write_meta(&dir, &meta)?;
         }
         Ok(())
@@ -312,11 +341,88 @@ impl Inner {
 
     fn pipelines(&self, limit: usize) -> Result<Vec<String>, StoreError> {
         let entries = std::fs::read_dir(&self.root).map_err(io(format!("listing {}", self.root.display())))?;
-        let mut names: Vec<String> =
-            entries.flatten().filter_map(|e| e.file_name().to_str().and_then(decode)).collect();
+        let mut names: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().filter(|n| !n.starts_with('.')).and_then(decode))
+            .collect();
         names.sort();
         names.truncate(limit);
         Ok(names)
+    }
+
+    /// Lists every run once (its meta only), then removes what the policy
+    /// chose.
+    fn prune(&self, policy: &RetentionPolicy, now_ms: u64) -> Result<PruneReport, StoreError> {
+        let mut planner = Planner::new(policy, now_ms);
+        let entries = std::fs::read_dir(&self.root).map_err(io(format!("listing {}", self.root.display())))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with(TRASH) {
+                self.empty_trash(&entry.path());
+                continue;
+            }
+            let Some(fqn) = decode(name).filter(|fqn| encode(fqn) == name) else { continue };
+            let runs = match std::fs::read_dir(entry.path()) {
+                Ok(runs) => runs,
+                Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io(format!("listing {}", entry.path().display()))(e)),
+            };
+            for run in runs.flatten() {
+                let name = run.file_name();
+                let Some(id) = name.to_str().and_then(|n| decode(n).filter(|id| encode(id) == n)) else { continue };
+                let Ok(key) = RunKey::new(&fqn, &id) else { continue };
+                match self.read_meta(&run.path()) {
+                    Ok(Some(meta)) => planner.offer(&key, &meta.info),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(run = %key, error = %e, "retention skips a run it cannot read"),
+                }
+            }
+        }
+        let (chosen, mut report) = planner.finish();
+        for candidate in chosen {
+            match self.remove_if_unchanged(&candidate) {
+                Ok(true) => report.removed_run(&candidate.run, candidate.info.bytes),
+                Ok(false) => report.changed += 1,
+                Err(e) => {
+                    tracing::warn!(run = %candidate.run, error = %e, "retention could not remove a run");
+                    report.failed += 1;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Under the run's lock: if its meta is still the candidate's, moves
+    /// the run's directory to the trash (one rename), then deletes it.
+    fn remove_if_unchanged(&self, candidate: &Candidate) -> Result<bool, StoreError> {
+        let dir = self.dir(&candidate.run);
+        let seq = self.trash_seq.fetch_add(1, Ordering::Relaxed);
+        let trash = self.root.join(format!("{TRASH}{}-{seq}", (self.clock)()));
+        {
+            let _guard = self.lock(&candidate.run);
+            match self.read_meta(&dir)? {
+                Some(meta) if meta.info == candidate.info => {}
+                _ => return Ok(false),
+            }
+            std::fs::rename(&dir, &trash).map_err(io(format!("moving {} to {}", dir.display(), trash.display())))?;
+        }
+        self.empty_trash(&trash);
+        if let Some(pipeline) = dir.parent() {
+            // Fails, as it should, while the pipeline has runs left.
+            let _ = std::fs::remove_dir(pipeline);
+        }
+        Ok(true)
+    }
+
+    /// Deletes a removed run's directory; what fails stays for the next prune.
+    fn empty_trash(&self, trash: &Path) {
+        if let Err(e) = std::fs::remove_dir_all(trash)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %trash.display(), error = %e, "retention could not delete a removed run yet");
+        }
     }
 }
 
@@ -370,11 +476,43 @@ impl RunLogStore for FileRunLogStore {
         let fqn = fqn.to_string();
         self.blocking(move |inner| inner.runs(&fqn, limit)).await
     }
+
+    async fn prune(&self, policy: &RetentionPolicy, now_ms: u64) -> Result<PruneReport, StoreError> {
+        let policy = policy.clone();
+        self.blocking(move |inner| inner.prune(&policy, now_ms)).await
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run chosen for removal that receives a line (or a status) before
+    /// its lock is taken is kept whole, and judged again next time.
+    #[tokio::test]
+    async fn a_run_that_changed_after_it_was_chosen_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileRunLogStore::open(dir.path(), false).unwrap();
+        let run = RunKey::new("svc.etl", "r-1").unwrap();
+        store.append(&run, SequenceToken::new(1, 0), &["a"]).await.unwrap();
+        store.set_state(&run, RunState::Success).await.unwrap();
+        let policy = RetentionPolicy { max_total_bytes: 1, min_age: std::time::Duration::ZERO, ..Default::default() };
+        let chosen = |info: &RunInfo| {
+            let mut planner = Planner::new(&policy, u64::MAX);
+            planner.offer(&run, info);
+            planner.finish().0.remove(0)
+        };
+        let candidate = chosen(&store.info(&run).await.unwrap().unwrap());
+        store.append(&run, SequenceToken::new(2, 0), &["late"]).await.unwrap();
+        assert!(!store.inner.remove_if_unchanged(&candidate).unwrap());
+        assert_eq!(store.read(&run, 0, 10, usize::MAX).await.unwrap(), ["a", "late"]);
+        let candidate = chosen(&store.info(&run).await.unwrap().unwrap());
+        store.set_state(&run, RunState::Failed).await.unwrap();
+        assert!(!store.inner.remove_if_unchanged(&candidate).unwrap(), "a status change counts too");
+        let candidate = chosen(&store.info(&run).await.unwrap().unwrap());
+        assert!(store.inner.remove_if_unchanged(&candidate).unwrap());
+        assert_eq!(store.info(&run).await.unwrap(), None);
+    }
 
     #[test]
     fn names_are_encoded_reversibly_and_never_escape() {

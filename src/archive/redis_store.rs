@@ -3,7 +3,7 @@
 //! ```text
 //! {prefix}:pipelines                 set of pipeline names
 //! {prefix}:runs:{n}:{fqn}            sorted set of run ids by creation time
-//! {prefix}:run:{n}:{fqn}:{runId}     hash: lines, bytes, state, token, created
+//! {prefix}:run:{n}:{fqn}:{runId}     hash: lines, bytes, state, token, created, updated
 //! {prefix}:log:{n}:{fqn}:{runId}     list of lines
 //! ```
 //!
@@ -11,17 +11,31 @@
 //! is one Lua script: it compares the container's token with the stored
 //! one, pushes the lines and updates the counters together, so a
 //! redelivered container changes nothing and a crash leaves all or none.
+//!
+//! Retention lists the runs through the pipelines set and each pipeline's
+//! runs (their hashes only, in pipelined pages), then removes each chosen
+//! run with one script: if its bytes, status and last update are still the
+//! ones it was chosen by, it deletes the hash and the list, takes the run
+//! out of its pipeline's set and, when that empties, the pipeline out of the
+//! pipelines set. Scripts run one at a time, so an append either comes
+//! before (and keeps the run) or after (and starts it anew). Several nodes
+//! may prune the same store: the second finds nothing to remove.
 
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 
-use super::{RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError};
-use crate::stream::{SequenceToken, now_ms};
+use super::retention::{Candidate, Planner};
+use super::{Clock, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError};
+use crate::stream::SequenceToken;
+
+/// Runs asked for in one round trip while pruning.
+const PAGE: usize = 256;
 
 /// KEYS: run hash, log list, runs zset, pipelines set.
 /// ARGV: fqn, run, created, token major, token minor, bytes, lines...
 const APPEND: &str = r"
 if redis.call('HSETNX', KEYS[1], 'created', ARGV[3]) == 1 then
+  redis.call('HSET', KEYS[1], 'updated', ARGV[3])
   redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
   redis.call('SADD', KEYS[4], ARGV[1])
 end
@@ -36,17 +50,37 @@ for i = 7, #ARGV do
 end
 redis.call('HINCRBY', KEYS[1], 'lines', #ARGV - 6)
 redis.call('HINCRBY', KEYS[1], 'bytes', ARGV[6])
-redis.call('HSET', KEYS[1], 'major', ARGV[4], 'minor', ARGV[5])
+redis.call('HSET', KEYS[1], 'major', ARGV[4], 'minor', ARGV[5], 'updated', ARGV[3])
 return 1";
 
 /// KEYS: run hash, runs zset, pipelines set. ARGV: fqn, run, created, state?
 const ENSURE: &str = r"
 if redis.call('HSETNX', KEYS[1], 'created', ARGV[3]) == 1 then
+  redis.call('HSET', KEYS[1], 'updated', ARGV[3])
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
   redis.call('SADD', KEYS[3], ARGV[1])
 end
-if ARGV[4] then
-  redis.call('HSET', KEYS[1], 'state', ARGV[4])
+if ARGV[4] and redis.call('HGET', KEYS[1], 'state') ~= ARGV[4] then
+  redis.call('HSET', KEYS[1], 'state', ARGV[4], 'updated', ARGV[3])
+end
+return 1";
+
+/// KEYS: run hash, log list, runs zset, pipelines set.
+/// ARGV: fqn, run, bytes, updated, state ('' for none), as chosen.
+const PRUNE: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+local bytes = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')
+local updated = tonumber(redis.call('HGET', KEYS[1], 'updated') or '0')
+local state = redis.call('HGET', KEYS[1], 'state') or ''
+if bytes ~= tonumber(ARGV[3]) or updated ~= tonumber(ARGV[4]) or state ~= ARGV[5] then
+  return 0
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('ZREM', KEYS[3], ARGV[2])
+if redis.call('ZCARD', KEYS[3]) == 0 then
+  redis.call('SREM', KEYS[4], ARGV[1])
 end
 return 1";
 
@@ -56,6 +90,8 @@ pub struct RedisRunLogStore {
     prefix: String,
     append: redis::Script,
     ensure: redis::Script,
+    prune: redis::Script,
+    clock: Clock,
 }
 
 fn backend(e: redis::RedisError) -> StoreError {
@@ -70,7 +106,15 @@ impl RedisRunLogStore {
             prefix: prefix.to_string(),
             append: redis::Script::new(APPEND),
             ensure: redis::Script::new(ENSURE),
+            prune: redis::Script::new(PRUNE),
+            clock: super::system_clock(),
         }
+    }
+
+    /// Stamps runs with `clock`'s time instead of the system's.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Connects to `url`.
@@ -98,11 +142,55 @@ impl RedisRunLogStore {
     async fn ensure(&self, run: &RunKey, state: Option<RunState>) -> Result<(), StoreError> {
         let mut invocation = self.ensure.key(self.run_key(run));
         invocation.key(self.runs_key(run.fqn())).key(self.pipelines_key());
-        invocation.arg(run.fqn()).arg(run.run()).arg(now_ms());
+        invocation.arg(run.fqn()).arg(run.run()).arg((self.clock)());
         if let Some(state) = state {
             invocation.arg(state.as_str());
         }
         invocation.invoke_async::<i64>(&mut self.conn.clone()).await.map_err(backend).map(|_| ())
+    }
+
+    /// Offers every run of `fqn` to the planner, a page of hashes per
+    /// round trip.
+    async fn plan_pipeline(&self, fqn: &str, planner: &mut Planner<'_>) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let mut start = 0usize;
+        loop {
+            let ids: Vec<String> = redis::cmd("ZRANGE")
+                .arg(self.runs_key(fqn))
+                .arg(start)
+                .arg(start + PAGE - 1)
+                .query_async(&mut conn)
+                .await
+                .map_err(backend)?;
+            let keys: Vec<RunKey> = ids.iter().filter_map(|id| RunKey::new(fqn, id).ok()).collect();
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                pipe.cmd("HGETALL").arg(self.run_key(key));
+            }
+            let hashes: Vec<std::collections::HashMap<String, String>> =
+                if keys.is_empty() { Vec::new() } else { pipe.query_async(&mut conn).await.map_err(backend)? };
+            for (key, fields) in keys.iter().zip(hashes) {
+                match parse_info(key, fields) {
+                    Ok(Some(info)) => planner.offer(key, &info),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(run = %key, error = %e, "retention skips a run it cannot read"),
+                }
+            }
+            if ids.len() < PAGE {
+                return Ok(());
+            }
+            start += PAGE;
+        }
+    }
+
+    async fn remove_if_unchanged(&self, candidate: &Candidate) -> Result<bool, StoreError> {
+        let run = &candidate.run;
+        let mut invocation = self.prune.key(self.run_key(run));
+        invocation.key(self.log_key(run)).key(self.runs_key(run.fqn())).key(self.pipelines_key());
+        invocation.arg(run.fqn()).arg(run.run()).arg(candidate.info.bytes).arg(candidate.info.updated_ms);
+        invocation.arg(candidate.info.state.map_or("", |s| s.as_str()));
+        let removed: i64 = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
+        Ok(removed == 1)
     }
 }
 
@@ -126,6 +214,7 @@ fn parse_info(run: &RunKey, fields: std::collections::HashMap<String, String>) -
         state: fields.get("state").and_then(|s| RunState::parse(s)),
         last_token,
         created_ms: number("created")?.unwrap_or(0),
+        updated_ms: number("updated")?.unwrap_or(0),
     }))
 }
 
@@ -142,7 +231,7 @@ impl RunLogStore for RedisRunLogStore {
         let bytes: usize = lines.iter().map(|l| l.len() + 1).sum();
         let mut invocation = self.append.key(self.run_key(run));
         invocation.key(self.log_key(run)).key(self.runs_key(run.fqn())).key(self.pipelines_key());
-        invocation.arg(run.fqn()).arg(run.run()).arg(now_ms()).arg(token.major).arg(token.minor).arg(bytes);
+        invocation.arg(run.fqn()).arg(run.run()).arg((self.clock)()).arg(token.major).arg(token.minor).arg(bytes);
         for line in lines {
             invocation.arg(*line);
         }
@@ -228,5 +317,30 @@ impl RunLogStore for RedisRunLogStore {
             }
         }
         Ok(out)
+    }
+
+    async fn prune(&self, policy: &RetentionPolicy, now_ms: u64) -> Result<PruneReport, StoreError> {
+        let mut planner = Planner::new(policy, now_ms);
+        // As `pipelines` does: one name per pipeline (SSCAN may repeat one).
+        let fqns: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.pipelines_key())
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(backend)?;
+        for fqn in fqns {
+            self.plan_pipeline(&fqn, &mut planner).await?;
+        }
+        let (chosen, mut report) = planner.finish();
+        for candidate in chosen {
+            match self.remove_if_unchanged(&candidate).await {
+                Ok(true) => report.removed_run(&candidate.run, candidate.info.bytes),
+                Ok(false) => report.changed += 1,
+                Err(e) => {
+                    tracing::warn!(run = %candidate.run, error = %e, "retention could not remove a run");
+                    report.failed += 1;
+                }
+            }
+        }
+        Ok(report)
     }
 }

@@ -77,6 +77,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let metrics = tailrace::edge::install_metrics()?;
     let stop = CancellationToken::new();
     let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
+    let retention = tailrace::archive::Retention::spawn(store.clone(), config.archive.retention.clone(), stop.clone());
     let factory = tailrace::adapters::build(&config, Some(&owner)).await.context("opening the queues")?.factory;
     let adapter = factory.create_adapter().await?;
     let life = tailrace::stream::now_ms();
@@ -178,6 +179,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     cluster.adapter_close().await?;
     let _ = server.await;
+    let _ = retention.await;
     let delivered = tally.delivered.load(Ordering::Relaxed);
     let lost = tally.lost.load(Ordering::Relaxed);
     println!(

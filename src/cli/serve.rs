@@ -46,6 +46,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let node = Arc::new(builder.start().await?);
     let stop = CancellationToken::new();
+    let retention = tailrace::archive::Retention::spawn(store.clone(), config.archive.retention.clone(), stop.clone());
     let logs = LogEdge::new(node.clone(), store, config.edge.clone(), stop.clone());
     let (bound, server) = logs.serve(args.listen, tailrace::edge::router(metrics), stop.clone()).await?;
     println!(
@@ -65,6 +66,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     node.shutdown().await?;
     adapter.close().await?;
     let _ = server.await;
+    let _ = retention.await;
     drop(owner);
     Ok(())
 }

@@ -12,7 +12,8 @@ use futures::StreamExt;
 use serde_json::Value;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::archive::{
-    Archiver, FileRunLogStore, LOGS_NAMESPACE, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError,
+    Archiver, FileRunLogStore, LOGS_NAMESPACE, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState,
+    RunSummary, StoreError,
 };
 use tailrace::cluster::NodeId;
 use tailrace::config::Config;
@@ -82,6 +83,9 @@ impl RunLogStore for ProbeStore {
     }
     async fn runs(&self, fqn: &str, limit: usize) -> Result<Vec<RunSummary>, StoreError> {
         self.inner.runs(fqn, limit).await
+    }
+    async fn prune(&self, policy: &RetentionPolicy, now_ms: u64) -> Result<PruneReport, StoreError> {
+        self.inner.prune(policy, now_ms).await
     }
 }
 
