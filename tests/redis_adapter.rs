@@ -272,6 +272,26 @@ async fn start_node(server: &RedisServer, recorder: &Recorder) -> (Arc<RedisAdap
     (f, node)
 }
 
+/// Redis restarted without its data (no persistence, a flush, the key
+/// deleted) under a running node: the stream and its consumer group are
+/// gone, producers append to a new stream, and the node creates the group
+/// again and delivers it from its start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_lost_everything_under_a_running_node_is_read_again() {
+    let mut server = RedisServer::start();
+    let recorder = Recorder::new();
+    let (f, node) = start_node(&server, &recorder).await;
+    let adapter = f.adapter();
+    let s = stream("t", "wiped");
+    enqueue_acked(adapter.as_ref(), &s, 0..50).await;
+    all_delivered(&recorder, &s, 0..50).await;
+    server.restart_empty();
+    enqueue_acked(adapter.as_ref(), &s, 50..100).await;
+    all_delivered(&recorder, &s, 50..100).await;
+    assert_eq!(recorder.ids(&s), ids("e", 0..100), "each once, in order");
+    node.node.shutdown().await.unwrap();
+}
+
 /// Redis came back without its latest writes (`appendfsync everysec`, a
 /// lagging replica promoted): its stream, group position and checkpoint
 /// went back in time under a running node. What it re-reads is skipped as
@@ -299,6 +319,29 @@ async fn a_redis_that_lost_its_latest_writes_skips_nothing_new() {
     let (_, node) = start_node(&server, &second).await;
     enqueue_acked(adapter.as_ref(), &s, 150..200).await;
     all_delivered(&second, &s, 150..200).await;
+    node.node.shutdown().await.unwrap();
+}
+
+/// The stored checkpoint is past every id the stream ever generated: the
+/// history it counted was lost (the key deleted or evicted, writes lost)
+/// and the server numbers new entries from a clock behind the one that
+/// numbered the old ones. New entries must still be delivered, not taken
+/// for old ones and skipped (or trimmed away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_past_the_streams_ids_hides_no_new_entry() {
+    let server = RedisServer::start();
+    let f = factory(&server, "n1").await;
+    let s = stream("t", "ahead");
+    let queue = f.queue_mapper().queue_for(&s);
+    let ahead = SequenceToken::new(tailrace::stream::now_ms() + 86_400_000, 0);
+    f.create_checkpointer().await.unwrap().save(queue, ahead).await.unwrap();
+    let recorder = Recorder::new();
+    let node = TestNode::start(f.clone(), quick_config(), implicit("t", &recorder)).await;
+    // The agent's first pump (its receiver's start) is over.
+    node.wait_status(queue.0, |status| status.read_calls >= 2).await;
+    let token = f.adapter().enqueue(&s, events("e", 0..3)).await.unwrap();
+    assert!(token > ahead, "the entry was numbered {token}, at or below the checkpoint {ahead}");
+    all_delivered(&recorder, &s, 0..3).await;
     node.node.shutdown().await.unwrap();
 }
 
