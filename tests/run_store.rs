@@ -49,6 +49,17 @@ async fn contract(store: Arc<dyn RunLogStore>) {
     }
     assert_eq!(store.read(&big, 3_071, 3, usize::MAX).await.unwrap(), ["line 3071", "line 3072", "line 3073"]);
     assert_eq!(store.read(&big, 4_999, 5, usize::MAX).await.unwrap(), ["line 4999"]);
+    // Tokens are ordered exactly over all of u64 (an adapter may number by
+    // nanoseconds or offsets): none is taken for a redelivery of another.
+    let wide = RunKey::new("svc.etl", "wide").unwrap();
+    let top = 1u64 << 53;
+    for (major, minor) in [(top, 0), (top + 1, 0), (top + 1, u64::MAX - 1), (top + 1, u64::MAX), (u64::MAX, 0)] {
+        let line = format!("{major}-{minor}");
+        assert!(store.append(&wide, token(major, minor), &[&line]).await.unwrap(), "{line} was dropped");
+    }
+    assert!(!store.append(&wide, token(top + 1, u64::MAX), &["again"]).await.unwrap());
+    let info = store.info(&wide).await.unwrap().unwrap();
+    assert_eq!((info.lines, info.last_token), (5, Some(token(u64::MAX, 0))));
 }
 
 #[tokio::test]
