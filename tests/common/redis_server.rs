@@ -66,6 +66,30 @@ impl RedisServer {
         self.spawn();
     }
 
+    /// Kills the server, lets `damage` change its data directory, and
+    /// starts it again on the same port.
+    pub fn restart_with(&mut self, damage: impl FnOnce(&std::path::Path)) {
+        self.stop();
+        damage(self.dir.path());
+        self.spawn();
+    }
+
+    /// The append-only file the server writes to now (Redis 7 keeps a base
+    /// and increments in `appendonlydir/`).
+    pub fn aof_tail(&self) -> PathBuf {
+        let dir = self.dir.path().join("appendonlydir");
+        let mut increments: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|entry| {
+                let path = entry.ok()?.path();
+                let name = path.file_name()?.to_str()?.strip_suffix(".incr.aof")?.to_string();
+                Some((name.rsplit('.').next()?.parse().ok()?, path))
+            })
+            .collect();
+        increments.sort();
+        increments.pop().map(|(_, path)| path).expect("redis-server 7 or newer writes an incremental append-only file")
+    }
+
     /// A copy of the server's data as of now (every acknowledged write so
     /// far: the append-only file is synced before each reply).
     pub fn snapshot(&self) -> tempfile::TempDir {
