@@ -13,7 +13,7 @@ use common::crash::*;
 use common::redis_server::RedisServer;
 use common::*;
 use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
-use tailrace::queue::{QueueAdapter, QueueAdapterFactory, QueueId, QueueMapper};
+use tailrace::queue::{QueueAdapter, QueueAdapterFactory, QueueMapper};
 use tailrace::stream::{Event, StreamId};
 
 const QUEUES: u32 = 2;
@@ -68,18 +68,62 @@ async fn a_node_killed_mid_delivery_during_a_redis_restart_loses_nothing() {
         assert!(started.elapsed() < Duration::from_secs(60), "the node did not recover from the Redis restart");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    node.kill().unwrap(); // SIGKILL, mid-delivery
-    node.wait().unwrap();
     // The producer's connection died with the restart: read the checkpoints
-    // the node stored over a fresh one.
-    let factory = RedisAdapterFactory::connect(QUEUES, options(server.url()), "auditor").await.unwrap();
-    let checkpoints = factory.create_checkpointer().await.unwrap();
-    let mut at_kill = BTreeMap::new();
-    for q in 0..QUEUES {
-        at_kill.insert(q, checkpoints.load(QueueId(q)).await.unwrap());
-    }
+    // the node stores over a fresh one. Kill it mid-delivery once every
+    // queue has a checkpoint saved.
+    let auditor = RedisAdapterFactory::connect(QUEUES, options(server.url()), "auditor").await.unwrap();
+    let checkpoints = auditor.create_checkpointer().await.unwrap();
+    wait_for_checkpoints(checkpoints.as_ref(), QUEUES, &BTreeMap::new()).await;
+    node.kill().unwrap(); // SIGKILL
+    node.wait().unwrap();
+    let mut lives = Lives::default();
+    lives.ended(dir.path(), checkpoints.as_ref(), QUEUES).await;
     assert!(deliveries(dir.path()).len() < produced.len(), "the kill came before the end");
 
     let node = child("child_redis_node", &env);
-    restart_delivers_everything(node, dir.path(), &produced, &at_kill).await;
+    restart_delivers_everything(node, dir.path(), &produced, &lives).await;
+}
+
+/// The checks above fail when they must: a life that saved no checkpoint
+/// or delivered nothing, a repeat from before the checkpoint a life resumed
+/// from, a repeat within a life, a stream out of order.
+#[tokio::test]
+async fn the_restart_checks_catch_what_they_are_for() {
+    use tailrace::checkpoint::{Checkpointer, MemoryCheckpointer};
+    use tailrace::queue::QueueId;
+    use tailrace::stream::SequenceToken;
+
+    let fails = |lives: &Lives, dir: &std::path::Path| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lives.check(dir))).is_err()
+    };
+    let write = |dir: &std::path::Path, lines: &[&str]| {
+        std::fs::write(dir.join("deliveries.log"), lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = MemoryCheckpointer::new();
+
+    // Nothing delivered, or no checkpoint: the life is refused.
+    use futures::FutureExt;
+    let refused = || async {
+        std::panic::AssertUnwindSafe(Lives::default().ended(dir.path(), &checkpoints, 1)).catch_unwind().await.is_err()
+    };
+    assert!(refused().await, "a life that delivered nothing");
+    write(dir.path(), &["0 1-0 crash/s0 a"]);
+    assert!(refused().await, "a life without a checkpoint");
+
+    // Life 1 delivered a, b, c; its checkpoint is b's token.
+    checkpoints.save(QueueId(0), SequenceToken::new(2, 0)).await.unwrap();
+    write(dir.path(), &["0 1-0 crash/s0 a", "0 2-0 crash/s0 b", "0 3-0 crash/s0 c"]);
+    let mut lives = Lives::default();
+    lives.ended(dir.path(), &checkpoints, 1).await;
+    let life_one = ["0 1-0 crash/s0 a", "0 2-0 crash/s0 b", "0 3-0 crash/s0 c"];
+    let with = |next: &[&'static str]| -> Vec<&'static str> { [&life_one[..], next].concat() };
+    write(dir.path(), &with(&["0 3-0 crash/s0 c", "0 4-0 crash/s0 d"]));
+    assert_eq!(lives.check(dir.path()), (1, 1), "c was in the window");
+    write(dir.path(), &with(&["0 2-0 crash/s0 b", "0 3-0 crash/s0 c"]));
+    assert!(fails(&lives, dir.path()), "b was at the checkpoint");
+    write(dir.path(), &with(&["0 4-0 crash/s0 d", "0 5-0 crash/s0 d"]));
+    assert!(fails(&lives, dir.path()), "d twice in one life");
+    write(dir.path(), &with(&["0 5-0 crash/s0 e", "0 4-0 crash/s0 d"]));
+    assert!(fails(&lives, dir.path()), "out of order");
 }
