@@ -171,7 +171,7 @@ async fn a_node_killed_mid_delivery_loses_nothing_and_repeats_only_after_its_che
     node.kill().unwrap(); // SIGKILL
     node.wait().unwrap();
     let mut lives = Lives::default();
-    lives.ended(dir.path(), &checkpoints, QUEUES).await;
+    lives.ended(dir.path(), &checkpoints, QUEUES, End::Killed).await;
     assert!(deliveries(dir.path()).len() < produced.len(), "the kill came before the end");
 
     let node = child("child_node", &env(dir.path()));

@@ -22,7 +22,31 @@ pub fn child(entry: &str, env: &[(&str, String)]) -> Child {
     for (key, value) in env {
         command.env(key, value);
     }
-    command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap()
+    // Closing its stdin asks a child that waits for it to stop gracefully.
+    command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap()
+}
+
+/// In a child: returns once the parent closed our stdin (or died).
+pub async fn until_told_to_stop() {
+    let _ = tokio::task::spawn_blocking(|| std::io::copy(&mut std::io::stdin(), &mut std::io::sink())).await;
+}
+
+/// Asks `node` to stop gracefully (closes its stdin) and waits, at most
+/// 30 s, for it to exit successfully.
+pub fn stop_gracefully(node: &mut Child) {
+    drop(node.stdin.take());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = node.try_wait().unwrap() {
+            assert!(status.success(), "the node's graceful stop failed: {status}");
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = node.kill();
+            panic!("the node did not stop within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// The directory a crash test hands its child.
@@ -102,11 +126,23 @@ pub fn deliveries(dir: &Path) -> Vec<Delivered> {
         .collect()
 }
 
-/// Every queue's stored checkpoint.
+/// Every queue's stored checkpoint (a failing store is asked again for up
+/// to 10 s: Redis may be restarting).
 pub async fn stored_checkpoints(checkpointer: &dyn Checkpointer, queues: u32) -> BTreeMap<u32, Option<SequenceToken>> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let mut stored = BTreeMap::new();
     for q in 0..queues {
-        stored.insert(q, checkpointer.load(QueueId(q)).await.unwrap());
+        let token = loop {
+            match checkpointer.load(QueueId(q)).await {
+                Ok(token) => break token,
+                Err(error) if std::time::Instant::now() < deadline => {
+                    println!("loading the checkpoint of q{q}: {error}; again");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(error) => panic!("loading the checkpoint of q{q}: {error}"),
+            }
+        };
+        stored.insert(q, token);
     }
     stored
 }
@@ -130,27 +166,36 @@ pub async fn wait_for_checkpoints(
     }
 }
 
-/// A node's lives on one audit log: where each ended in the log, and the
-/// checkpoints stored when it ended (where the next life resumes).
+/// How a life of the node ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// SIGKILL.
+    Killed,
+    /// An ordered shutdown: the next life repeats nothing.
+    Stopped,
+}
+
+/// A node's lives on one audit log: where each ended in the log, how, and
+/// the checkpoints stored when it ended (where the next life resumes).
 #[derive(Default)]
 pub struct Lives {
-    ends: Vec<(usize, BTreeMap<u32, SequenceToken>)>,
+    ends: Vec<(usize, BTreeMap<u32, SequenceToken>, End)>,
 }
 
 impl Lives {
     /// Records that the node just died or stopped. Refuses (panics) a life
     /// that delivered nothing or left a queue without a checkpoint: the
     /// bound on repeats would then hold by itself.
-    pub async fn ended(&mut self, dir: &Path, checkpointer: &dyn Checkpointer, queues: u32) {
+    pub async fn ended(&mut self, dir: &Path, checkpointer: &dyn Checkpointer, queues: u32, how: End) {
         let logged = deliveries(dir).len();
-        let from = self.ends.last().map_or(0, |(at, _)| *at);
+        let from = self.ends.last().map_or(0, |(at, ..)| *at);
         assert!(logged > from, "life {} delivered nothing", self.ends.len() + 1);
         let mut checkpoints = BTreeMap::new();
         for (q, token) in stored_checkpoints(checkpointer, queues).await {
             let token = token.unwrap_or_else(|| panic!("life {} ended without a checkpoint on queue {q}", self.ends.len() + 1));
             checkpoints.insert(q, token);
         }
-        self.ends.push((logged, checkpoints));
+        self.ends.push((logged, checkpoints, how));
     }
 
     /// How many lives ended so far.
@@ -160,41 +205,54 @@ impl Lives {
 
     /// The checkpoints stored when the last life ended.
     pub fn last_checkpoints(&self) -> BTreeMap<u32, Option<SequenceToken>> {
-        self.ends.last().map(|(_, c)| c.iter().map(|(q, t)| (*q, Some(*t))).collect()).unwrap_or_default()
+        self.ends.last().map(|(_, c, _)| c.iter().map(|(q, t)| (*q, Some(*t))).collect()).unwrap_or_default()
     }
 
     /// Checks the whole log: within a life, each id once and each stream
-    /// in token order; an id an earlier life delivered comes again only
-    /// from the unacknowledged window, past the checkpoint that life's
-    /// predecessor stored. Returns (repeats, window) summed over lives.
+    /// in token order; across lives, each stream's new ids in token order
+    /// (nothing skipped and delivered later); an id an earlier life
+    /// delivered comes again only from the unacknowledged window, past the
+    /// checkpoint the life resumed from, and never after a graceful stop.
+    /// Returns (repeats, window) summed over lives.
     pub fn check(&self, dir: &Path) -> (usize, usize) {
         let log = deliveries(dir);
         let mut before: BTreeMap<&str, &Delivered> = BTreeMap::new();
+        let mut newest_per_stream: BTreeMap<&str, SequenceToken> = BTreeMap::new();
         let (mut repeats, mut windows) = (0, 0);
         let mut start = 0;
-        let bounds = self.ends.iter().map(|(at, _)| *at).chain(std::iter::once(log.len()));
-        for (life, end) in bounds.enumerate() {
-            let resumed_from = life.checked_sub(1).map(|previous| &self.ends[previous].1);
-            if let Some(checkpoints) = resumed_from {
+        let bounds = self.ends.iter().map(|(at, ..)| *at).chain(std::iter::once(log.len()));
+        for (index, end) in bounds.enumerate() {
+            let life = index + 1;
+            let resumed = index.checked_sub(1).map(|previous| (&self.ends[previous].1, self.ends[previous].2));
+            if let Some((checkpoints, _)) = resumed {
                 windows += before.values().filter(|d| d.token > checkpoints[&d.queue]).count();
             }
             let mut this_life: BTreeMap<&str, &Delivered> = BTreeMap::new();
             let mut last_per_stream: BTreeMap<&str, SequenceToken> = BTreeMap::new();
             for delivered in &log[start..end] {
-                let life = life + 1;
                 if let Some(first) = this_life.insert(&delivered.id, delivered) {
                     panic!("life {life} delivered {} twice: {first:?} then {delivered:?}", delivered.id);
                 }
                 if let Some(last) = last_per_stream.insert(&delivered.stream, delivered.token) {
-                    assert!(last < delivered.token, "life {life} delivered {} out of order: {delivered:?} after {last}", delivered.stream);
+                    assert!(
+                        last < delivered.token,
+                        "life {life} delivered {} out of order: {delivered:?} after {last}",
+                        delivered.stream
+                    );
                 }
                 if before.contains_key(delivered.id.as_str()) {
-                    let checkpoint = resumed_from.map(|c| c[&delivered.queue]);
+                    let (checkpoint, how) = (resumed.map(|(c, _)| c[&delivered.queue]), resumed.map(|(_, how)| how));
                     assert!(
                         checkpoint.is_some_and(|c| delivered.token > c),
                         "life {life} repeated {delivered:?} though it resumed from checkpoint {checkpoint:?}"
                     );
+                    assert_ne!(how, Some(End::Stopped), "life {life} repeated {delivered:?} after a graceful stop");
                     repeats += 1;
+                } else if let Some(newest) = newest_per_stream.insert(&delivered.stream, delivered.token) {
+                    assert!(
+                        newest < delivered.token,
+                        "life {life} delivered {delivered:?} for the first time after {newest} of its stream"
+                    );
                 }
             }
             before.extend(this_life);
