@@ -195,7 +195,11 @@ async fn a_node_through_several_lives_on_one_redis_loses_nothing() {
     }
     stop_gracefully(&mut node);
     let (repeats, window) = lives.check(dir.path());
-    println!("{} acknowledged events over {} lives; {repeats} delivered again, of {window} in unacknowledged windows", acked.len(), lives.count() + 1);
+    println!(
+        "{} acknowledged events over {} lives; {repeats} delivered again, of {window} in unacknowledged windows",
+        acked.len(),
+        lives.count() + 1
+    );
 }
 
 /// The checks above fail when they must: a life that saved no checkpoint
@@ -220,7 +224,10 @@ async fn the_restart_checks_catch_what_they_are_for() {
     // Nothing delivered, or no checkpoint: the life is refused.
     use futures::FutureExt;
     let refused = || async {
-        std::panic::AssertUnwindSafe(Lives::default().ended(dir.path(), &checkpoints, 1, End::Killed)).catch_unwind().await.is_err()
+        std::panic::AssertUnwindSafe(Lives::default().ended(dir.path(), &checkpoints, 1, End::Killed))
+            .catch_unwind()
+            .await
+            .is_err()
     };
     assert!(refused().await, "a life that delivered nothing");
     write(dir.path(), &["0 1-0 crash/s0 a"]);

@@ -192,7 +192,8 @@ impl Lives {
         assert!(logged > from, "life {} delivered nothing", self.ends.len() + 1);
         let mut checkpoints = BTreeMap::new();
         for (q, token) in stored_checkpoints(checkpointer, queues).await {
-            let token = token.unwrap_or_else(|| panic!("life {} ended without a checkpoint on queue {q}", self.ends.len() + 1));
+            let token =
+                token.unwrap_or_else(|| panic!("life {} ended without a checkpoint on queue {q}", self.ends.len() + 1));
             checkpoints.insert(q, token);
         }
         self.ends.push((logged, checkpoints, how));
@@ -290,5 +291,9 @@ pub async fn restart_delivers_everything(mut node: Child, dir: &Path, produced: 
     node.kill().unwrap();
     node.wait().unwrap();
     let (repeats, window) = lives.check(dir);
-    println!("{} events over {} lives; {repeats} delivered again, of {window} in unacknowledged windows", produced.len(), lives.count() + 1);
+    println!(
+        "{} events over {} lives; {repeats} delivered again, of {window} in unacknowledged windows",
+        produced.len(),
+        lives.count() + 1
+    );
 }

@@ -182,7 +182,10 @@ impl QueueReceiver for RedisReceiver {
 impl RedisReceiver {
     /// Reads this consumer's pending entries first (after a start or a
     /// lost reply), then new ones.
-    async fn read_entries(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, (redis::RedisError, &'static str)> {
+    async fn read_entries(
+        &mut self,
+        max: usize,
+    ) -> Result<Vec<Arc<BatchContainer>>, (redis::RedisError, &'static str)> {
         if let Phase::Pending(after) = &self.phase {
             let reply: StreamReadReply = redis::cmd("XREADGROUP")
                 .arg("GROUP")
