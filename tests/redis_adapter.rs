@@ -380,3 +380,39 @@ async fn entries_trimmed_while_pending_do_not_stall_the_next_owner() {
         assert_eq!(got, tokens[2..], "read by {consumer}");
     }
 }
+
+/// A read cancelled while the server held it (the agent bounds every
+/// receiver call: a Redis that stalls past the limit) still moves the
+/// entries it was handed into this consumer's pending list. The next read
+/// takes them from there instead of stranding them.
+#[tokio::test]
+async fn entries_handed_to_a_cancelled_read_are_read_again() {
+    let server = RedisServer::start();
+    let f = factory(&server, "n1").await;
+    let s = stream("t", "cancelled");
+    let queue = f.queue_mapper().queue_for(&s);
+    let adapter = f.adapter();
+    let mut receiver = adapter.create_receiver(queue).await.unwrap();
+    receiver.initialize(Duration::from_secs(5)).await.unwrap();
+    assert!(receiver.read(10).await.unwrap().is_empty());
+    adapter.enqueue(&s, events("e", 0..1)).await.unwrap();
+    // The server holds writes (XREADGROUP is one) for 300 ms; the read is
+    // given up before that, and the server answers it afterwards.
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(300).arg("WRITE").query_async(&mut raw).await.unwrap();
+    assert!(tokio::time::timeout(Duration::from_millis(50), receiver.read(10)).await.is_err());
+    let handed_out = eventually(Duration::from_secs(5), || {
+        let mut conn = client.get_connection().unwrap();
+        let pending: (u64, Option<String>, Option<String>, Option<Vec<(String, String)>>) =
+            redis::cmd("XPENDING").arg(adapter.key(queue)).arg("tailrace").query(&mut conn).unwrap();
+        pending.0 == 1
+    })
+    .await;
+    assert!(handed_out, "the server handed the entry to n1");
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.extend(receiver.read(10).await.unwrap().iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())));
+    }
+    assert_eq!(got, ["e0"]);
+}

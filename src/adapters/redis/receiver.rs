@@ -209,6 +209,12 @@ impl RedisReceiver {
                 None => self.phase = Phase::New,
             }
         }
+        // The server may hand us entries (into our pending list) whose reply
+        // never reaches us: the connection drops, or this call is cancelled
+        // (the agent bounds every receiver call). Until the reply is here,
+        // the next read starts with our pending entries after the last one
+        // we saw, so none is stranded.
+        self.phase = Phase::Pending(self.last_read.clone().unwrap_or_else(|| "0".into()));
         let reply: Result<Option<StreamReadReply>, redis::RedisError> = redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg(&self.options.group)
@@ -222,16 +228,8 @@ impl RedisReceiver {
             .arg(">")
             .query_async(&mut self.conn)
             .await;
-        let reply = match reply {
-            Ok(reply) => reply,
-            Err(error) => {
-                // The server may have handed us entries (they are in our
-                // pending list now) whose reply was lost with the
-                // connection: read our pending entries again first.
-                self.phase = Phase::Pending(self.last_read.clone().unwrap_or_else(|| "0".into()));
-                return Err((error, "reading"));
-            }
-        };
+        let reply = reply.map_err(|error| (error, "reading"))?;
+        self.phase = Phase::New;
         let entries: Vec<_> = reply.map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect()).unwrap_or_default();
         if let Some(last) = entries.last() {
             self.last_read = Some(last.id.clone());
