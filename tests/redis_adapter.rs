@@ -404,9 +404,9 @@ async fn entries_handed_to_a_cancelled_read_are_read_again() {
     assert!(tokio::time::timeout(Duration::from_millis(50), receiver.read(10)).await.is_err());
     let handed_out = eventually(Duration::from_secs(5), || {
         let mut conn = client.get_connection().unwrap();
-        let pending: (u64, Option<String>, Option<String>, Option<Vec<(String, String)>>) =
+        let pending: redis::streams::StreamPendingReply =
             redis::cmd("XPENDING").arg(adapter.key(queue)).arg("tailrace").query(&mut conn).unwrap();
-        pending.0 == 1
+        pending.count() == 1
     })
     .await;
     assert!(handed_out, "the server handed the entry to n1");
