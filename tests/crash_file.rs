@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::crash::*;
 use common::*;
 use tailrace::adapters::file::{FileAdapterFactory, FileOptions};
-use tailrace::checkpoint::{Checkpointer, FileCheckpointer};
+use tailrace::checkpoint::FileCheckpointer;
 use tailrace::handoff::{FsyncPolicy, HandoffError, LoggingConsumer, WriterOptions};
 use tailrace::queue::{QueueId, QueueMapper};
 use tailrace::stream::{Event, EventId, StreamId};
@@ -158,6 +158,7 @@ async fn a_node_killed_mid_delivery_loses_nothing_and_repeats_only_after_its_che
         writer.close().unwrap();
     }
 
+    let checkpoints = FileCheckpointer::new(dir.path().join("checkpoints")).unwrap();
     let mut node = child("child_node", &env(dir.path()));
     wait_ready(&mut node);
     let started = Instant::now();
@@ -165,15 +166,14 @@ async fn a_node_killed_mid_delivery_loses_nothing_and_repeats_only_after_its_che
         assert!(started.elapsed() < Duration::from_secs(60), "the node delivers too slowly");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    node.kill().unwrap(); // SIGKILL, mid-delivery
+    // Mid-delivery, once every queue has a saved checkpoint.
+    wait_for_checkpoints(&checkpoints, QUEUES, &BTreeMap::new()).await;
+    node.kill().unwrap(); // SIGKILL
     node.wait().unwrap();
-    let checkpoints = FileCheckpointer::new(dir.path().join("checkpoints")).unwrap();
-    let mut at_kill = BTreeMap::new();
-    for q in 0..QUEUES {
-        at_kill.insert(q, checkpoints.load(QueueId(q)).await.unwrap());
-    }
+    let mut lives = Lives::default();
+    lives.ended(dir.path(), &checkpoints, QUEUES, End::Killed).await;
     assert!(deliveries(dir.path()).len() < produced.len(), "the kill came before the end");
 
     let node = child("child_node", &env(dir.path()));
-    restart_delivers_everything(node, dir.path(), &produced, &at_kill).await;
+    restart_delivers_everything(node, dir.path(), &produced, &lives).await;
 }

@@ -239,3 +239,180 @@ async fn entries_handed_out_in_a_lost_reply_are_read_again() {
     assert!(errors > 0, "the dropped connection showed as an error");
     assert_eq!(got, ["e0"]);
 }
+
+/// The producer's retry loop: transient errors (Redis restarting) are
+/// retried; returns once the append was acknowledged.
+async fn enqueue_acked(adapter: &dyn QueueAdapter, s: &tailrace::stream::StreamId, range: std::ops::Range<u64>) {
+    for i in range {
+        loop {
+            match adapter.enqueue(s, events("e", i..i + 1)).await {
+                Ok(_) => break,
+                Err(error) if error.is_transient() => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(error) => panic!("{error}"),
+            }
+        }
+    }
+}
+
+async fn all_delivered(recorder: &Recorder, s: &tailrace::stream::StreamId, range: std::ops::Range<u64>) {
+    let want: BTreeSet<String> = ids("e", range).into_iter().collect();
+    let delivered = || recorder.ids(s).into_iter().collect::<BTreeSet<_>>();
+    assert!(
+        eventually(WAIT, || delivered().is_superset(&want)).await,
+        "lost: {:?}",
+        want.difference(&delivered()).take(5).collect::<Vec<_>>()
+    );
+}
+
+async fn start_node(server: &RedisServer, recorder: &Recorder) -> (Arc<RedisAdapterFactory>, TestNode) {
+    let f = factory(server, "n1").await;
+    let mut config = quick_config();
+    config.agent.reader_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(100));
+    let node = TestNode::start(f.clone(), config, implicit("t", recorder)).await;
+    (f, node)
+}
+
+/// Redis restarted without its data (no persistence, a flush, the key
+/// deleted) under a running node: the stream and its consumer group are
+/// gone, producers append to a new stream, and the node creates the group
+/// again and delivers it from its start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_lost_everything_under_a_running_node_is_read_again() {
+    let mut server = RedisServer::start();
+    let recorder = Recorder::new();
+    let (f, node) = start_node(&server, &recorder).await;
+    let adapter = f.adapter();
+    let s = stream("t", "wiped");
+    enqueue_acked(adapter.as_ref(), &s, 0..50).await;
+    all_delivered(&recorder, &s, 0..50).await;
+    server.restart_empty();
+    enqueue_acked(adapter.as_ref(), &s, 50..100).await;
+    all_delivered(&recorder, &s, 50..100).await;
+    assert_eq!(recorder.ids(&s), ids("e", 0..100), "each once, in order");
+    node.node.shutdown().await.unwrap();
+}
+
+/// Redis came back without its latest writes (`appendfsync everysec`, a
+/// lagging replica promoted): its stream, group position and checkpoint
+/// went back in time under a running node. What it re-reads is skipped as
+/// already delivered, what is appended next is delivered, and so it is
+/// after the node restarts on the rolled-back checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_lost_its_latest_writes_skips_nothing_new() {
+    let mut server = RedisServer::start();
+    let recorder = Recorder::new();
+    let (f, node) = start_node(&server, &recorder).await;
+    let adapter = f.adapter();
+    let s = stream("t", "rolled-back");
+    enqueue_acked(adapter.as_ref(), &s, 0..50).await;
+    all_delivered(&recorder, &s, 0..50).await;
+    let snapshot = server.snapshot();
+    enqueue_acked(adapter.as_ref(), &s, 50..100).await;
+    all_delivered(&recorder, &s, 50..100).await;
+    server.restart_from(&snapshot);
+    enqueue_acked(adapter.as_ref(), &s, 100..150).await;
+    all_delivered(&recorder, &s, 100..150).await;
+    assert_eq!(recorder.ids(&s), ids("e", 0..150), "nothing twice while running");
+    node.node.shutdown().await.unwrap();
+
+    let second = Recorder::new();
+    let (_, node) = start_node(&server, &second).await;
+    enqueue_acked(adapter.as_ref(), &s, 150..200).await;
+    all_delivered(&second, &s, 150..200).await;
+    node.node.shutdown().await.unwrap();
+}
+
+/// The stored checkpoint is past every id the stream ever generated: the
+/// history it counted was lost (the key deleted or evicted, writes lost)
+/// and the server numbers new entries from a clock behind the one that
+/// numbered the old ones. New entries must still be delivered, not taken
+/// for old ones and skipped (or trimmed away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_past_the_streams_ids_hides_no_new_entry() {
+    let server = RedisServer::start();
+    let f = factory(&server, "n1").await;
+    let s = stream("t", "ahead");
+    let queue = f.queue_mapper().queue_for(&s);
+    let ahead = SequenceToken::new(tailrace::stream::now_ms() + 86_400_000, 0);
+    f.create_checkpointer().await.unwrap().save(queue, ahead).await.unwrap();
+    let recorder = Recorder::new();
+    let node = TestNode::start(f.clone(), quick_config(), implicit("t", &recorder)).await;
+    // The agent's first pump (its receiver's start) is over.
+    node.wait_status(queue.0, |status| status.read_calls >= 2).await;
+    let token = f.adapter().enqueue(&s, events("e", 0..3)).await.unwrap();
+    assert!(token > ahead, "the entry was numbered {token}, at or below the checkpoint {ahead}");
+    all_delivered(&recorder, &s, 0..3).await;
+    node.node.shutdown().await.unwrap();
+}
+
+/// Entries trimmed away while still pending (their checkpoint passed but
+/// their ack was lost) leave ids in the pending list; the next owner drops
+/// them and reads the rest.
+#[tokio::test]
+async fn entries_trimmed_while_pending_do_not_stall_the_next_owner() {
+    let server = RedisServer::start();
+    let f = factory(&server, "n1").await;
+    let s = stream("t", "trimmed-pending");
+    let queue = f.queue_mapper().queue_for(&s);
+    let adapter = f.adapter();
+    let mut tokens = Vec::new();
+    for i in 0..4 {
+        tokens.push(adapter.enqueue(&s, events("e", i..i + 1)).await.unwrap());
+    }
+    let mut first = adapter.create_receiver(queue).await.unwrap();
+    first.initialize(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(first.read(10).await.unwrap().len(), 4);
+    drop(first); // dies with four entries pending
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let trimmed: u64 = redis::cmd("XTRIM")
+        .arg(adapter.key(queue))
+        .arg("MINID")
+        .arg(tokens[2].to_string())
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(trimmed, 2);
+    for consumer in ["n1", "n2"] {
+        let mut next = factory(&server, consumer).await.adapter().create_receiver(queue).await.unwrap();
+        next.initialize(Duration::from_secs(5)).await.unwrap();
+        let got: Vec<SequenceToken> = next.read(10).await.unwrap().iter().map(|b| b.token).collect();
+        assert_eq!(got, tokens[2..], "read by {consumer}");
+    }
+}
+
+/// A read cancelled while the server held it (the agent bounds every
+/// receiver call: a Redis that stalls past the limit) still moves the
+/// entries it was handed into this consumer's pending list. The next read
+/// takes them from there instead of stranding them.
+#[tokio::test]
+async fn entries_handed_to_a_cancelled_read_are_read_again() {
+    let server = RedisServer::start();
+    let f = factory(&server, "n1").await;
+    let s = stream("t", "cancelled");
+    let queue = f.queue_mapper().queue_for(&s);
+    let adapter = f.adapter();
+    let mut receiver = adapter.create_receiver(queue).await.unwrap();
+    receiver.initialize(Duration::from_secs(5)).await.unwrap();
+    assert!(receiver.read(10).await.unwrap().is_empty());
+    adapter.enqueue(&s, events("e", 0..1)).await.unwrap();
+    // The server holds writes (XREADGROUP is one) for 300 ms; the read is
+    // given up before that, and the server answers it afterwards.
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(300).arg("WRITE").query_async(&mut raw).await.unwrap();
+    assert!(tokio::time::timeout(Duration::from_millis(50), receiver.read(10)).await.is_err());
+    let handed_out = eventually(Duration::from_secs(5), || {
+        let mut conn = client.get_connection().unwrap();
+        let pending: redis::streams::StreamPendingReply =
+            redis::cmd("XPENDING").arg(adapter.key(queue)).arg("tailrace").query(&mut conn).unwrap();
+        pending.count() == 1
+    })
+    .await;
+    assert!(handed_out, "the server handed the entry to n1");
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.extend(receiver.read(10).await.unwrap().iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())));
+    }
+    assert_eq!(got, ["e0"]);
+}

@@ -49,6 +49,17 @@ async fn contract(store: Arc<dyn RunLogStore>) {
     }
     assert_eq!(store.read(&big, 3_071, 3, usize::MAX).await.unwrap(), ["line 3071", "line 3072", "line 3073"]);
     assert_eq!(store.read(&big, 4_999, 5, usize::MAX).await.unwrap(), ["line 4999"]);
+    // Tokens are ordered exactly over all of u64 (an adapter may number by
+    // nanoseconds or offsets): none is taken for a redelivery of another.
+    let wide = RunKey::new("svc.etl", "wide").unwrap();
+    let top = 1u64 << 53;
+    for (major, minor) in [(top, 0), (top + 1, 0), (top + 1, u64::MAX - 1), (top + 1, u64::MAX), (u64::MAX, 0)] {
+        let line = format!("{major}-{minor}");
+        assert!(store.append(&wide, token(major, minor), &[&line]).await.unwrap(), "{line} was dropped");
+    }
+    assert!(!store.append(&wide, token(top + 1, u64::MAX), &["again"]).await.unwrap());
+    let info = store.info(&wide).await.unwrap().unwrap();
+    assert_eq!((info.lines, info.last_token), (5, Some(token(u64::MAX, 0))));
 }
 
 #[tokio::test]
@@ -82,4 +93,37 @@ async fn the_file_store_recovers_from_a_crash_between_its_writes() {
     assert!(store.append(&run, token(2, 0), &["redelivered"]).await.unwrap());
     assert_eq!(store.read(&run, 0, 10, usize::MAX).await.unwrap(), ["kept", "redelivered"]);
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "kept\nredelivered\n");
+}
+
+/// Redis crashed while writing an append to its append-only file (the file
+/// ends inside it). An append is one script, written as one transaction,
+/// and Redis drops a transaction cut short when it loads the file: the run
+/// holds all of an append's lines with its token, or none of them, and the
+/// redelivered container lands at the right offset.
+#[tokio::test]
+async fn a_redis_append_cut_short_by_a_crash_leaves_nothing_half_written() {
+    let mut server = RedisServer::start();
+    let store = RedisRunLogStore::connect(&server.url(), "test").await.unwrap();
+    let run = RunKey::new("svc.etl", "r-1").unwrap();
+    assert!(store.append(&run, token(1, 0), &["a", "b"]).await.unwrap());
+    let aof = server.aof_tail();
+    let before = std::fs::metadata(&aof).unwrap().len();
+    let lines: Vec<String> = (0..100).map(|i| format!("line {i}")).collect();
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    assert!(store.append(&run, token(2, 0), &refs).await.unwrap());
+    let after = std::fs::metadata(&aof).unwrap().len();
+    let text = String::from_utf8_lossy(&std::fs::read(&aof).unwrap()[before as usize..]).into_owned();
+    assert!(text.contains("MULTI") && text.contains("EXEC"), "one transaction per append: {text:.200}");
+    server.restart_with(|_| {
+        let file = std::fs::OpenOptions::new().write(true).open(&aof).unwrap();
+        file.set_len(before + (after - before) / 2).unwrap();
+    });
+
+    let store = RedisRunLogStore::connect(&server.url(), "test").await.unwrap();
+    let info = store.info(&run).await.unwrap().unwrap();
+    assert_eq!((info.lines, info.bytes, info.last_token), (2, 4, Some(token(1, 0))));
+    assert_eq!(store.read(&run, 0, 200, usize::MAX).await.unwrap(), ["a", "b"]);
+    assert!(store.append(&run, token(2, 0), &refs).await.unwrap(), "the redelivered container is new again");
+    assert_eq!(store.read(&run, 2, 1, usize::MAX).await.unwrap(), ["line 0"]);
+    assert_eq!(store.info(&run).await.unwrap().unwrap().lines, 102);
 }

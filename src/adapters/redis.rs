@@ -7,6 +7,13 @@
 //! - Receivers read through a consumer group (`XREADGROUP … COUNT n BLOCK`),
 //!   ack with `XACK`, and on start take over every entry a previous owner
 //!   left pending (`XAUTOCLAIM`), reading those first, so nothing is stranded.
+//!   The group is created at the stream's start (`0`, never `$`), so nothing
+//!   appended before it existed is skipped; a group that vanished with its
+//!   stream (the key deleted, a Redis that lost its data) is created again
+//!   on the next read.
+//! - New entries are always numbered past the stored checkpoint and past
+//!   what the receiver read (`XSETID` when the stream's ids fell behind),
+//!   so a new entry is never taken for an old one.
 //! - A subscriber asking for an older token is served with `XRANGE` while the
 //!   stream still holds it.
 //! - The stream is trimmed (`XTRIM MINID`) up to the stored checkpoint, never

@@ -33,17 +33,27 @@ const PAGE: usize = 256;
 
 /// KEYS: run hash, log list, runs zset, pipelines set.
 /// ARGV: fqn, run, created, token major, token minor, bytes, lines...
+///
+/// Token parts are unsigned 64-bit decimals, compared as strings (shorter
+/// is smaller, then byte order): Lua numbers are doubles and would take
+/// tokens above 2^53 that differ for equal ones.
 const APPEND: &str = r"
 if redis.call('HSETNX', KEYS[1], 'created', ARGV[3]) == 1 then
   redis.call('HSET', KEYS[1], 'updated', ARGV[3])
   redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
   redis.call('SADD', KEYS[4], ARGV[1])
 end
-local major = tonumber(redis.call('HGET', KEYS[1], 'major') or '-1')
-local minor = tonumber(redis.call('HGET', KEYS[1], 'minor') or '-1')
-local m, n = tonumber(ARGV[4]), tonumber(ARGV[5])
-if major > m or (major == m and minor >= n) then
-  return 0
+local function less(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+local major = redis.call('HGET', KEYS[1], 'major')
+local minor = redis.call('HGET', KEYS[1], 'minor')
+if major and minor then
+  local m, n = ARGV[4], ARGV[5]
+  if less(m, major) or (m == major and not less(minor, n)) then
+    return 0
+  end
 end
 for i = 7, #ARGV do
   redis.call('RPUSH', KEYS[2], ARGV[i])

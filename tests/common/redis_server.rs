@@ -58,10 +58,84 @@ impl RedisServer {
         self.spawn();
     }
 
+    /// Stops the server, throws its data away and starts it again on the
+    /// same port: a Redis restarted without persistence (or flushed).
+    pub fn restart_empty(&mut self) {
+        self.stop();
+        self.wipe();
+        self.spawn();
+    }
+
+    /// Kills the server, lets `damage` change its data directory, and
+    /// starts it again on the same port.
+    pub fn restart_with(&mut self, damage: impl FnOnce(&std::path::Path)) {
+        self.stop();
+        damage(self.dir.path());
+        self.spawn();
+    }
+
+    /// The append-only file the server writes to now (Redis 7 keeps a base
+    /// and increments in `appendonlydir/`).
+    pub fn aof_tail(&self) -> PathBuf {
+        let dir = self.dir.path().join("appendonlydir");
+        let mut increments: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|entry| {
+                let path = entry.ok()?.path();
+                let name = path.file_name()?.to_str()?.strip_suffix(".incr.aof")?.to_string();
+                Some((name.rsplit('.').next()?.parse().ok()?, path))
+            })
+            .collect();
+        increments.sort();
+        increments.pop().map(|(_, path)| path).expect("redis-server 7 or newer writes an incremental append-only file")
+    }
+
+    /// A copy of the server's data as of now (every acknowledged write so
+    /// far: the append-only file is synced before each reply).
+    pub fn snapshot(&self) -> tempfile::TempDir {
+        let copy = tempfile::tempdir().unwrap();
+        copy_tree(self.dir.path(), copy.path());
+        copy
+    }
+
+    /// Stops the server and starts it again on `snapshot`'s data: a Redis
+    /// that lost its latest writes (`appendfsync everysec`, a lagging
+    /// replica promoted).
+    pub fn restart_from(&mut self, snapshot: &tempfile::TempDir) {
+        self.stop();
+        self.wipe();
+        copy_tree(snapshot.path(), self.dir.path());
+        self.spawn();
+    }
+
+    fn wipe(&self) {
+        for entry in std::fs::read_dir(self.dir.path()).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                std::fs::remove_dir_all(&path).unwrap();
+            } else {
+                std::fs::remove_file(&path).unwrap();
+            }
+        }
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+}
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
         }
     }
 }

@@ -9,7 +9,7 @@ use redis::streams::{StreamAutoClaimReply, StreamRangeReply, StreamReadReply};
 
 use super::entry::decode_entry;
 use super::{NAME, RedisCheckpointer, RedisOptions, TrimPolicy, backend};
-use crate::checkpoint::Checkpointer;
+use crate::checkpoint::{CheckpointError, Checkpointer};
 use crate::queue::{QueueError, QueueId, QueueReceiver};
 use crate::stream::{BatchContainer, SequenceToken};
 
@@ -34,6 +34,7 @@ pub(crate) struct RedisReceiver {
     last_read: Option<String>,
     last_trim: Instant,
     shut_down: bool,
+    raise_last_id: redis::Script,
 }
 
 impl RedisReceiver {
@@ -56,6 +57,7 @@ impl RedisReceiver {
             last_read: None,
             last_trim: Instant::now(),
             shut_down: false,
+            raise_last_id: redis::Script::new(RAISE_LAST_ID),
         }
     }
 
@@ -118,60 +120,20 @@ impl QueueReceiver for RedisReceiver {
 
     async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
         self.check()?;
-        if let Phase::Pending(after) = &self.phase {
-            let reply: StreamReadReply = redis::cmd("XREADGROUP")
-                .arg("GROUP")
-                .arg(&self.options.group)
-                .arg(&self.consumer)
-                .arg("COUNT")
-                .arg(max.max(1))
-                .arg("STREAMS")
-                .arg(&self.key)
-                .arg(after)
-                .query_async(&mut self.conn)
-                .await
-                .map_err(|e| backend(&e, "reading pending entries"))?;
-            let entries: Vec<_> = reply.keys.into_iter().flat_map(|k| k.ids).collect();
-            match entries.last() {
-                Some(last) => {
-                    self.phase = Phase::Pending(last.id.clone());
-                    self.last_read = Some(last.id.clone());
-                    return Ok(self.containers(entries));
-                }
-                None => self.phase = Phase::New,
+        match self.read_entries(max).await {
+            Err((error, _)) if error.code() == Some("NOGROUP") => {
+                // The stream key vanished (deleted, or a Redis that lost its
+                // data) and took the group with it; producers may already
+                // be appending to a new stream. Without a group nothing is
+                // ever read again: create it and read the new stream from
+                // its start.
+                tracing::warn!(queue = %self.queue, key = %self.key, %error,
+                    "the consumer group is gone; creating it again and reading the stream from its start");
+                self.claim_everything().await?;
+                self.read_entries(max).await.map_err(|(error, doing)| backend(&error, doing))
             }
+            result => result.map_err(|(error, doing)| backend(&error, doing)),
         }
-        let reply: Result<Option<StreamReadReply>, redis::RedisError> = redis::cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg(&self.options.group)
-            .arg(&self.consumer)
-            .arg("COUNT")
-            .arg(max.max(1))
-            .arg("BLOCK")
-            .arg(self.options.block.as_millis() as u64)
-            .arg("STREAMS")
-            .arg(&self.key)
-            .arg(">")
-            .query_async(&mut self.conn)
-            .await;
-        let reply = match reply {
-            Ok(reply) => reply,
-            Err(error) => {
-                // The server may have handed us entries (they are in our
-                // pending list now) whose reply was lost with the
-                // connection: read our pending entries again first.
-                self.phase = Phase::Pending(self.last_read.clone().unwrap_or_else(|| "0".into()));
-                return Err(backend(&error, "reading"));
-            }
-        };
-        let entries: Vec<_> = reply.map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect()).unwrap_or_default();
-        if let Some(last) = entries.last() {
-            self.last_read = Some(last.id.clone());
-        }
-        if entries.is_empty() {
-            self.trim().await;
-        }
-        Ok(self.containers(entries))
     }
 
     async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
@@ -218,6 +180,66 @@ impl QueueReceiver for RedisReceiver {
 }
 
 impl RedisReceiver {
+    /// Reads this consumer's pending entries first (after a start or a
+    /// lost reply), then new ones.
+    async fn read_entries(
+        &mut self,
+        max: usize,
+    ) -> Result<Vec<Arc<BatchContainer>>, (redis::RedisError, &'static str)> {
+        if let Phase::Pending(after) = &self.phase {
+            let reply: StreamReadReply = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(&self.options.group)
+                .arg(&self.consumer)
+                .arg("COUNT")
+                .arg(max.max(1))
+                .arg("STREAMS")
+                .arg(&self.key)
+                .arg(after)
+                .query_async(&mut self.conn)
+                .await
+                .map_err(|e| (e, "reading pending entries"))?;
+            let entries: Vec<_> = reply.keys.into_iter().flat_map(|k| k.ids).collect();
+            match entries.last() {
+                Some(last) => {
+                    self.phase = Phase::Pending(last.id.clone());
+                    self.last_read = Some(last.id.clone());
+                    return Ok(self.containers(entries));
+                }
+                None => self.phase = Phase::New,
+            }
+        }
+        // The server may hand us entries (into our pending list) whose reply
+        // never reaches us: the connection drops, or this call is cancelled
+        // (the agent bounds every receiver call). Until the reply is here,
+        // the next read starts with our pending entries after the last one
+        // we saw, so none is stranded.
+        self.phase = Phase::Pending(self.last_read.clone().unwrap_or_else(|| "0".into()));
+        let reply: Result<Option<StreamReadReply>, redis::RedisError> = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&self.options.group)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(max.max(1))
+            .arg("BLOCK")
+            .arg(self.options.block.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&self.key)
+            .arg(">")
+            .query_async(&mut self.conn)
+            .await;
+        let reply = reply.map_err(|error| (error, "reading"))?;
+        self.phase = Phase::New;
+        let entries: Vec<_> = reply.map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect()).unwrap_or_default();
+        if let Some(last) = entries.last() {
+            self.last_read = Some(last.id.clone());
+        }
+        if entries.is_empty() {
+            self.trim().await;
+        }
+        Ok(self.containers(entries))
+    }
+
     /// Why `from` can no longer be served, if it cannot: entries before the
     /// first one recorded were trimmed away, and deleted ones are gone.
     async fn gone_before(&mut self, from: SequenceToken) -> Option<String> {
@@ -249,9 +271,10 @@ impl RedisReceiver {
             .map(|deleted| format!("entries through {deleted} were deleted"))
     }
 
-    /// Creates the group if needed and takes over every pending entry (a
-    /// previous owner's, or our own from before a restart): they are read
-    /// first, in order.
+    /// Creates the group if needed (reading the stream from its start, so
+    /// that nothing appended before it existed is skipped) and takes over
+    /// every pending entry (a previous owner's, or our own from before a
+    /// restart): they are read first, in order.
     async fn claim_everything(&mut self) -> Result<(), QueueError> {
         let created: Result<(), redis::RedisError> = redis::cmd("XGROUP")
             .arg("CREATE")
@@ -266,6 +289,7 @@ impl RedisReceiver {
         {
             return Err(backend(&error, "creating the consumer group"));
         }
+        self.keep_new_ids_past_what_was_seen().await?;
         let mut start = "0-0".to_string();
         loop {
             let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
@@ -289,4 +313,54 @@ impl RedisReceiver {
         self.shut_down = false;
         Ok(())
     }
+
+    /// Makes every entry appended from now on newer than the stored
+    /// checkpoint and than what this receiver already handed out. The agent
+    /// takes anything at or below those for a redelivery and skips it (and
+    /// trimming removes what is below the checkpoint), so a stream whose
+    /// ids fell behind them (Redis lost its latest writes or the whole key,
+    /// on a server whose clock is behind the one that numbered them) would
+    /// otherwise swallow new entries.
+    async fn keep_new_ids_past_what_was_seen(&mut self) -> Result<(), QueueError> {
+        let checkpoint = self.checkpointer.load(self.queue).await.map_err(|error| QueueError::Backend {
+            adapter: NAME.into(),
+            message: format!("loading the checkpoint: {error}"),
+            transient: !matches!(error, CheckpointError::Corrupt { .. }),
+        })?;
+        let last_read = self.last_read.as_deref().and_then(|id| id.parse::<SequenceToken>().ok());
+        let Some(floor) = checkpoint.max(last_read) else { return Ok(()) };
+        let moved: i64 = self
+            .raise_last_id
+            .key(&self.key)
+            .arg(floor.to_string())
+            .invoke_async(&mut self.conn)
+            .await
+            .map_err(|e| backend(&e, "raising the stream's last id"))?;
+        if moved == 1 {
+            tracing::warn!(queue = %self.queue, key = %self.key, %floor,
+                "the stream's ids were behind what this queue already read or checkpointed (Redis lost writes); new entries are numbered past it");
+        }
+        Ok(())
+    }
 }
+
+/// KEYS: the stream. ARGV: an id. Raises the stream's last generated id to
+/// ARGV[1] if it is behind, so that every later entry is numbered past it;
+/// returns 1 if it did. Ids are compared exactly, as decimal strings.
+const RAISE_LAST_ID: &str = r"
+local function less(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local last
+for i = 1, #info, 2 do
+  if info[i] == 'last-generated-id' then last = info[i + 1] end
+end
+local lm, ls = string.match(last, '^(%d+)-(%d+)$')
+local fm, fs = string.match(ARGV[1], '^(%d+)-(%d+)$')
+if less(lm, fm) or (lm == fm and less(ls, fs)) then
+  redis.call('XSETID', KEYS[1], ARGV[1])
+  return 1
+end
+return 0";
