@@ -11,25 +11,8 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::life::{Client, Model, Outcome, Posted, ServeNode};
+use common::life::{Op, ServeNode, cases, run_life};
 use proptest::prelude::*;
-
-#[derive(Clone, Debug)]
-enum Op {
-    /// Posts `batches` batches of `lines` lines to run `run`, one after another.
-    Produce { run: u32, batches: u32, lines: u32 },
-    /// The same, and a `kill -9` after `after_ms`, then a restart.
-    KillWhileProducing { run: u32, batches: u32, lines: u32, after_ms: u64 },
-    /// Waits until every acknowledged line is in its run's log and every
-    /// queue file was consumed and deleted (the queues drained to empty).
-    Drain,
-    /// Ctrl-C, then a restart.
-    Stop,
-    /// `kill -9` while idle, then a restart.
-    Kill,
-}
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -49,84 +32,13 @@ fn config(max_file_bytes: u64, persist_ms: u64) -> String {
     )
 }
 
-async fn produce(client: &Client, model: &mut Model, run: u32, batches: u32, lines: u32) {
-    for _ in 0..batches {
-        let (_, body) = model.next(run, lines);
-        match client.post(run, body).await {
-            Posted::Acked => model.record(run, lines, Outcome::Acked),
-            Posted::Maybe(why) => panic!("a live node refused a batch: {why}"),
-            Posted::NotSent => panic!("a live node refused the connection"),
-        }
-    }
-}
-
-/// Posts while the node is killed: a batch counts as acknowledged only on
-/// a 202; one in flight at the kill may or may not be in the log.
-async fn produce_until_killed(client: &Client, model: &mut Model, run: u32, batches: u32, lines: u32) {
-    for _ in 0..batches {
-        let (_, body) = model.next(run, lines);
-        match client.post(run, body).await {
-            Posted::Acked => model.record(run, lines, Outcome::Acked),
-            Posted::Maybe(_) => model.record(run, lines, Outcome::Maybe),
-            Posted::NotSent => return,
-        }
-    }
-}
-
-fn live(ops: Vec<Op>, max_file_bytes: u64, persist_ms: u64) -> Result<(), TestCaseError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+fn live(mut ops: Vec<Op>, max_file_bytes: u64, persist_ms: u64) -> Result<(), TestCaseError> {
+    // Something to check from the first step on.
+    ops.insert(0, Op::Produce { run: 0, batches: 3, lines: 5 });
     let mut node = ServeNode::new(&config(max_file_bytes, persist_ms));
-    node.start();
-    let client = Client::new(&node);
-    let mut model = Model::default();
-    let check = |node: &ServeNode, model: &Model, when: &str| -> Result<(), TestCaseError> {
-        let drained = runtime.block_on(client.drained(model));
-        prop_assert!(drained.is_ok(), "{when}: {}\nnode log:\n{}", drained.unwrap_err(), node.log_tail());
-        Ok(())
-    };
-    for (step, op) in ops.into_iter().enumerate() {
-        match op {
-            Op::Produce { run, batches, lines } => runtime.block_on(produce(&client, &mut model, run, batches, lines)),
-            Op::KillWhileProducing { run, batches, lines, after_ms } => {
-                runtime.block_on(async {
-                    let producing = produce_until_killed(&client, &mut model, run, batches, lines);
-                    let killing = async {
-                        tokio::time::sleep(Duration::from_millis(after_ms)).await;
-                        tokio::task::block_in_place(|| node.kill9());
-                    };
-                    tokio::join!(producing, killing);
-                });
-                node.start();
-                check(&node, &model, &format!("step {step}: after a kill -9 while producing"))?;
-            }
-            Op::Drain => {
-                check(&node, &model, &format!("step {step}: drain"))?;
-                let empty = node.wait_queues_empty();
-                prop_assert!(empty.is_ok(), "step {step}: {}\nnode log:\n{}", empty.unwrap_err(), node.log_tail());
-            }
-            Op::Stop => {
-                node.stop();
-                node.start();
-                check(&node, &model, &format!("step {step}: after Ctrl-C and a restart"))?;
-            }
-            Op::Kill => {
-                node.kill9();
-                node.start();
-                check(&node, &model, &format!("step {step}: after a kill -9 and a restart"))?;
-            }
-        }
-    }
-    check(&node, &model, "at the end")?;
-    node.stop();
-    // One more life after a clean stop: nothing to recover, nothing lost.
-    node.start();
-    check(&node, &model, "after the last restart")?;
-    prop_assert!(node.lives >= 2);
+    let outcome = run_life(&mut node, ops, None);
+    prop_assert!(outcome.is_ok(), "{}", outcome.unwrap_err());
     Ok(())
-}
-
-fn cases() -> u32 {
-    std::env::var("TAILRACE_LIFE_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(3)
 }
 
 proptest! {

@@ -304,3 +304,132 @@ impl Client {
         }
     }
 }
+
+/// A step of a node's life.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// Posts `batches` batches of `lines` lines to run `run`, one after another.
+    Produce { run: u32, batches: u32, lines: u32 },
+    /// The same, and a `kill -9` after `after_ms`, then a restart.
+    KillWhileProducing { run: u32, batches: u32, lines: u32, after_ms: u64 },
+    /// Waits until every acknowledged line is in its run's log and, on the
+    /// file adapter, every queue file was consumed and deleted.
+    Drain,
+    /// Ctrl-C, then a restart.
+    Stop,
+    /// `kill -9` while idle, then a restart.
+    Kill,
+    /// Redis killed and started again under the running node.
+    RestartRedis,
+    /// Redis down while `batches` one-line batches are posted to `run`
+    /// (each may or may not be taken), then up again.
+    ProduceWhileRedisDown { run: u32, batches: u32 },
+}
+
+/// Test cases of the life tests: `TAILRACE_LIFE_CASES`, or a few.
+pub fn cases() -> u32 {
+    std::env::var("TAILRACE_LIFE_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(3)
+}
+
+async fn produce(client: &Client, model: &mut Model, run: u32, batches: u32, lines: u32) -> Result<(), String> {
+    for _ in 0..batches {
+        let (batch, body) = model.next(run, lines);
+        match client.post(run, body).await {
+            Posted::Acked => model.record(run, lines, Outcome::Acked),
+            Posted::Maybe(why) => return Err(format!("a live node refused batch {batch} of run {run}: {why}")),
+            Posted::NotSent => return Err("a live node refused the connection".into()),
+        }
+    }
+    Ok(())
+}
+
+/// Posts while the node dies or a server is down: a batch counts as
+/// acknowledged only on a 202; one that got no 202 may or may not be in
+/// the log; one that never connected was not sent.
+async fn produce_maybe(client: &Client, model: &mut Model, run: u32, batches: u32, lines: u32) {
+    for _ in 0..batches {
+        let (_, body) = model.next(run, lines);
+        match client.post(run, body).await {
+            Posted::Acked => model.record(run, lines, Outcome::Acked),
+            Posted::Maybe(_) => model.record(run, lines, Outcome::Maybe),
+            Posted::NotSent => return,
+        }
+    }
+}
+
+/// Runs `ops` on `node` (and its Redis, if it has one), checking every
+/// run's log after each restart and at the end, then one more clean
+/// restart. The error names the step and carries the node's log.
+pub fn run_life(
+    node: &mut ServeNode,
+    ops: Vec<Op>,
+    mut redis: Option<&mut crate::common::redis_server::RedisServer>,
+) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    node.start();
+    let client = Client::new(node);
+    let mut model = Model::default();
+    let check = |node: &ServeNode, model: &Model, when: &str| -> Result<(), String> {
+        runtime.block_on(client.drained(model)).map_err(|e| format!("{when}: {e}\nnode log:\n{}", node.log_tail()))
+    };
+    for (step, op) in ops.into_iter().enumerate() {
+        match op {
+            Op::Produce { run, batches, lines } => runtime
+                .block_on(produce(&client, &mut model, run, batches, lines))
+                .map_err(|e| format!("step {step}: {e}\nnode log:\n{}", node.log_tail()))?,
+            Op::KillWhileProducing { run, batches, lines, after_ms } => {
+                runtime.block_on(async {
+                    let producing = produce_maybe(&client, &mut model, run, batches, lines);
+                    let killing = async {
+                        tokio::time::sleep(Duration::from_millis(after_ms)).await;
+                        tokio::task::block_in_place(|| node.kill9());
+                    };
+                    tokio::join!(producing, killing);
+                });
+                node.start();
+                check(node, &model, &format!("step {step}: after a kill -9 while producing"))?;
+            }
+            Op::Drain => {
+                check(node, &model, &format!("step {step}: drain"))?;
+                if redis.is_none() {
+                    node.wait_queues_empty()
+                        .map_err(|e| format!("step {step}: {e}\nnode log:\n{}", node.log_tail()))?;
+                }
+            }
+            Op::Stop => {
+                node.stop();
+                node.start();
+                check(node, &model, &format!("step {step}: after Ctrl-C and a restart"))?;
+            }
+            Op::Kill => {
+                node.kill9();
+                node.start();
+                check(node, &model, &format!("step {step}: after a kill -9 and a restart"))?;
+            }
+            Op::RestartRedis => {
+                if let Some(redis) = redis.as_deref_mut() {
+                    redis.restart();
+                    check(node, &model, &format!("step {step}: after Redis restarted"))?;
+                }
+            }
+            Op::ProduceWhileRedisDown { run, batches } => {
+                if let Some(redis) = redis.as_deref_mut() {
+                    redis.stop();
+                    runtime.block_on(produce_maybe(&client, &mut model, run, batches, 1));
+                    redis.restart();
+                    check(node, &model, &format!("step {step}: after Redis came back"))?;
+                }
+            }
+        }
+    }
+    check(node, &model, "at the end")?;
+    node.stop();
+    // One more life after a clean stop: nothing to recover, nothing lost.
+    node.start();
+    check(node, &model, "after the last restart")?;
+    node.stop();
+    if model.acked_lines() == 0 {
+        return Err("the life acknowledged no line: it checked nothing".into());
+    }
+    Ok(())
+}

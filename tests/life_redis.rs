@@ -1,0 +1,84 @@
+//! A node's whole life on Redis: `tailrace serve` with the Redis adapter
+//! and the Redis run log store, through random sequences of producing,
+//! draining, Ctrl-C, `kill -9` (also while producers post), restarts of
+//! Redis under the running node and producers posting while Redis is down.
+//! After every restart and at the end, each run's log holds every
+//! acknowledged line exactly once, in order; a batch that got no 202
+//! appears whole or not at all.
+//!
+//! `cargo test` runs a few cases; `TAILRACE_LIFE_CASES=50 cargo test --test
+//! life_redis` runs more.
+
+mod common;
+
+use common::life::{Op, ServeNode, cases, run_life};
+use common::redis_server::RedisServer;
+use proptest::prelude::*;
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u32..3, 1u32..12, 1u32..60).prop_map(|(run, batches, lines)| Op::Produce { run, batches, lines }),
+        2 => (0u32..3, 5u32..40, 1u32..60, 0u64..400)
+            .prop_map(|(run, batches, lines, after_ms)| Op::KillWhileProducing { run, batches, lines, after_ms }),
+        2 => Just(Op::Drain),
+        1 => Just(Op::Stop),
+        1 => Just(Op::Kill),
+        1 => Just(Op::RestartRedis),
+        1 => (0u32..3, 1u32..3).prop_map(|(run, batches)| Op::ProduceWhileRedisDown { run, batches }),
+    ]
+}
+
+fn config(redis: &RedisServer, persist_ms: u64) -> String {
+    let url = redis.url();
+    format!(
+        "[queues]\nadapter = \"redis\"\n\n[adapters.redis]\nurl = \"{url}\"\n\n[archive]\nstore = \"redis\"\nredis_url = \"{url}\"\n\n[checkpoint]\npersist_interval = \"{persist_ms}ms\"\n"
+    )
+}
+
+fn live(mut ops: Vec<Op>, persist_ms: u64) -> Result<(), TestCaseError> {
+    ops.insert(0, Op::Produce { run: 0, batches: 3, lines: 5 });
+    let mut redis = RedisServer::start();
+    let mut node = ServeNode::new(&config(&redis, persist_ms));
+    let outcome = run_life(&mut node, ops, Some(&mut redis));
+    prop_assert!(outcome.is_ok(), "{}", outcome.unwrap_err());
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        max_shrink_iters: 16,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn every_acknowledged_line_survives_a_nodes_whole_life_on_redis(
+        ops in proptest::collection::vec(op(), 4..10),
+        persist_ms in prop_oneof![Just(0u64), Just(300), Just(5_000)],
+    ) {
+        live(ops, persist_ms)?;
+    }
+}
+
+/// Kills, Ctrl-Cs and Redis restarts alternating, producers posting.
+#[test]
+fn six_lives_on_redis_lose_nothing() {
+    live(
+        vec![
+            Op::Produce { run: 0, batches: 40, lines: 100 },
+            Op::Drain,
+            Op::Stop,
+            Op::Produce { run: 0, batches: 5, lines: 1 },
+            Op::KillWhileProducing { run: 1, batches: 60, lines: 50, after_ms: 300 },
+            Op::RestartRedis,
+            Op::Stop,
+            Op::ProduceWhileRedisDown { run: 2, batches: 2 },
+            Op::KillWhileProducing { run: 2, batches: 60, lines: 50, after_ms: 200 },
+            Op::Stop,
+            Op::Produce { run: 1, batches: 3, lines: 7 },
+        ],
+        5_000,
+    )
+    .unwrap();
+}
