@@ -5,7 +5,9 @@
 //! per log line. The archiver is the implicit subscriber of the `logs`
 //! namespace: it appends each container's lines to the run log store, in
 //! order, exactly once (a container whose token the run already holds is
-//! skipped, so redeliveries are harmless), and answers its handshake with
+//! skipped, so redeliveries are harmless; one whose event ids repeat one of
+//! the run's last containers is a producer's retried POST, and is skipped
+//! too), and answers its handshake with
 //! the last token stored. The store also keeps each run's status; the SSE
 //! edge reads it for catch-up, the paginated endpoints and the download.
 //!
@@ -72,6 +74,22 @@ pub async fn open_store(options: &ArchiveOptions) -> Result<Arc<dyn RunLogStore>
         "redis" => Ok(Arc::new(RedisRunLogStore::connect(&options.redis_url, &options.redis_prefix).await?)),
         other => Err(StoreError::Backend(format!("unknown archive store `{other}` (built in: file, redis)"))),
     }
+}
+
+/// How many of a run's latest containers a store remembers the
+/// fingerprints of, to drop a producer's retried batch.
+pub const RECENT_BATCHES: usize = 128;
+
+/// A container's fingerprint: a hash of its events' ids, in order. A
+/// producer that retries a POST with the same ids (NDJSON `id`) sends the
+/// same fingerprint; generated ids never repeat.
+pub fn batch_fingerprint(events: &[crate::stream::Event]) -> u64 {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for event in events {
+        hasher.update(event.id.as_str().as_bytes());
+        hasher.update(&[0]);
+    }
+    hasher.digest()
 }
 
 /// The namespace of run logs.
@@ -298,6 +316,22 @@ pub trait RunLogStore: Send + Sync + 'static {
     /// the token are stored or none.
     async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError>;
 
+    /// Like [`append`](Self::append), for a container whose events' ids
+    /// hash to `fingerprint`: if one of the run's last
+    /// [`RECENT_BATCHES`] containers had the same fingerprint, this is a
+    /// producer's retried batch, and only the token moves (nothing is
+    /// appended; returns false). The default does no such check.
+    async fn append_batch(
+        &self,
+        run: &RunKey,
+        token: SequenceToken,
+        fingerprint: u64,
+        lines: &[&str],
+    ) -> Result<bool, StoreError> {
+        let _ = fingerprint;
+        self.append(run, token, lines).await
+    }
+
     /// Sets the run's status (creating the run if needed).
     async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError>;
 
@@ -387,7 +421,8 @@ impl StreamConsumer for ArchiverConsumer {
             let texts: Vec<std::borrow::Cow<'_, str>> =
                 batch.events.iter().map(|e| String::from_utf8_lossy(&e.payload)).collect();
             let lines: Vec<&str> = texts.iter().flat_map(|t| lines_of(t)).collect();
-            if self.store.append(run, batch.token, &lines).await.map_err(ConsumerError::failed)? {
+            let fingerprint = batch_fingerprint(&batch.events);
+            if self.store.append_batch(run, batch.token, fingerprint, &lines).await.map_err(ConsumerError::failed)? {
                 metrics::counter!("tailrace_archive_lines_total").increment(lines.len() as u64);
             }
         }

@@ -57,6 +57,35 @@ async fn ndjson_lines_keep_their_producer_ids() {
     assert_eq!(last(&server, "runId=r-1").await.1["total"], "2", "a refused request enqueues nothing");
 }
 
+/// A producer that did not hear the answer posts again with the same ids:
+/// the run log holds its lines once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_ndjson_post_with_producer_ids_is_stored_once() {
+    let server = LogServer::start(quick_settings()).await;
+    let post = |payload: &'static str| {
+        server
+            .client
+            .post(server.url("/api/v1/logs/svc.etl/runs/r-9/lines"))
+            .header("content-type", "application/x-ndjson")
+            .body(payload)
+            .send()
+    };
+    let first = "{\"line\": \"a\", \"id\": \"p-1\"}\n{\"line\": \"b\", \"id\": \"p-2\"}\n";
+    assert_eq!(body(post(first).await.unwrap()).await.0, 202);
+    assert_eq!(body(post(first).await.unwrap()).await.0, 202, "the retry is accepted too");
+    assert_eq!(body(post("{\"line\": \"c\", \"id\": \"p-3\"}\n").await.unwrap()).await.0, 202);
+    server.archived("svc.etl", "r-9", 3).await;
+    assert_eq!(last(&server, "runId=r-9").await.1["logs"], "a\nb\nc");
+    // Plain text has no ids: the same body twice is two batches.
+    for _ in 0..2 {
+        let response =
+            server.client.post(server.url("/api/v1/logs/svc.etl/runs/r-10/lines")).body("x\n").send().await.unwrap();
+        assert_eq!(body(response).await.0, 202);
+    }
+    server.archived("svc.etl", "r-10", 2).await;
+    assert_eq!(last(&server, "runId=r-10").await.1["logs"], "x\nx");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_ingest_requests_get_clear_4xx_errors() {
     let options = EdgeOptions {

@@ -40,6 +40,20 @@ async fn contract(store: Arc<dyn RunLogStore>) {
     let runs: Vec<String> = store.runs("svc.etl", 10).await.unwrap().into_iter().map(|r| r.run).collect();
     assert_eq!(runs.len(), 2);
     assert_eq!(store.runs("svc.etl", 1).await.unwrap().len(), 1);
+    // A producer's retried batch: same ids (fingerprint), a new token.
+    let retry = RunKey::new("svc.retry", "r-1").unwrap();
+    assert!(store.append_batch(&retry, token(3, 0), 0xfeed, &["r"]).await.unwrap());
+    assert!(!store.append_batch(&retry, token(3, 4), 0xfeed, &["r"]).await.unwrap(), "the retry is dropped");
+    assert_eq!(store.info(&retry).await.unwrap().unwrap().last_token, Some(token(3, 4)), "its token is held");
+    assert!(store.append_batch(&retry, token(4, 0), 0xbeef, &["s"]).await.unwrap());
+    for i in 0..tailrace::archive::RECENT_BATCHES as u64 {
+        assert!(store.append_batch(&retry, token(5, i), 0x1000 + i, &["w"]).await.unwrap());
+    }
+    assert!(store.append_batch(&retry, token(6, 0), 0xfeed, &["r"]).await.unwrap(), "remembered for a window only");
+    let total = 2 + tailrace::archive::RECENT_BATCHES as u64 + 1;
+    assert_eq!(store.info(&retry).await.unwrap().unwrap().lines, total);
+    let tail = store.read(&retry, 0, 2, usize::MAX).await.unwrap();
+    assert_eq!(tail, ["r", "s"]);
     // Many lines: offsets stay exact across index entries.
     let big = RunKey::new("svc.etl", "big").unwrap();
     let lines: Vec<String> = (0..5_000).map(|i| format!("line {i}")).collect();

@@ -47,6 +47,10 @@ struct Meta {
     run: String,
     #[serde(flatten)]
     info: RunInfo,
+    /// Fingerprints of the run's last containers, newest last (at most
+    /// `RECENT_BATCHES`): a retried batch is dropped.
+    #[serde(default, skip_serializing_if = "std::collections::VecDeque::is_empty")]
+    recent: std::collections::VecDeque<u64>,
 }
 
 /// See the module documentation.
@@ -180,17 +184,36 @@ impl Inner {
             fqn: run.fqn().to_string(),
             run: run.run().to_string(),
             info: RunInfo { created_ms: now, updated_ms: now, ..RunInfo::default() },
+            recent: Default::default(),
         };
         self.write_meta(dir, &meta)?;
         Ok(meta)
     }
 
-    fn append(&self, run: &RunKey, token: SequenceToken, lines: &[String]) -> Result<bool, StoreError> {
+    fn append(
+        &self,
+        run: &RunKey,
+        token: SequenceToken,
+        fingerprint: Option<u64>,
+        lines: &[String],
+    ) -> Result<bool, StoreError> {
         let _guard = self.lock(run);
         let dir = self.dir(run);
         let mut meta = self.meta_or_new(run, &dir)?;
         if meta.info.last_token.is_some_and(|last| last >= token) {
             return Ok(false);
+        }
+        if let Some(fingerprint) = fingerprint {
+            if meta.recent.contains(&fingerprint) {
+                // A producer's retried batch: the token moves, nothing else.
+                meta.info.last_token = Some(token);
+                self.write_meta(&dir, &meta)?;
+                return Ok(false);
+            }
+            if meta.recent.len() >= super::RECENT_BATCHES {
+                meta.recent.pop_front();
+            }
+            meta.recent.push_back(fingerprint);
         }
         let log_path = dir.join("log.txt");
         let mut log = OpenOptions::new()
@@ -439,7 +462,18 @@ impl RunLogStore for FileRunLogStore {
 
     async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError> {
         let (run, lines) = (run.clone(), lines.iter().map(|l| l.to_string()).collect::<Vec<_>>());
-        self.blocking(move |inner| inner.append(&run, token, &lines)).await
+        self.blocking(move |inner| inner.append(&run, token, None, &lines)).await
+    }
+
+    async fn append_batch(
+        &self,
+        run: &RunKey,
+        token: SequenceToken,
+        fingerprint: u64,
+        lines: &[&str],
+    ) -> Result<bool, StoreError> {
+        let (run, lines) = (run.clone(), lines.iter().map(|l| l.to_string()).collect::<Vec<_>>());
+        self.blocking(move |inner| inner.append(&run, token, Some(fingerprint), &lines)).await
     }
 
     async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {

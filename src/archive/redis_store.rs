@@ -37,7 +37,12 @@ const PAGE: usize = 256;
 /// Token parts are unsigned 64-bit decimals, compared as strings (shorter
 /// is smaller, then byte order): Lua numbers are doubles and would take
 /// tokens above 2^53 that differ for equal ones.
+///
+/// ARGV[7] is the container's fingerprint (16 hex digits, or empty): one
+/// the run's `recent` field holds (the last 128, space-separated) is a
+/// producer's retried batch, so only the token moves.
 const APPEND: &str = r"
+local RECENT_CHARS = 128 * 17
 if redis.call('HSETNX', KEYS[1], 'created', ARGV[3]) == 1 then
   redis.call('HSET', KEYS[1], 'updated', ARGV[3])
   redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
@@ -55,12 +60,24 @@ if major and minor then
     return 0
   end
 end
-for i = 7, #ARGV do
+local recent = redis.call('HGET', KEYS[1], 'recent') or ''
+if ARGV[7] ~= '' and string.find(' ' .. recent .. ' ', ' ' .. ARGV[7] .. ' ', 1, true) then
+  redis.call('HSET', KEYS[1], 'major', ARGV[4], 'minor', ARGV[5])
+  return 0
+end
+for i = 8, #ARGV do
   redis.call('RPUSH', KEYS[2], ARGV[i])
 end
-redis.call('HINCRBY', KEYS[1], 'lines', #ARGV - 6)
+redis.call('HINCRBY', KEYS[1], 'lines', #ARGV - 7)
 redis.call('HINCRBY', KEYS[1], 'bytes', ARGV[6])
 redis.call('HSET', KEYS[1], 'major', ARGV[4], 'minor', ARGV[5], 'updated', ARGV[3])
+if ARGV[7] ~= '' then
+  recent = ARGV[7] .. ' ' .. recent
+  if #recent > RECENT_CHARS then
+    recent = string.sub(recent, 1, RECENT_CHARS - 1)
+  end
+  redis.call('HSET', KEYS[1], 'recent', recent)
+end
 return 1";
 
 /// KEYS: run hash, runs zset, pipelines set. ARGV: fqn, run, created, state?
@@ -228,13 +245,14 @@ fn parse_info(run: &RunKey, fields: std::collections::HashMap<String, String>) -
     }))
 }
 
-#[async_trait]
-impl RunLogStore for RedisRunLogStore {
-    async fn ensure_run(&self, run: &RunKey) -> Result<(), StoreError> {
-        self.ensure(run, None).await
-    }
-
-    async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError> {
+impl RedisRunLogStore {
+    async fn append_lines(
+        &self,
+        run: &RunKey,
+        token: SequenceToken,
+        fingerprint: Option<u64>,
+        lines: &[&str],
+    ) -> Result<bool, StoreError> {
         if lines.is_empty() {
             return Ok(false);
         }
@@ -242,11 +260,33 @@ impl RunLogStore for RedisRunLogStore {
         let mut invocation = self.append.key(self.run_key(run));
         invocation.key(self.log_key(run)).key(self.runs_key(run.fqn())).key(self.pipelines_key());
         invocation.arg(run.fqn()).arg(run.run()).arg((self.clock)()).arg(token.major).arg(token.minor).arg(bytes);
+        invocation.arg(fingerprint.map_or(String::new(), |f| format!("{f:016x}")));
         for line in lines {
             invocation.arg(*line);
         }
         let appended: i64 = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
         Ok(appended == 1)
+    }
+}
+
+#[async_trait]
+impl RunLogStore for RedisRunLogStore {
+    async fn ensure_run(&self, run: &RunKey) -> Result<(), StoreError> {
+        self.ensure(run, None).await
+    }
+
+    async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError> {
+        self.append_lines(run, token, None, lines).await
+    }
+
+    async fn append_batch(
+        &self,
+        run: &RunKey,
+        token: SequenceToken,
+        fingerprint: u64,
+        lines: &[&str],
+    ) -> Result<bool, StoreError> {
+        self.append_lines(run, token, Some(fingerprint), lines).await
     }
 
     async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {

@@ -58,6 +58,15 @@ impl RunLogStore for ProbeStore {
     async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError> {
         self.inner.append(run, token, lines).await
     }
+    async fn append_batch(
+        &self,
+        run: &RunKey,
+        token: SequenceToken,
+        fingerprint: u64,
+        lines: &[&str],
+    ) -> Result<bool, StoreError> {
+        self.inner.append_batch(run, token, fingerprint, lines).await
+    }
     async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {
         self.inner.set_state(run, state).await
     }
