@@ -491,9 +491,31 @@ fn a_data_directory_is_held_by_one_process_and_lets_its_holder_recover() {
     assert!(text.contains(&format!("pid {}", std::process::id())) && text.contains("--data-dir"), "{text}");
     let queue = root.path().join("queues").join("q1");
     crash_with_a_torn_tail(&queue);
-    let reports = held.recover(&queue, "events").unwrap();
-    assert_eq!(reports.iter().map(RecoveryReport::republished).sum::<u64>(), 2);
-    assert!(held.recover(Path::new("/elsewhere"), "events").is_err(), "only inside the held directory");
+    // An old directory without a state file: the floor is what counts.
+    std::fs::remove_file(queue.join(".events.state")).unwrap();
+    let report = held.recover(&queue, "events", 900).unwrap();
+    assert_eq!(report.republished(), 2);
+    let numbers: Vec<u64> = list_prefix_files(&queue, "events").unwrap().iter().map(|f| f.n).collect();
+    assert_eq!(numbers, [900], "republished past the floor it was given");
+    assert!(held.recover(Path::new("/elsewhere"), "events", 1).is_err(), "only inside the held directory");
     drop(held);
     DataDirLock::acquire(root.path()).unwrap();
+}
+
+#[test]
+fn a_batch_the_crash_cut_short_is_not_republished_so_batches_stay_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut writer = LoggingConsumer::open(dir.path(), "events", options()).unwrap();
+    writer.append_batch(&stream(), &[event(0), event(1)]).unwrap();
+    writer.append_batch(&stream(), &[event(2), event(3), event(4)]).unwrap();
+    writer.flush().unwrap();
+    drop(writer);
+    // The crash came after two of the second batch's three lines.
+    let open = dir.path().join("events-1.open");
+    let text = std::fs::read_to_string(&open).unwrap();
+    let kept: String = text.lines().take(4).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&open, kept).unwrap();
+    let report = recover(dir.path(), "events", true).unwrap();
+    assert_eq!(report.republished(), 2, "{report}");
+    assert_eq!(sealed_ids(dir.path(), "events"), ["e0", "e1"]);
 }

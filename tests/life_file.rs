@@ -83,3 +83,41 @@ fn six_lives_alternating_kill_and_ctrl_c_lose_nothing() {
     )
     .unwrap();
 }
+
+/// A second `serve` on a data directory in use is refused by name; a start
+/// that fails (its address is taken) leaves no writer lock behind, and the
+/// next start serves.
+#[test]
+fn a_second_serve_is_refused_and_a_failed_start_leaves_nothing_behind() {
+    let mut node = ServeNode::new("");
+    node.start();
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_tailrace"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(node.data_dir())
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(stderr.contains("is in use by another tailrace process (pid "), "{stderr}");
+    node.stop();
+    // An address already taken: the start fails after the queues opened.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let failed = std::process::Command::new(env!("CARGO_BIN_EXE_tailrace"))
+        .args(["serve", "--listen", &taken.local_addr().unwrap().to_string(), "--data-dir"])
+        .arg(node.data_dir())
+        .output()
+        .unwrap();
+    assert!(!failed.status.success(), "{}", String::from_utf8_lossy(&failed.stdout));
+    let queues = node.data_dir().join("queues");
+    let mut locks = Vec::new();
+    for queue in std::fs::read_dir(&queues).unwrap() {
+        let queue = queue.unwrap().path();
+        if queue.join(".events.lock").exists() {
+            locks.push(queue);
+        }
+    }
+    assert!(locks.is_empty(), "writer locks left behind: {locks:?}");
+    assert!(queues.join("q0").exists(), "the failed start had opened the queues");
+    node.start();
+    node.stop();
+}

@@ -134,10 +134,6 @@ impl FileAdapterFactory {
                 .map_err(|source| QueueError::Io { context: format!("creating {}", dir.display()), source })?;
             let sealed = Arc::new(Notify::new());
             let writer = if options.write {
-                if let Some(owner) = owner {
-                    let reports = owner.recover(&dir, &options.prefix).map_err(|e| handoff_error(queue, e))?;
-                    recovered.extend(reports.into_iter().inspect(|r| log_recovery(queue, r)));
-                }
                 // Numbers past the checkpoint too: a directory emptied by
                 // deletions and missing its state file must not go back.
                 let stored = checkpointer.load_blocking(queue).map_err(|e| QueueError::Backend {
@@ -146,6 +142,14 @@ impl FileAdapterFactory {
                     transient: false,
                 })?;
                 let first_file = stored.map_or(1, |t| t.major.saturating_add(1));
+                if let Some(owner) = owner {
+                    let report =
+                        owner.recover(&dir, &options.prefix, first_file).map_err(|e| handoff_error(queue, e))?;
+                    if !report.is_empty() {
+                        log_recovery(queue, &report);
+                        recovered.push(report);
+                    }
+                }
                 Some(
                     writer::QueueWriter::start(queue, &dir, &options, first_file, sealed.clone())
                         .map_err(|e| handoff_error(queue, e))?,

@@ -38,6 +38,24 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
     let backend = tailrace::adapters::build(&config, Some(&owner)).await.context("opening the queues")?;
     let adapter = backend.factory.create_adapter().await?;
+    let served = serve_node(&args, &config, store, backend, metrics).await;
+    // Sealed and given back on every way out: a failed start leaves no
+    // writer lock behind.
+    let closed = adapter.close().await;
+    drop(owner);
+    served?;
+    closed?;
+    Ok(())
+}
+
+/// Runs the node and its edge until Ctrl-C, then hands every queue over.
+async fn serve_node(
+    args: &ServeArgs,
+    config: &tailrace::config::Config,
+    store: Arc<dyn tailrace::archive::RunLogStore>,
+    backend: tailrace::adapters::Backend,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+) -> anyhow::Result<()> {
     let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, Archiver::new(store.clone()));
     let mut builder =
         Node::builder(NodeId::new(config.node.name.clone()), backend.factory).config(config.clone()).implicit(implicit);
@@ -48,7 +66,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     let retention = tailrace::archive::Retention::spawn(store.clone(), config.archive.retention.clone(), stop.clone());
     let logs = LogEdge::new(node.clone(), store, config.edge.clone(), stop.clone());
-    let (bound, server) = logs.serve(args.listen, tailrace::edge::router(metrics), stop.clone()).await?;
+    let (bound, server) = match logs.serve(args.listen, tailrace::edge::router(metrics), stop.clone()).await {
+        Ok(served) => served,
+        Err(error) => {
+            stop.cancel();
+            node.shutdown().await?;
+            let _ = retention.await;
+            return Err(error.into());
+        }
+    };
     println!(
         "tailrace serve: node {} on {} queues ({} adapter), run logs in {} ({} store)",
         node.id(),
@@ -64,9 +90,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     println!("stopping: handing every queue over");
     stop.cancel();
     node.shutdown().await?;
-    adapter.close().await?;
     let _ = server.await;
     let _ = retention.await;
-    drop(owner);
     Ok(())
 }

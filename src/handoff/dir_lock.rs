@@ -14,7 +14,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::HandoffError;
-use super::recover::{RecoveryReport, recover_tree};
+use super::recover::{RecoveryReport, recover_from};
 
 /// The lock file's name in a data directory.
 pub const DATA_DIR_LOCK: &str = ".tailrace.lock";
@@ -68,18 +68,19 @@ impl DataDirLock {
         &self.dir
     }
 
-    /// Recovers every queue directory under `root` (which must be inside
-    /// the held directory): stale prefix locks removed, the complete lines
-    /// of `.open` files republished with their event ids, the files (and
-    /// any torn tail) moved to the queue's `quarantine/`.
-    pub fn recover(&self, root: &Path, prefix: &str) -> Result<Vec<RecoveryReport>, HandoffError> {
-        if !root.starts_with(&self.dir) {
+    /// Recovers `prefix` in the queue directory `dir` (inside the held
+    /// directory): a stale prefix lock removed, the complete lines of
+    /// `.open` files republished with their event ids into files numbered
+    /// from at least `first_file`, the files (and any torn tail) moved to
+    /// the queue's `quarantine/`.
+    pub fn recover(&self, dir: &Path, prefix: &str, first_file: u64) -> Result<RecoveryReport, HandoffError> {
+        if !dir.starts_with(&self.dir) {
             return Err(HandoffError::Failed(format!(
                 "{} is outside the locked data directory {}",
-                root.display(),
+                dir.display(),
                 self.dir.display()
             )));
         }
-        recover_tree(root, prefix, true)
+        recover_from(dir, prefix, true, first_file)
     }
 }

@@ -96,7 +96,7 @@ impl fmt::Display for RecoveryReport {
         for file in &self.files {
             let outcome = if file.republished > 0 {
                 format!("; {} events republished", file.republished)
-            } else if file.valid_lines > 0 {
+            } else if file.valid_lines > 0 && !file.quarantined.to_string_lossy().ends_with(REPUBLISHED) {
                 "; not republished yet (run again with --republish)".into()
             } else {
                 String::new()
@@ -183,6 +183,18 @@ fn quarantine_target(quarantine: &Path, name: &str) -> PathBuf {
 
 /// Recovers `prefix` in `dir`. Refuses while a live writer holds it.
 pub fn recover(dir: &Path, prefix: &str, republish: bool) -> Result<RecoveryReport, HandoffError> {
+    recover_from(dir, prefix, republish, 1)
+}
+
+/// Like [`recover`], republishing into files numbered from at least
+/// `first_file` (a reader's checkpoint may know of numbers the directory
+/// forgot).
+pub fn recover_from(
+    dir: &Path,
+    prefix: &str,
+    republish: bool,
+    first_file: u64,
+) -> Result<RecoveryReport, HandoffError> {
     validate_prefix(prefix)?;
     let lock = lock_path(dir, prefix);
     let stale_lock = if lock.exists() {
@@ -224,7 +236,23 @@ pub fn recover(dir: &Path, prefix: &str, republish: bool) -> Result<RecoveryRepo
     }
     // 3. The complete lines of every pending file, written again.
     if republish {
-        republish_pending(dir, prefix, &quarantine, &mut report)?;
+        republish_pending(dir, prefix, &quarantine, first_file, &mut report)?;
+    } else {
+        // What an earlier run only quarantined is still waiting: say so.
+        for path in pending(&quarantine, prefix)? {
+            if report.files.iter().any(|f| f.quarantined == path) {
+                continue;
+            }
+            let inspected = inspect(&path)?;
+            report.files.push(RecoveredFile {
+                original: path.clone(),
+                quarantined: path,
+                complete_lines: inspected.complete_lines,
+                valid_lines: inspected.lines.len() as u64,
+                truncated_tail_bytes: inspected.truncated_tail_bytes,
+                republished: 0,
+            });
+        }
     }
     Ok(report)
 }
@@ -233,23 +261,23 @@ fn republish_pending(
     dir: &Path,
     prefix: &str,
     quarantine: &Path,
+    first_file: u64,
     report: &mut RecoveryReport,
 ) -> Result<(), HandoffError> {
     let files = pending(quarantine, prefix)?;
     if files.is_empty() {
         return Ok(());
     }
-    let mut writer =
-        LoggingConsumer::open(dir, prefix, WriterOptions { max_file_age: None, ..WriterOptions::default() })?;
+    let options = WriterOptions { max_file_age: None, ..WriterOptions::default() };
+    let mut writer = LoggingConsumer::open_from(dir, prefix, options, first_file)?;
     for path in files {
         let inspected = inspect(&path)?;
-        append_batches(&mut writer, &inspected.lines)?;
+        let republished = append_batches(&mut writer, &inspected.lines)?;
         // Sealed before the file is marked: a crash in between republishes
         // it again (same ids), never loses it.
         writer.rotate()?;
         let marked = PathBuf::from(format!("{}{REPUBLISHED}", path.display()));
         std::fs::rename(&path, &marked).map_err(HandoffError::io(format!("marking {}", marked.display())))?;
-        let republished = inspected.lines.len() as u64;
         match report.files.iter_mut().find(|f| f.quarantined == path) {
             Some(entry) => {
                 entry.republished = republished;
@@ -259,7 +287,7 @@ fn republish_pending(
                 original: path,
                 quarantined: marked,
                 complete_lines: inspected.complete_lines,
-                valid_lines: republished,
+                valid_lines: inspected.lines.len() as u64,
                 truncated_tail_bytes: inspected.truncated_tail_bytes,
                 republished,
             }),
@@ -270,8 +298,12 @@ fn republish_pending(
 }
 
 /// Appends lines as the batches they were written in (a batch's first line
-/// says how many lines it has).
-fn append_batches(writer: &mut LoggingConsumer, lines: &[DecodedLine]) -> Result<(), HandoffError> {
+/// says how many lines it has). A batch the crash cut short was never
+/// acknowledged (an append is answered after its whole batch is written):
+/// it stays in quarantine only, so batches stay all or nothing. Returns
+/// the events appended.
+fn append_batches(writer: &mut LoggingConsumer, lines: &[DecodedLine]) -> Result<u64, HandoffError> {
+    let mut appended = 0;
     let mut i = 0;
     while i < lines.len() {
         let first = &lines[i];
@@ -285,10 +317,13 @@ fn append_batches(writer: &mut LoggingConsumer, lines: &[DecodedLine]) -> Result
             events.push(next.event.clone());
             j += 1;
         }
-        writer.append_batch(&first.stream, &events)?;
+        if events.len() == first.batch as usize {
+            writer.append_batch(&first.stream, &events)?;
+            appended += events.len() as u64;
+        }
         i = j;
     }
-    Ok(())
+    Ok(appended)
 }
 
 /// Whether `dir` holds anything of `prefix` to recover.

@@ -194,7 +194,10 @@ impl Model {
     /// The next batch of `run`: its number and body.
     pub fn next(&self, run: u32, lines: u32) -> (usize, String) {
         let batch = self.runs.get(&run).map_or(0, Vec::len);
-        let body: String = (0..lines).map(|i| line(run, batch, i, lines) + "\n").collect();
+        // NDJSON with producer ids: a retried batch is stored once.
+        let body: String = (0..lines)
+            .map(|i| format!("{{\"line\":\"{}\",\"id\":\"r{run}-b{batch}-l{i}\"}}\n", line(run, batch, i, lines)))
+            .collect();
         (batch, body)
     }
 
@@ -263,7 +266,7 @@ impl Client {
 
     pub async fn post(&self, run: u32, body: String) -> Posted {
         let url = format!("{}/api/v1/logs/life/runs/run-{run}/lines", self.base);
-        match self.http.post(url).body(body).send().await {
+        match self.http.post(url).header("content-type", "application/x-ndjson").body(body).send().await {
             Ok(response) if response.status() == 202 => Posted::Acked,
             Ok(response) => {
                 Posted::Maybe(format!("{}: {}", response.status(), response.text().await.unwrap_or_default()))
@@ -331,14 +334,25 @@ pub fn cases() -> u32 {
     std::env::var("TAILRACE_LIFE_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(3)
 }
 
+/// Posts to a live node. A `503` (retry later: say, the first command
+/// after Redis came back) is retried with the same ids, as a producer
+/// would; the batch must then be in the log once.
 async fn produce(client: &Client, model: &mut Model, run: u32, batches: u32, lines: u32) -> Result<(), String> {
     for _ in 0..batches {
         let (batch, body) = model.next(run, lines);
-        match client.post(run, body).await {
-            Posted::Acked => model.record(run, lines, Outcome::Acked),
-            Posted::Maybe(why) => return Err(format!("a live node refused batch {batch} of run {run}: {why}")),
-            Posted::NotSent => return Err("a live node refused the connection".into()),
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match client.post(run, body.clone()).await {
+                Posted::Acked => break,
+                Posted::Maybe(why) if why.starts_with("503") && attempt < 20 => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Posted::Maybe(why) => return Err(format!("a live node refused batch {batch} of run {run}: {why}")),
+                Posted::NotSent => return Err("a live node refused the connection".into()),
+            }
         }
+        model.record(run, lines, Outcome::Acked);
     }
     Ok(())
 }
