@@ -65,9 +65,9 @@ fn the_demo_survives_its_own_kill_9() {
     assert_eq!(progress, 2, "the first life printed its progress");
     child.kill().unwrap();
     child.wait().unwrap();
-    let [produced, delivered, earlier, _duplicates, lost] = demo(data.path(), "3");
+    let [produced, delivered, earlier, duplicates, lost] = demo(data.path(), "3");
     assert!(produced > 0 && produced == delivered, "{produced} produced, {delivered} delivered");
-    assert!(earlier > 0, "the first life's undelivered events came in the second");
+    assert!(earlier + duplicates > 0, "the first life's undelivered or unacknowledged events came in the second");
     assert_eq!(lost, 0);
 }
 
