@@ -11,19 +11,8 @@
 
 mod common;
 
-use common::life::{Op, ServeNode, cases, run_life};
+use common::life::{Op, ServeNode, node_ops, proptest_config, run_life};
 use proptest::prelude::*;
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        4 => (0u32..3, 1u32..12, 1u32..60).prop_map(|(run, batches, lines)| Op::Produce { run, batches, lines }),
-        2 => (0u32..3, 5u32..40, 1u32..60, 0u64..400)
-            .prop_map(|(run, batches, lines, after_ms)| Op::KillWhileProducing { run, batches, lines, after_ms }),
-        2 => Just(Op::Drain),
-        1 => Just(Op::Stop),
-        1 => Just(Op::Kill),
-    ]
-}
 
 /// A config with small files and the given checkpoint interval.
 fn config(max_file_bytes: u64, persist_ms: u64) -> String {
@@ -42,16 +31,11 @@ fn live(mut ops: Vec<Op>, max_file_bytes: u64, persist_ms: u64) -> Result<(), Te
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: cases(),
-        max_shrink_iters: 16,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(proptest_config())]
 
     #[test]
     fn every_acknowledged_line_survives_a_nodes_whole_life(
-        ops in proptest::collection::vec(op(), 4..10),
+        ops in proptest::collection::vec(node_ops(), 4..10),
         max_file_bytes in prop_oneof![Just(2_048u64), Just(16_384), Just(8 * 1024 * 1024)],
         persist_ms in prop_oneof![Just(0u64), Just(300), Just(5_000)],
     ) {

@@ -11,18 +11,14 @@
 
 mod common;
 
-use common::life::{Op, ServeNode, cases, run_life};
+use common::life::{Op, ServeNode, node_ops, proptest_config, run_life};
 use common::redis_server::RedisServer;
 use proptest::prelude::*;
 
+/// A node's steps, and Redis restarted or down under it.
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u32..3, 1u32..12, 1u32..60).prop_map(|(run, batches, lines)| Op::Produce { run, batches, lines }),
-        2 => (0u32..3, 5u32..40, 1u32..60, 0u64..400)
-            .prop_map(|(run, batches, lines, after_ms)| Op::KillWhileProducing { run, batches, lines, after_ms }),
-        2 => Just(Op::Drain),
-        1 => Just(Op::Stop),
-        1 => Just(Op::Kill),
+        10 => node_ops(),
         1 => Just(Op::RestartRedis),
         1 => (0u32..3, 1u32..3).prop_map(|(run, batches)| Op::ProduceWhileRedisDown { run, batches }),
     ]
@@ -45,12 +41,7 @@ fn live(mut ops: Vec<Op>, persist_ms: u64) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: cases(),
-        max_shrink_iters: 16,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(proptest_config())]
 
     #[test]
     fn every_acknowledged_line_survives_a_nodes_whole_life_on_redis(

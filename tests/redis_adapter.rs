@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use common::redis_server::RedisServer;
 use common::*;
-use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions, TrimPolicy};
+use tailrace::adapters::redis::{RedisAdapter, RedisAdapterFactory, RedisOptions, TrimPolicy};
 use tailrace::pubsub::{PubSubStore, StartPosition};
-use tailrace::queue::{QueueAdapter, QueueAdapterFactory, QueueError, QueueId};
+use tailrace::queue::{QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueReceiver};
 use tailrace::stream::SequenceToken;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -185,20 +185,27 @@ async fn a_redis_restart_mid_run_loses_nothing() {
     node.node.shutdown().await.unwrap();
 }
 
-/// A read whose reply is lost with the connection still moved the entries
-/// into this consumer's pending list on the server. The receiver reads its
-/// pending entries again after such an error, so they are not stranded.
-#[tokio::test]
-async fn entries_handed_out_in_a_lost_reply_are_read_again() {
+/// A server, consumer `n1`'s receiver of the queue of stream `key`, after
+/// one empty read, and one entry appended since.
+async fn one_entry_for_n1(key: &str) -> (RedisServer, Arc<RedisAdapter>, QueueId, Box<dyn QueueReceiver>) {
     let server = RedisServer::start();
     let f = factory(&server, "n1").await;
-    let s = stream("t", "lost-reply");
+    let s = stream("t", key);
     let queue = f.queue_mapper().queue_for(&s);
     let adapter = f.adapter();
     let mut receiver = adapter.create_receiver(queue).await.unwrap();
     receiver.initialize(Duration::from_secs(5)).await.unwrap();
     assert!(receiver.read(10).await.unwrap().is_empty());
     adapter.enqueue(&s, events("e", 0..1)).await.unwrap();
+    (server, adapter, queue, receiver)
+}
+
+/// A read whose reply is lost with the connection still moved the entries
+/// into this consumer's pending list on the server. The receiver reads its
+/// pending entries again after such an error, so they are not stranded.
+#[tokio::test]
+async fn entries_handed_out_in_a_lost_reply_are_read_again() {
+    let (server, adapter, queue, mut receiver) = one_entry_for_n1("lost-reply").await;
     // The server hands the entry to consumer n1 but n1 never sees the reply.
     let client = redis::Client::open(server.url()).unwrap();
     let mut raw = client.get_multiplexed_async_connection().await.unwrap();
@@ -387,15 +394,7 @@ async fn entries_trimmed_while_pending_do_not_stall_the_next_owner() {
 /// takes them from there instead of stranding them.
 #[tokio::test]
 async fn entries_handed_to_a_cancelled_read_are_read_again() {
-    let server = RedisServer::start();
-    let f = factory(&server, "n1").await;
-    let s = stream("t", "cancelled");
-    let queue = f.queue_mapper().queue_for(&s);
-    let adapter = f.adapter();
-    let mut receiver = adapter.create_receiver(queue).await.unwrap();
-    receiver.initialize(Duration::from_secs(5)).await.unwrap();
-    assert!(receiver.read(10).await.unwrap().is_empty());
-    adapter.enqueue(&s, events("e", 0..1)).await.unwrap();
+    let (server, adapter, queue, mut receiver) = one_entry_for_n1("cancelled").await;
     // The server holds writes (XREADGROUP is one) for 300 ms; the read is
     // given up before that, and the server answers it afterwards.
     let client = redis::Client::open(server.url()).unwrap();

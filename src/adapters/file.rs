@@ -101,7 +101,6 @@ pub struct FileAdapterFactory {
     adapter: Arc<FileAdapter>,
     checkpointer: Arc<FileCheckpointer>,
     cache: CacheOptions,
-    recovered: Vec<RecoveryReport>,
 }
 
 impl FileAdapterFactory {
@@ -115,7 +114,7 @@ impl FileAdapterFactory {
 
     /// Like [`new`](Self::new), for the holder of the data directory's lock:
     /// with `write`, what a crash left in the queue directories is recovered
-    /// first (see [`recovered`](Self::recovered)).
+    /// first (logged, and counted in `/metrics`).
     pub fn new_owned(queue_count: u32, options: FileOptions, owner: &DataDirLock) -> Result<Self, QueueError> {
         Self::open(queue_count, options, Some(owner))
     }
@@ -127,7 +126,6 @@ impl FileAdapterFactory {
             FileCheckpointer::new(options.dir.join("checkpoints")).map_err(|e| QueueError::Config(e.to_string()))?,
         );
         let mut queues = Vec::new();
-        let mut recovered = Vec::new();
         for queue in mapper.all_queues() {
             let dir = options.dir.join(queue.to_string());
             std::fs::create_dir_all(&dir)
@@ -147,7 +145,6 @@ impl FileAdapterFactory {
                         owner.recover(&dir, &options.prefix, first_file).map_err(|e| handoff_error(queue, e))?;
                     if !report.is_empty() {
                         log_recovery(queue, &report);
-                        recovered.push(report);
                     }
                 }
                 Some(
@@ -166,12 +163,7 @@ impl FileAdapterFactory {
             checkpointer: checkpointer.clone(),
             dead_letters: Mutex::new(Arc::new(LogDeadLetters)),
         });
-        Ok(Self { adapter, checkpointer, cache: CacheOptions::default(), recovered })
-    }
-
-    /// What was recovered at start (only by [`new_owned`](Self::new_owned)).
-    pub fn recovered(&self) -> &[RecoveryReport] {
-        &self.recovered
+        Ok(Self { adapter, checkpointer, cache: CacheOptions::default() })
     }
 
     /// Uses these cache options for every queue.

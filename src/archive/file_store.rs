@@ -405,14 +405,8 @@ impl Inner {
         }
         let (chosen, mut report) = planner.finish();
         for candidate in chosen {
-            match self.remove_if_unchanged(&candidate) {
-                Ok(true) => report.removed_run(&candidate.run, candidate.info.bytes),
-                Ok(false) => report.changed += 1,
-                Err(e) => {
-                    tracing::warn!(run = %candidate.run, error = %e, "retention could not remove a run");
-                    report.failed += 1;
-                }
-            }
+            let removed = self.remove_if_unchanged(&candidate);
+            report.record(&candidate, removed);
         }
         Ok(report)
     }

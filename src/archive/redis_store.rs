@@ -382,14 +382,8 @@ impl RunLogStore for RedisRunLogStore {
         }
         let (chosen, mut report) = planner.finish();
         for candidate in chosen {
-            match self.remove_if_unchanged(&candidate).await {
-                Ok(true) => report.removed_run(&candidate.run, candidate.info.bytes),
-                Ok(false) => report.changed += 1,
-                Err(e) => {
-                    tracing::warn!(run = %candidate.run, error = %e, "retention could not remove a run");
-                    report.failed += 1;
-                }
-            }
+            let removed = self.remove_if_unchanged(&candidate).await;
+            report.record(&candidate, removed);
         }
         Ok(report)
     }

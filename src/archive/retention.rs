@@ -142,6 +142,19 @@ impl PruneReport {
             self.removed.push(run.clone());
         }
     }
+
+    /// Counts what became of a chosen run: removed, changed since it was
+    /// chosen (kept), or not removable (logged, kept).
+    pub(crate) fn record(&mut self, candidate: &Candidate, removed: Result<bool, super::StoreError>) {
+        match removed {
+            Ok(true) => self.removed_run(&candidate.run, candidate.info.bytes),
+            Ok(false) => self.changed += 1,
+            Err(e) => {
+                tracing::warn!(run = %candidate.run, error = %e, "retention could not remove a run");
+                self.failed += 1;
+            }
+        }
+    }
 }
 
 /// A run chosen for removal, with what the store held when it was chosen.

@@ -329,9 +329,29 @@ pub enum Op {
     ProduceWhileRedisDown { run: u32, batches: u32 },
 }
 
-/// Test cases of the life tests: `TAILRACE_LIFE_CASES`, or a few.
-pub fn cases() -> u32 {
-    std::env::var("TAILRACE_LIFE_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(3)
+/// The life tests' proptest settings: `TAILRACE_LIFE_CASES` cases (a few
+/// by default), little shrinking (each case runs processes).
+pub fn proptest_config() -> proptest::test_runner::Config {
+    let cases = std::env::var("TAILRACE_LIFE_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(3);
+    proptest::test_runner::Config {
+        cases,
+        max_shrink_iters: 16,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    }
+}
+
+/// The steps of a node's life any backend goes through.
+pub fn node_ops() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (0u32..3, 1u32..12, 1u32..60).prop_map(|(run, batches, lines)| Op::Produce { run, batches, lines }),
+        2 => (0u32..3, 5u32..40, 1u32..60, 0u64..400)
+            .prop_map(|(run, batches, lines, after_ms)| Op::KillWhileProducing { run, batches, lines, after_ms }),
+        2 => Just(Op::Drain),
+        1 => Just(Op::Stop),
+        1 => Just(Op::Kill),
+    ]
 }
 
 /// Posts to a live node. A `503` (retry later: say, the first command
