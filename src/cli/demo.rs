@@ -72,6 +72,7 @@ impl StreamConsumer for LastLine {
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let config = super::node_config(args.config.as_ref(), &args.data_dir, args.listen)?;
+    let mut signals = super::StopSignal::install()?;
     // Held until the process ends: what a crash left in the queues is ours.
     let owner = DataDirLock::acquire(&args.data_dir)?;
     let metrics = tailrace::edge::install_metrics()?;
@@ -132,7 +133,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
-            _ = tokio::signal::ctrl_c() => break,
+            signal = signals.recv() => {
+                println!("{signal}: stopping");
+                break;
+            }
         }
         let delivered = tally.delivered.load(Ordering::Relaxed);
         let mut owners = Vec::new();

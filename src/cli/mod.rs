@@ -25,3 +25,27 @@ pub fn node_config(file: Option<&PathBuf>, data_dir: &Path, listen: SocketAddr) 
     tailrace::edge::check_listen(listen, &config.edge.auth).map_err(anyhow::Error::msg)?;
     Ok(config)
 }
+
+/// Ctrl-C (SIGINT) and SIGTERM, both asking for a graceful stop. Installed
+/// once, early: a signal that comes while the node is still starting is
+/// kept and answered as soon as it serves.
+pub struct StopSignal {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignal {
+    /// Takes over SIGINT and SIGTERM for this process.
+    pub fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self { interrupt: signal(SignalKind::interrupt())?, terminate: signal(SignalKind::terminate())? })
+    }
+
+    /// Waits for the first of them; returns its name.
+    pub async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
+    }
+}

@@ -1,5 +1,5 @@
 //! `tailrace serve`: one node on the embedded file adapter, with its HTTP
-//! edge, until Ctrl-C; then every queue is handed over in order and the
+//! edge, until Ctrl-C or SIGTERM; then every queue is handed over in order and the
 //! queue files are sealed.
 
 use std::net::SocketAddr;
@@ -31,6 +31,7 @@ pub struct ServeArgs {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = super::node_config(args.config.as_ref(), &args.data_dir, args.listen)?;
+    let signals = super::StopSignal::install()?;
     // Held until the process ends: no other process writes here, so what a
     // crash left in the queues is ours to recover.
     let owner = DataDirLock::acquire(&args.data_dir)?;
@@ -38,7 +39,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
     let backend = tailrace::adapters::build(&config, Some(&owner)).await.context("opening the queues")?;
     let adapter = backend.factory.create_adapter().await?;
-    let served = serve_node(&args, &config, store, backend, metrics).await;
+    let served = serve_node(&args, &config, store, backend, metrics, signals).await;
     // Sealed and given back on every way out: a failed start leaves no
     // writer lock behind.
     let closed = adapter.close().await;
@@ -55,6 +56,7 @@ async fn serve_node(
     store: Arc<dyn tailrace::archive::RunLogStore>,
     backend: tailrace::adapters::Backend,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
+    mut signals: super::StopSignal,
 ) -> anyhow::Result<()> {
     let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, Archiver::new(store.clone()));
     let mut builder =
@@ -86,8 +88,8 @@ async fn serve_node(
     println!("  viewer:  http://{bound}/");
     println!("  ingest:  curl -X POST --data-binary @build.log http://{bound}/api/v1/logs/<pipeline>/runs/<run>/lines");
     println!("  follow:  curl -N http://{bound}/api/v1/services/ingestionPipelines/logs/<pipeline>/stream/<run>");
-    tokio::signal::ctrl_c().await?;
-    println!("stopping: handing every queue over");
+    let signal = signals.recv().await;
+    println!("{signal}: stopping, handing every queue over");
     stop.cancel();
     node.shutdown().await?;
     let _ = server.await;

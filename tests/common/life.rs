@@ -93,14 +93,20 @@ impl ServeNode {
 
     /// SIGINT (Ctrl-C) and a clean exit.
     pub fn stop(&mut self) {
+        self.stop_with("INT");
+    }
+
+    /// `signal` (`INT`, `TERM`) and a clean exit; how long the exit took.
+    pub fn stop_with(&mut self, signal: &str) -> Duration {
         let mut child = self.child.take().expect("running");
-        let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+        let sent = Instant::now();
+        let status = Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
         assert!(status.success());
         let deadline = Instant::now() + STOP_WITHIN;
         loop {
             if let Some(status) = child.try_wait().unwrap() {
                 assert!(status.success(), "life {} exited with {status}:\n{}", self.lives, self.log_tail());
-                return;
+                return sent.elapsed();
             }
             if Instant::now() >= deadline {
                 let _ = child.kill();
@@ -108,6 +114,22 @@ impl ServeNode {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Writer locks and `.open` files in the queue directories: what a
+    /// start would have to recover.
+    pub fn leftovers(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        let Ok(queues) = std::fs::read_dir(self.data_dir().join("queues")) else { return left };
+        for queue in queues.flatten() {
+            for file in std::fs::read_dir(queue.path()).into_iter().flatten().flatten() {
+                let name = file.file_name().to_string_lossy().into_owned();
+                if name.ends_with(".lock") || name.ends_with(".open") {
+                    left.push(format!("{}/{name}", queue.file_name().to_string_lossy()));
+                }
+            }
+        }
+        left
     }
 
     /// Waits until every queue directory is empty of event files (every
@@ -203,6 +225,13 @@ impl Model {
 
     pub fn record(&mut self, run: u32, lines: u32, outcome: Outcome) {
         self.runs.entry(run).or_default().push(Batch { lines, outcome });
+    }
+
+    /// Takes in the runs of `other` (runs produced by another task).
+    pub fn merge(&mut self, other: Model) {
+        for (run, batches) in other.runs {
+            self.runs.entry(run).or_default().extend(batches);
+        }
     }
 
     pub fn acked_lines(&self) -> u64 {
@@ -380,7 +409,7 @@ async fn produce(client: &Client, model: &mut Model, run: u32, batches: u32, lin
 /// Posts while the node dies or a server is down: a batch counts as
 /// acknowledged only on a 202; one that got no 202 may or may not be in
 /// the log; one that never connected was not sent.
-async fn produce_maybe(client: &Client, model: &mut Model, run: u32, batches: u32, lines: u32) {
+pub async fn produce_maybe(client: &Client, model: &mut Model, run: u32, batches: u32, lines: u32) {
     for _ in 0..batches {
         let (_, body) = model.next(run, lines);
         match client.post(run, body).await {
