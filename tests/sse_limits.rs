@@ -176,3 +176,24 @@ async fn a_stream_on_a_kept_alive_connection_is_served_the_same() {
         );
     }
 }
+
+/// A stream served on a connection's first request ends that connection,
+/// and says so: a client that pooled it would send its next request into a
+/// closed socket (seen as a reset on a client's second viewer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_ends_its_connection_says_connection_close() {
+    let server = LogServer::start(quick_settings()).await;
+    server.lines("svc.etl", "done", "one").await;
+    server.state("svc.etl", "done", "success").await;
+    let address = server.url("").trim_start_matches("http://").trim_end_matches('/').to_string();
+    let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let request =
+        format!("GET /api/v1/services/ingestionPipelines/logs/svc.etl/stream/done HTTP/1.1\r\nhost: {address}\r\n\r\n");
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), socket.read_to_end(&mut seen)).await.unwrap().unwrap();
+    let text = String::from_utf8_lossy(&seen);
+    let head = text.split("\r\n\r\n").next().unwrap_or_default().to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200 ok") && head.contains("\r\nconnection: close"), "{text}");
+    assert!(text.contains("runFinished") || text.contains("\"logs\":\"one\""), "{text}");
+}

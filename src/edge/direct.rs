@@ -151,9 +151,11 @@ async fn serve_stream(mut stream: TcpStream, edge: &Arc<LogEdge>, request: Strea
         Err((status, message)) => return plain(&mut stream, status, "", &message).await,
     };
     let chunked = !request.http10;
+    // This connection ends with the stream: say so, or a client would pool
+    // it and send its next request into a closed socket.
     let head = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nx-accel-buffering: no\r\n{}\r\n",
-        if chunked { "transfer-encoding: chunked\r\n" } else { "connection: close\r\n" }
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nx-accel-buffering: no\r\n{}connection: close\r\n\r\n",
+        if chunked { "transfer-encoding: chunked\r\n" } else { "" }
     );
     if stream.write_all(head.as_bytes()).await.is_err() {
         return;
