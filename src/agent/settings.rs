@@ -30,7 +30,10 @@ pub struct AgentOptions {
     /// `poll_period` for Orleans' fixed period.
     #[serde(with = "humantime_serde")]
     pub min_poll_period: Duration,
-    /// Limit for the receiver's `initialize` and `shutdown`.
+    /// Limit of every receiver and checkpoint call: `initialize`, each
+    /// read, ack and checkpoint write of the pump, and each step of the
+    /// ordered shutdown (final ack, failed report, checkpoint update and
+    /// flush, receiver `shutdown`).
     #[serde(with = "humantime_serde")]
     pub init_timeout: Duration,
     /// How long one batch (or handshake) is retried before the failure

@@ -477,7 +477,9 @@ impl Streams {
     }
 
     /// Forgets streams idle for the inactivity period (or any idle stream
-    /// when over `max_streams`). Their subscriptions are found again, with a
+    /// when over `max_streams`): registered, nothing of it cached (so its
+    /// next container is the first a new cursor sees), every subscription
+    /// idle. Their subscriptions are found again, with a
     /// handshake, on their next event. `now` becomes the table's clock.
     pub(crate) fn clean_up(&mut self, now: Instant, cache: &mut QueueCache, options: &AgentOptions, queue: QueueId) {
         self.clock = now;
@@ -493,7 +495,10 @@ impl Streams {
             .entries
             .iter()
             .filter(|(stream, entry)| {
-                now.saturating_duration_since(entry.last_activity) >= threshold && is_idle(stream, entry, cache)
+                now.saturating_duration_since(entry.last_activity) >= threshold
+                    && entry.registered
+                    && !cache.holds(stream)
+                    && entry.subs.values().all(|sub| sub.is_idle(cache))
             })
             .map(|(stream, _)| stream.clone())
             .collect();
@@ -586,17 +591,4 @@ impl Streams {
             None => Vec::new(),
         }
     }
-}
-
-/// Nothing in flight, every cursor caught up, and nothing of the stream
-/// cached (so its next container is the first a new cursor sees).
-fn is_idle(stream: &StreamId, entry: &StreamEntry, cache: &QueueCache) -> bool {
-    entry.registered
-        && !cache.holds(stream)
-        && entry.subs.values().all(|sub| {
-            !sub.delivering
-                && !sub.handshaking
-                && sub.catch_up.is_none()
-                && sub.cursor.is_some_and(|c| !cache.has_next(c))
-        })
 }

@@ -14,7 +14,7 @@ use ractor::RpcReplyPort;
 use tokio_util::sync::CancellationToken;
 
 use super::calls::{Attempted, RetryLimits, call_with_retries};
-use crate::cache::CursorId;
+use crate::cache::{CursorId, QueueCache};
 use crate::pubsub::{
     ConsumerAddress, ConsumerError, ConsumerResolver, Delivery, PubSubStore, StartPosition, StreamConsumer,
     Subscription, SubscriptionId, SubscriptionInfo,
@@ -145,6 +145,14 @@ impl Sub {
     pub(crate) fn implicit(id: SubscriptionId, stream: &StreamId, consumer: Arc<dyn StreamConsumer>) -> Self {
         let info = SubscriptionInfo { id, stream: stream.clone() };
         Self { consumer: Some(consumer), ..Self::new(info, StartPosition::EarliestAvailable) }
+    }
+
+    /// Nothing in flight and its cursor caught up.
+    pub(crate) fn is_idle(&self, cache: &QueueCache) -> bool {
+        !self.delivering
+            && !self.handshaking
+            && self.catch_up.is_none()
+            && self.cursor.is_some_and(|c| !cache.has_next(c))
     }
 
     /// Begins a handshake: the newest one wins, so it revokes what the
