@@ -1,217 +1,76 @@
 //! The pulling agent: one actor per owned queue.
 //!
-//! It reads its queue in batches, caches what it read ([`QueueCache`](crate::cache::QueueCache)), finds
+//! It reads its queue in batches, caches what it read ([`QueueCache`]), finds
 //! each stream's subscribers (pub-sub + handshake), delivers to every
 //! subscription in order and at least once, checkpoints delivery progress and,
 //! when asked to stop, hands the queue over in strict order.
 //!
-//! The actor owns all of its state. Anything that waits (queue I/O, pub-sub
-//! lookups, handshakes, deliveries, dead letters) runs in a spawned task that
-//! reports back with a message, so a slow consumer never blocks the pump or
-//! the other subscriptions:
+//! This file is the loop: [`PullingAgent::handle`] matches every message and
+//! says what happens. Anything that waits (queue I/O, pub-sub lookups,
+//! handshakes, deliveries, dead letters) runs in a task that reports back
+//! with a message, so a slow consumer never blocks the pump or the other
+//! subscriptions:
 //!
 //! ```text
 //! Pump ─▶ [task: ack purged, checkpoint, rewinds, read ≤ one bucket] ─▶ PumpDone
-//! PumpDone ─▶ cache.add ─▶ new stream? register (store lookup) ─▶ handshake each subscription
-//!          └▶ ready cursors ─▶ dispatch ─▶ [task: deliver with retries] ─▶ Delivered ─▶ dispatch …
+//! PumpDone ─▶ cache.add ─▶ new stream? LookUp ─▶ Registered ─▶ Handshake ─▶ HandshakeDone
+//!          └▶ ready cursors ─▶ dispatch ─▶ [lane: deliver with retries] ─▶ Delivered ─▶ dispatch …
 //! ```
 //!
-//! The files under `agent/` hold the pieces: `pump.rs` (reading), `streams.rs`
-//! (registration, attach, handshakes, cursors), `delivery.rs` (delivery and
-//! failures), `shutdown.rs` (the ordered handoff).
+//! The state is split into parts under `agent/`, each owning its fields and
+//! rules and none calling back into the agent: they return what should happen
+//! next, and the agent carries it out.
+//!
+//! - `pump.rs`: the receiver, the checkpoint and the read schedule;
+//! - `streams.rs`: the stream table (registration, attach, cursors, catch-up);
+//! - `subscription.rs`: one subscription and its handshake;
+//! - `lookup.rs`: the store lookup of a new stream's subscriptions;
+//! - `delivery.rs`: deliveries in flight and how they end;
+//! - `shutdown.rs`: the ordered handoff and its bounded final I/O;
+//! - `calls.rs`, `worker.rs`, `status.rs`, `settings.rs`: retried consumer
+//!   calls, the work lane, status and metrics, settings and services.
 
+mod calls;
 mod delivery;
+mod lookup;
 mod pump;
+mod settings;
 mod shutdown;
-mod state;
+mod status;
 mod streams;
+mod subscription;
 mod worker;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::cache::CacheOptions;
-use crate::checkpoint::{CheckpointOptions, Checkpointer};
-use crate::cluster::NodeId;
-use crate::failure::{DeadLetterSink, FailureHandler};
-use crate::pubsub::{
-    ConsumerResolver, ImplicitSubscriptions, PubSubStore, StartPosition, Subscription, SubscriptionId,
-};
-use crate::queue::{QueueAdapter, QueueId};
-use crate::retry::Backoff;
-use crate::stream::StreamId;
+use crate::cache::QueueCache;
+use crate::checkpoint::QueueCheckpoint;
+use crate::failure::FailureAction;
+use crate::pubsub::{StartPosition, Subscription, SubscriptionId};
+use crate::queue::{QueueError, QueueId};
+use crate::stream::{BatchContainer, StreamId};
+use calls::RetryLimits;
+use delivery::{Delivered, Dispatch, Settled};
+use lookup::Registered;
+use pump::{Io, Pump, PumpError, PumpOutcome, Pumped, Tick};
+use shutdown::Shutdown;
+use status::AgentMetrics;
+use streams::{Next, Streams};
+use subscription::Handshaken;
 
+pub use settings::{AgentOptions, AgentServices};
 pub(crate) use shutdown::HANDED_OVER;
-pub(crate) use state::Agent;
-
-/// An agent's settings. Defaults are Orleans' unless noted.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AgentOptions {
-    /// The longest wait after an empty read (Orleans' fixed 100 ms period;
-    /// the first read waits a random part of it).
-    #[serde(with = "humantime_serde")]
-    pub poll_period: Duration,
-    /// The shortest wait after an empty read. The wait doubles with every
-    /// empty read up to `poll_period`, so a busy queue is read again within
-    /// milliseconds and an idle one every `poll_period`. Set it equal to
-    /// `poll_period` for Orleans' fixed period.
-    #[serde(with = "humantime_serde")]
-    pub min_poll_period: Duration,
-    /// Limit for the receiver's `initialize` and `shutdown`.
-    #[serde(with = "humantime_serde")]
-    pub init_timeout: Duration,
-    /// How long one batch (or handshake) is retried before the failure
-    /// handler decides.
-    #[serde(with = "humantime_serde")]
-    pub max_delivery_time: Duration,
-    /// Limit of one delivery attempt (Orleans' response timeout); a consumer
-    /// that never answers fails the attempt.
-    #[serde(with = "humantime_serde")]
-    pub delivery_attempt_timeout: Duration,
-    /// Backoff between delivery, handshake and pub-sub retries.
-    pub delivery_backoff: Backoff,
-    /// Backoff after a failed read.
-    pub reader_backoff: Backoff,
-    /// A stream with no event for this long and nothing in flight is
-    /// forgotten (its subscriptions are found again on its next event).
-    #[serde(with = "humantime_serde")]
-    pub stream_inactivity: Duration,
-    /// Most containers in one delivery (Orleans: 1; larger batches cost
-    /// fewer round trips and keep per-subscription order).
-    pub max_delivery_batch: usize,
-    /// Most streams one agent tracks; past it, idle streams are forgotten
-    /// early and reading pauses until some are.
-    pub max_streams: usize,
-    /// Most rewind reads per pump (catch-up of subscriptions that asked for
-    /// positions older than the cache).
-    pub max_rewinds_per_pump: usize,
-}
-
-impl Default for AgentOptions {
-    fn default() -> Self {
-        Self {
-            poll_period: Duration::from_millis(100),
-            min_poll_period: Duration::from_millis(1),
-            init_timeout: Duration::from_secs(5),
-            max_delivery_time: Duration::from_secs(60),
-            delivery_attempt_timeout: Duration::from_secs(30),
-            delivery_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(30), Duration::from_secs(1)),
-            reader_backoff: Backoff::new(Duration::from_secs(10), Duration::from_secs(20), Duration::from_secs(1)),
-            stream_inactivity: Duration::from_secs(30 * 60),
-            max_delivery_batch: 16,
-            max_streams: 100_000,
-            max_rewinds_per_pump: 4,
-        }
-    }
-}
-
-/// What every agent of a node uses.
-#[derive(Clone)]
-pub struct AgentServices {
-    /// The node the agent runs on.
-    pub node: NodeId,
-    /// The queue adapter.
-    pub adapter: Arc<dyn QueueAdapter>,
-    /// Where checkpoints live.
-    pub checkpointer: Arc<dyn Checkpointer>,
-    /// Cache shape.
-    pub cache: CacheOptions,
-    /// Checkpoint throttling.
-    pub checkpoint: CheckpointOptions,
-    /// Agent settings.
-    pub options: AgentOptions,
-    /// Explicit subscriptions.
-    pub store: Arc<dyn PubSubStore>,
-    /// Implicit subscriptions.
-    pub implicit: ImplicitSubscriptions,
-    /// Finds consumers by address.
-    pub consumers: Arc<dyn ConsumerResolver>,
-    /// Decides about failed deliveries.
-    pub failure: Arc<dyn FailureHandler>,
-    /// Where skipped batches go.
-    pub dead_letters: Arc<dyn DeadLetterSink>,
-    /// Cancelled when the node crashes (tests): every task of every agent
-    /// stops at once, with no handoff.
-    pub kill: CancellationToken,
-}
-
-/// Why an attach did not happen.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AttachError {
-    /// The agent is shutting down (the queue is moving); retry.
-    #[error("queue {0} is being handed over; retry")]
-    NotServing(QueueId),
-    /// The consumer could not be reached.
-    #[error("the consumer of subscription {id} is unavailable: {reason}")]
-    ConsumerUnavailable {
-        /// The subscription.
-        id: SubscriptionId,
-        /// Why.
-        reason: String,
-    },
-    /// The requested start position cannot be served.
-    #[error("subscription {id} cannot start at {requested}: {reason}")]
-    CannotStart {
-        /// The subscription.
-        id: SubscriptionId,
-        /// The position asked for.
-        requested: String,
-        /// Why.
-        reason: String,
-    },
-    /// The failure handler faulted the subscription during its handshake.
-    #[error("subscription {id} was faulted: {reason}")]
-    Faulted {
-        /// The subscription.
-        id: SubscriptionId,
-        /// The cause.
-        reason: String,
-    },
-    /// It was removed before its handshake finished.
-    #[error("subscription {0} was removed before it attached")]
-    Removed(SubscriptionId),
-}
-
-/// What an agent reports about itself (tests and the admin API assert on it).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct AgentStatus {
-    /// Its queue.
-    pub queue: Option<QueueId>,
-    /// Streams it tracks.
-    pub streams: usize,
-    /// Streams whose subscriptions are still being looked up.
-    pub registering: usize,
-    /// Subscriptions it serves.
-    pub subscriptions: usize,
-    /// Containers cached.
-    pub cached: usize,
-    /// Pressure buckets alive.
-    pub buckets: usize,
-    /// Whether reading is paused by pressure.
-    pub under_pressure: bool,
-    /// Reads that returned at least one container.
-    pub reads: u64,
-    /// Read calls made.
-    pub read_calls: u64,
-    /// Containers read.
-    pub containers_read: u64,
-    /// Events delivered (counting each subscription).
-    pub events_delivered: u64,
-    /// Events of streams nobody subscribes to (acked, not delivered).
-    pub events_unsubscribed: u64,
-    /// Containers acknowledged to the receiver.
-    pub acked: u64,
-    /// The checkpoint recorded.
-    pub checkpoint: Option<String>,
-    /// Whether an ordered shutdown has begun.
-    pub shutting_down: bool,
-}
+pub use status::AgentStatus;
+pub use subscription::AttachError;
 
 /// Messages of the pulling agent.
 pub enum AgentMsg {
@@ -242,7 +101,27 @@ pub enum AgentMsg {
 }
 
 /// An internal message of the agent (not constructible outside the crate).
-pub struct Internal(pub(crate) state::InternalMsg);
+pub struct Internal(InternalMsg);
+
+/// Completions and timers, sent by the agent to itself.
+enum InternalMsg {
+    /// Time to pump.
+    Pump,
+    /// A pump came back.
+    PumpDone(Box<PumpOutcome>),
+    /// A new stream's subscriptions were looked up.
+    Registered(Registered),
+    /// A handshake answered.
+    HandshakeDone(Handshaken),
+    /// A delivery ended.
+    Delivered(Delivered),
+    /// A dead letter, fault report or notice was sent.
+    SideWorkDone,
+    /// A catch-up read that failed may be asked again.
+    RewindDue { stream: StreamId, id: SubscriptionId, epoch: u64 },
+    /// Several completions reported together by the work lane.
+    Batch(Vec<InternalMsg>),
+}
 
 impl ractor::Message for AgentMsg {}
 
@@ -257,35 +136,62 @@ pub struct AgentArgs {
     pub services: Arc<AgentServices>,
 }
 
+/// The state of one pulling agent: its parts, and what ties them together.
+pub struct Agent {
+    queue: QueueId,
+    services: Arc<AgentServices>,
+    myself: ActorRef<AgentMsg>,
+    /// What was read and not yet done, with one cursor per subscription.
+    cache: QueueCache,
+    /// The receiver, the checkpoint and the read schedule.
+    pump: Pump,
+    /// Who receives each stream.
+    streams: Streams,
+    /// Set once the ordered shutdown began: admission is closed.
+    shutdown: Option<Shutdown>,
+    /// Lookups, handshakes, deliveries and side work in flight on the lane.
+    work: usize,
+    /// Where waiting work goes (see `worker.rs`).
+    lane: UnboundedSender<worker::Job<InternalMsg>>,
+    /// Cancelled at shutdown: tasks finish their current attempt, no retry.
+    stop_retries: Arc<CancellationToken>,
+    /// The node's kill switch (see [`AgentServices::kill`]).
+    kill: Arc<CancellationToken>,
+    status: AgentStatus,
+    metrics: AgentMetrics,
+    /// The lifecycle span (`pulling_agent{node, queue}`): every message,
+    /// pump and job of the agent runs in it.
+    span: tracing::Span,
+}
+
 impl Actor for PullingAgent {
     type Msg = AgentMsg;
     type State = Agent;
     type Arguments = AgentArgs;
 
     async fn pre_start(&self, myself: ActorRef<AgentMsg>, args: AgentArgs) -> Result<Agent, ActorProcessingErr> {
-        let agent = Agent::start(myself, args.queue, args.services).await?;
-        Ok(agent)
+        Agent::start(myself, args.queue, args.services).await
     }
 
-    async fn handle(
-        &self,
-        _myself: ActorRef<AgentMsg>,
-        msg: AgentMsg,
-        agent: &mut Agent,
-    ) -> Result<(), ActorProcessingErr> {
+    /// The loop: every message, and what happens on it.
+    async fn handle(&self, _: ActorRef<AgentMsg>, msg: AgentMsg, agent: &mut Agent) -> Result<(), ActorProcessingErr> {
         let span = agent.span.clone();
         let entered = span.enter();
         match msg {
+            // A subscriber attaches: its stream is registered if new, and its
+            // consumer is asked where to start (answered once placed).
             AgentMsg::Attach { subscription, reply } => agent.attach(subscription, reply),
+            // Unsubscribed: its cursor goes, and what it had in flight.
             AgentMsg::Detach { stream, id, reply } => {
-                agent.detach(&stream, id);
+                agent.streams.detach(&stream, id, &mut agent.cache);
                 let _ = reply.send(());
             }
+            // The queue moves: admission closes, what is cached drains.
             AgentMsg::Shutdown(reply) => agent.begin_shutdown(reply),
             AgentMsg::GetStatus(reply) => {
                 let _ = reply.send(agent.status());
             }
-            AgentMsg::Internal(Internal(msg)) => agent.handle_internal(msg)?,
+            AgentMsg::Internal(Internal(msg)) => agent.on_internal(msg)?,
         }
         drop(entered);
         if agent.shutdown.is_some() {
@@ -294,5 +200,400 @@ impl Actor for PullingAgent {
             Box::pin(agent.finish_shutdown_if_idle().instrument(span)).await;
         }
         Ok(())
+    }
+}
+
+impl Agent {
+    /// The agent's own messages: timers and what its tasks report.
+    fn on_internal(&mut self, msg: InternalMsg) -> Result<(), ActorProcessingErr> {
+        let closing = self.shutdown.is_some();
+        match msg {
+            // Lend the receiver to a pump: ack, checkpoint, rewind, read.
+            InternalMsg::Pump => self.pump(),
+            // The pump is back: cache what it read, schedule the next.
+            InternalMsg::PumpDone(outcome) => self.on_pumped(*outcome)?,
+            // A new stream's subscriptions: each starts its handshake.
+            InternalMsg::Registered(registered) => {
+                self.work -= 1;
+                if !closing {
+                    let options = &self.services.options;
+                    let next = self.streams.on_registered(
+                        registered,
+                        &mut self.cache,
+                        &self.services.implicit,
+                        options.delivery_backoff,
+                    );
+                    self.run(next);
+                }
+            }
+            // A consumer said where to start: place its cursor, deliver.
+            InternalMsg::HandshakeDone(done) => {
+                self.work -= 1;
+                let failure = self.services.failure.as_ref();
+                let rewindable = self.services.adapter.is_rewindable();
+                let next = self.streams.on_handshake_done(done, closing, &mut self.cache, failure, rewindable);
+                self.run(next);
+            }
+            // A delivery ended: move on, detach, park or give up.
+            InternalMsg::Delivered(done) => {
+                self.work -= 1;
+                self.on_delivered(done);
+            }
+            InternalMsg::SideWorkDone => self.work -= 1,
+            // A failed catch-up read may be asked again.
+            InternalMsg::RewindDue { stream, id, epoch } => {
+                let next = self.streams.on_rewind_due(stream, id, epoch);
+                self.run(next);
+            }
+            InternalMsg::Batch(done) => {
+                for msg in done {
+                    self.on_internal(msg)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds the receiver, loads the checkpoint and arranges the first pump
+    /// (`pre_start`).
+    async fn start(
+        myself: ActorRef<AgentMsg>,
+        queue: QueueId,
+        services: Arc<AgentServices>,
+    ) -> Result<Self, ActorProcessingErr> {
+        let receiver = services.adapter.create_receiver(queue).await?;
+        let checkpoint =
+            QueueCheckpoint::load(services.checkpointer.clone(), queue, services.checkpoint.clone()).await?;
+        let span = tracing::info_span!("pulling_agent", node = %services.node, %queue);
+        let kill = Arc::new(services.kill.clone());
+        let to = myself.clone();
+        let report = move |done| to.cast(AgentMsg::Internal(Internal(InternalMsg::Batch(done)))).is_ok();
+        let lane = worker::start(report, kill.clone(), span.clone());
+        let mut cache = QueueCache::new(services.cache.clone());
+        cache.set_purged_through(checkpoint.latest());
+        let mut agent = Self {
+            queue,
+            myself,
+            cache,
+            pump: Pump::new(Io { receiver, checkpoint }),
+            streams: Streams::new(),
+            shutdown: None,
+            work: 0,
+            lane,
+            stop_retries: Arc::new(CancellationToken::new()),
+            kill,
+            status: AgentStatus { queue: Some(queue), ..AgentStatus::default() },
+            metrics: AgentMetrics::new(queue),
+            span: span.clone(),
+            services,
+        };
+        agent.schedule_pump(Pump::first_delay(&agent.services.options));
+        tracing::info!(parent: &span, checkpoint = ?agent.pump.checkpoint(), "pulling agent started");
+        Ok(agent)
+    }
+
+    fn attach(&mut self, subscription: Subscription, reply: RpcReplyPort<Result<StartPosition, AttachError>>) {
+        if self.shutdown.is_some() {
+            let _ = reply.send(Err(AttachError::NotServing(self.queue)));
+            return;
+        }
+        let next = self.streams.attach(subscription, reply, &mut self.cache);
+        self.run(next);
+    }
+
+    /// Arranges a pump after `delay` (coalesced: at most one is arranged or
+    /// in flight).
+    fn schedule_pump(&mut self, delay: Duration) {
+        match self.pump.schedule(delay, self.shutdown.is_some()) {
+            Some(Tick::Now) => self.send_self(InternalMsg::Pump),
+            Some(Tick::After(delay)) => self.send_self_after(delay, || InternalMsg::Pump),
+            None => {}
+        }
+    }
+
+    /// Starts a pump: forget idle streams, purge what every cursor passed,
+    /// then lend the receiver to a task that acks, checkpoints, serves
+    /// rewinds and reads what fits.
+    fn pump(&mut self) {
+        if !self.pump.ticked(self.shutdown.is_some()) {
+            return;
+        }
+        let options = &self.services.options;
+        self.streams.clean_up(Instant::now(), &mut self.cache, options, self.queue);
+        let mut purged = self.cache.purge();
+        self.pump.take_redelivered(&mut purged);
+        self.status.acked += purged.acked.len() as u64;
+        let progress = self.cache.progress();
+        let paused = self.cache.is_under_pressure() || self.streams.len() >= options.max_streams;
+        let room = self.cache.max_add_count();
+        // Rewinds wait for a receiver that initialized (a failed initialize
+        // would drop them).
+        let rewinds = match self.pump.initialized() {
+            true => self.streams.take_rewinds(options.max_rewinds_per_pump, room),
+            false => Vec::new(),
+        };
+        let run = self.pump.begin(self.queue, options.init_timeout, purged, progress, rewinds, paused, room);
+        let Some(run) = run else { return };
+        if run.reads() {
+            self.status.read_calls += 1;
+        }
+        let (myself, kill) = (self.myself.clone(), self.kill.clone());
+        let task = async move {
+            if let Some(outcome) = run.run(&kill).await {
+                let _ = myself.cast(AgentMsg::Internal(Internal(InternalMsg::PumpDone(Box::new(outcome)))));
+            }
+        };
+        tokio::spawn(task.instrument(self.span.clone()));
+    }
+
+    /// A pump came back: apply its rewind answers, then its read (cached and
+    /// dispatched, or backed off), and arrange the next pump.
+    fn on_pumped(&mut self, outcome: PumpOutcome) -> Result<(), ActorProcessingErr> {
+        let (rewinds, read) = match self.pump.finish(outcome, self.queue, &self.services.options)? {
+            Pumped::InitFailed { error, wait } => {
+                tracing::warn!(queue = %self.queue, %error, ?wait, "receiver initialize failed; retrying");
+                self.schedule_pump(wait);
+                return Ok(());
+            }
+            Pumped::Ran { rewinds, read } => (rewinds, read),
+        };
+        for rewind in rewinds {
+            let next = self.streams.on_rewind(rewind, &mut self.cache, self.services.options.reader_backoff);
+            self.run(next);
+        }
+        match read {
+            Err(QueueError::Fenced(queue)) => return Err(PumpError::Fenced(queue).into()),
+            Err(error) => {
+                self.metrics.read_errors.increment(1);
+                let wait = self.pump.failed(&self.services.options);
+                tracing::warn!(queue = %self.queue, %error, ?wait, "queue read failed; backing off");
+                self.schedule_pump(wait);
+            }
+            // Admission is closed: what was read now is left unacknowledged
+            // for the next owner.
+            Ok(_) if self.shutdown.is_some() => {}
+            Ok(batch) => {
+                let got = !batch.is_empty();
+                if got {
+                    self.add_batch(batch)?;
+                }
+                let next = self.streams.read_completed(&mut self.cache, self.services.adapter.is_rewindable());
+                self.run(next);
+                let rewinds_waiting = self.streams.rewinds_waiting();
+                let delay = self.pump.after_read(got, rewinds_waiting, &self.services.options);
+                self.schedule_pump(delay);
+            }
+        }
+        self.metrics.cached.set(self.cache.len() as f64);
+        self.metrics.pressure.set(if self.cache.is_under_pressure() { 1.0 } else { 0.0 });
+        Ok(())
+    }
+
+    /// A read's containers: cached; cursors that were waiting deliver; new
+    /// streams are registered.
+    fn add_batch(&mut self, batch: Vec<Arc<BatchContainer>>) -> Result<(), ActorProcessingErr> {
+        self.status.reads += 1;
+        self.status.containers_read += batch.len() as u64;
+        // Streams in first-appearance order, with their event counts.
+        let mut order: Vec<(StreamId, usize)> = Vec::new();
+        for container in &batch {
+            match order.iter_mut().find(|(s, _)| *s == container.stream) {
+                Some((_, count)) => *count += container.events.len(),
+                None => order.push((container.stream.clone(), container.events.len())),
+            }
+        }
+        self.metrics.events_read.increment(order.iter().map(|(_, n)| *n).sum::<usize>() as u64);
+        // The pump reads at most what fits, so a full cache is a bug; the
+        // containers stay unacknowledged in the queue for the next owner.
+        let mut added = self.cache.add(batch)?;
+        self.pump.redelivered(&mut added.skipped);
+        for cursor in added.ready {
+            if let Some((stream, id)) = self.streams.owner(cursor) {
+                self.dispatch(&stream, id);
+            }
+        }
+        let next = self.streams.saw(order, &mut self.cache);
+        self.run(next);
+        Ok(())
+    }
+
+    /// Starts the subscription's next delivery, if it has one.
+    fn dispatch(&mut self, stream: &StreamId, id: SubscriptionId) {
+        let draining = self.shutdown.is_some();
+        let max = self.services.options.max_delivery_batch.max(1);
+        let Some(sub) = self.streams.sub_mut(stream, id) else { return };
+        match delivery::next_delivery(sub, stream, id, &mut self.cache, max, draining) {
+            Dispatch::Idle => {}
+            Dispatch::Rewind => {
+                self.streams.request_rewind(stream.clone(), id);
+                self.schedule_pump(Duration::ZERO);
+            }
+            Dispatch::Deliver(call) => {
+                let limits = RetryLimits::from(&self.services.options);
+                let (work, panicked) = call.start(limits, self.stop_retries.clone());
+                self.spawn_work(work.map(InternalMsg::Delivered), move |p| InternalMsg::Delivered(panicked(p)));
+            }
+        }
+    }
+
+    /// A delivery ended: count it, follow a seek, detach a gone consumer,
+    /// or hand a given-up batch to the failure handler; then deliver the
+    /// next and pump (progress may free queue capacity and cache room).
+    fn on_delivered(&mut self, done: Delivered) {
+        let (stream, id) = (done.stream.clone(), done.id);
+        let draining = self.shutdown.is_some();
+        let Some(sub) = self.streams.touched(&stream, id) else { return };
+        match delivery::settle(sub, &mut self.cache, done, draining) {
+            Settled::Next => {}
+            Settled::Delivered { events, seek } => {
+                self.status.events_delivered += events as u64;
+                self.metrics.events_delivered.increment(events as u64);
+                if let Some(token) = seek {
+                    let rewindable = self.services.adapter.is_rewindable();
+                    let next = self.streams.seek(&stream, id, StartPosition::After(token), &mut self.cache, rewindable);
+                    self.run(next);
+                    return;
+                }
+            }
+            Settled::Unavailable(reason) => {
+                tracing::warn!(queue = %self.queue, %stream, subscription = %id, %reason, "consumer unavailable; subscription detached");
+                let refusal = AttachError::ConsumerUnavailable { id, reason };
+                self.streams.remove_sub(&stream, id, refusal, &mut self.cache);
+                return;
+            }
+            Settled::Parked => return,
+            Settled::GaveUp(gave_up) => {
+                self.metrics.delivery_failures.increment(1);
+                let action = gave_up.decide(self.services.failure.as_ref());
+                let (error, attempts) = (gave_up.error.clone(), gave_up.attempts);
+                tracing::warn!(queue = %self.queue, %stream, subscription = %id, %error, attempts, ?action, "delivery given up");
+                self.metrics.dead_letters.increment(gave_up.batches() as u64);
+                let (sink, timeout) =
+                    (self.services.dead_letters.clone(), self.services.options.delivery_attempt_timeout);
+                self.spawn_side_work(gave_up.dead_letter(sink, timeout));
+                if action == FailureAction::Fault {
+                    let reason = format!("delivery failed after {attempts} attempts: {error}");
+                    let next = self.streams.fault(&stream, id, reason, &mut self.cache);
+                    self.run(next);
+                    return;
+                }
+            }
+        }
+        self.dispatch(&stream, id);
+        self.pump.wake();
+        self.schedule_pump(Duration::ZERO);
+    }
+
+    /// Carries out what a part asked for, in order.
+    fn run(&mut self, next: Vec<Next>) {
+        let timeout = self.services.options.delivery_attempt_timeout;
+        for step in next {
+            match step {
+                Next::LookUp { stream, after } => {
+                    let store = self.services.store.clone();
+                    let stop = self.stop_retries.clone();
+                    let (work, panicked) = lookup::look_up(store, stream, after, &self.services.options, stop);
+                    self.spawn_work(work.map(InternalMsg::Registered), move |p| InternalMsg::Registered(panicked(p)));
+                }
+                Next::Handshake(call) => {
+                    let resolver = self.services.consumers.clone();
+                    let limits = RetryLimits::from(&self.services.options);
+                    let (work, panicked) = call.start(resolver, limits, self.stop_retries.clone());
+                    let on_panic = move |p| InternalMsg::HandshakeDone(panicked(p));
+                    self.spawn_work(work.map(InternalMsg::HandshakeDone), on_panic);
+                }
+                Next::Dispatch(stream, id) => self.dispatch(&stream, id),
+                Next::Fault(faulted) => self.spawn_side_work(faulted.report(self.services.store.clone(), timeout)),
+                Next::Tell { consumer, info, error } => self.spawn_side_work(async move {
+                    let _ = tokio::time::timeout(timeout, consumer.on_error(&info, &error)).await;
+                }),
+                Next::RewindLater { stream, id, epoch, after } => {
+                    self.send_self_after(after, move || InternalMsg::RewindDue { stream, id, epoch })
+                }
+                Next::Unsubscribed(events) => {
+                    self.status.events_unsubscribed += events as u64;
+                    self.metrics.events_unsubscribed.increment(events as u64);
+                }
+                Next::CacheMiss => self.metrics.cache_misses.increment(1),
+            }
+        }
+    }
+
+    /// Runs `work` on the agent's lane, counted as in-flight work; its
+    /// result comes back as a message. A panic in it is reported through
+    /// `on_panic`; a node crash (the kill switch) drops it silently.
+    fn spawn_work(
+        &mut self,
+        work: impl Future<Output = InternalMsg> + Send + 'static,
+        on_panic: impl FnOnce(String) -> InternalMsg + Send + 'static,
+    ) {
+        self.work += 1;
+        // Fails only when the lane was killed, and then the node is gone.
+        let _ = self.lane.send(worker::job(work, on_panic));
+    }
+
+    /// Work whose only report is that it finished.
+    fn spawn_side_work(&mut self, work: impl Future<Output = ()> + Send + 'static) {
+        self.spawn_work(work.map(|()| InternalMsg::SideWorkDone), |_| InternalMsg::SideWorkDone);
+    }
+
+    /// Sends `msg` to this agent later.
+    fn send_self_after(&self, delay: Duration, msg: impl FnOnce() -> InternalMsg + Send + 'static) {
+        self.myself.send_after(delay, move || AgentMsg::Internal(Internal(msg())));
+    }
+
+    /// Sends `msg` to this agent now.
+    fn send_self(&self, msg: InternalMsg) {
+        // Only fails if the agent is gone, and then nobody needs the message.
+        let _ = self.myself.cast(AgentMsg::Internal(Internal(msg)));
+    }
+
+    /// Step 1 of the ordered shutdown (see `shutdown.rs`): admission closes
+    /// and retries stop; the rest waits for in-flight work.
+    fn begin_shutdown(&mut self, reply: Option<RpcReplyPort<()>>) {
+        match &mut self.shutdown {
+            Some(shutdown) => shutdown.wait(reply),
+            None => {
+                tracing::info!(node = %self.services.node, queue = %self.queue, "ordered shutdown begins");
+                self.shutdown = Some(Shutdown::new(reply));
+                self.stop_retries.cancel();
+            }
+        }
+    }
+
+    /// Steps 3 to 5, once nothing is in flight (checked after every message).
+    async fn finish_shutdown_if_idle(&mut self) {
+        let busy = self.pump.in_flight() || self.work > 0;
+        let Some(waiters) = self.shutdown.as_mut().and_then(|s| s.finish_if_idle(busy)) else { return };
+        let unresolved = self.streams.unresolved();
+        let mut purged = self.cache.purge();
+        self.pump.take_redelivered(&mut purged);
+        self.status.acked += purged.acked.len() as u64;
+        let progress = self.cache.progress().filter(|_| !unresolved);
+        if let Some(io) = self.pump.take_io() {
+            let limit = self.services.options.init_timeout;
+            let checkpoint = shutdown::release(io, self.queue, purged, progress, limit).await;
+            self.status.checkpoint = checkpoint.map(|t| t.to_string());
+        }
+        tracing::info!(node = %self.services.node, queue = %self.queue, checkpoint = ?self.status.checkpoint, unresolved, "ordered shutdown complete; queue released");
+        for waiter in waiters {
+            let _ = waiter.send(());
+        }
+        self.myself.stop(Some(HANDED_OVER.into()));
+    }
+
+    fn status(&self) -> AgentStatus {
+        let (streams, registering, subscriptions) = self.streams.counts();
+        AgentStatus {
+            streams,
+            registering,
+            subscriptions,
+            cached: self.cache.len(),
+            buckets: self.cache.bucket_count(),
+            under_pressure: self.cache.is_under_pressure(),
+            checkpoint: self.pump.checkpoint().map(|t| t.to_string()),
+            shutting_down: self.shutdown.is_some(),
+            ..self.status.clone()
+        }
     }
 }

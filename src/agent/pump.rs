@@ -1,32 +1,43 @@
-//! Reading: the pump. One pump at a time; each acks what the cache purged,
-//! records checkpoint progress, serves pending rewinds and reads at most one
-//! bucket, all in a task that owns the receiver while it runs.
+//! The pump and its schedule: the receiver and the checkpoint (lent to one
+//! pump task at a time), whether the receiver initialized, when the next
+//! read is due and how long to back off.
+//!
+//! One pump acks what the cache purged, records checkpoint progress, serves
+//! pending rewinds and reads at most one bucket, every receiver call bounded
+//! by the init timeout. The agent decides what to read ([`Pump::begin`]);
+//! the part says when to read again ([`Pump::schedule`], [`Pump::after_read`]).
 
-use rustc_hash::FxHashMap as HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use ractor::ActorProcessingErr;
 use rand::RngExt;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use super::state::{Agent, InternalMsg, Io, StreamEntry, panic_text};
-use super::{AgentMsg, Internal};
+use super::settings::AgentOptions;
+use super::worker::panic_text;
 use crate::cache::Purged;
+use crate::checkpoint::QueueCheckpoint;
 use crate::pubsub::SubscriptionId;
-use crate::queue::QueueError;
+use crate::queue::{QueueError, QueueId, QueueReceiver};
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
+
+/// The receiver and checkpoint: owned by the pump, lent to its task.
+pub(crate) struct Io {
+    pub receiver: Box<dyn QueueReceiver>,
+    pub checkpoint: QueueCheckpoint,
+}
 
 /// A rewind read for one catching-up subscription.
 pub(crate) struct RewindJob {
-    stream: StreamId,
-    id: SubscriptionId,
+    pub stream: StreamId,
+    pub id: SubscriptionId,
     /// Which catch-up asked (a newer one ignores older answers).
-    epoch: u64,
-    from: SequenceToken,
-    max: usize,
+    pub epoch: u64,
+    pub from: SequenceToken,
+    pub max: usize,
 }
 
 /// A rewind read's answer.
@@ -47,8 +58,39 @@ pub(crate) struct PumpOutcome {
     rewinds: Vec<RewindResult>,
 }
 
+/// What the agent does with a finished pump.
+pub(crate) enum Pumped {
+    /// The receiver did not initialize; the pump runs again after `wait`.
+    InitFailed { error: QueueError, wait: Duration },
+    /// It ran: the rewind answers, then the read.
+    Ran { rewinds: Vec<RewindResult>, read: Result<Vec<Arc<BatchContainer>>, QueueError> },
+}
+
+/// Why the agent cannot go on reading its queue.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PumpError {
+    /// The receiver panicked and its state is lost.
+    #[error("the receiver of queue {queue} panicked: {panic}")]
+    Panicked { queue: QueueId, panic: String },
+    /// A newer receiver owns the queue.
+    #[error("queue {0} was taken over by a newer receiver")]
+    Fenced(QueueId),
+}
+
+/// When the agent should send itself the next pump tick.
+pub(crate) enum Tick {
+    Now,
+    After(Duration),
+}
+
+/// One pump, lent the receiver, ready to run in a task.
+pub(crate) struct PumpRun {
+    io: Io,
+    job: PumpJob,
+}
+
 struct PumpJob {
-    queue: crate::queue::QueueId,
+    queue: QueueId,
     initialize: bool,
     init_timeout: Duration,
     purged: Purged,
@@ -57,245 +99,190 @@ struct PumpJob {
     read_max: usize,
 }
 
-impl Agent {
-    pub(crate) fn schedule_first_pump(&mut self) {
-        let period = self.services.options.poll_period.as_nanos().min(u128::from(u64::MAX)) as u64;
-        let offset = if period == 0 { 0 } else { rand::rng().random_range(0..period) };
-        self.schedule_pump(Duration::from_nanos(offset));
+/// The pump's state and its schedule.
+pub(crate) struct Pump {
+    io: Option<Io>,
+    initialized: bool,
+    in_flight: bool,
+    /// When the next timed pump is due, if one is arranged.
+    scheduled: Option<Instant>,
+    /// A pump message is already on its way with no delay.
+    immediate: bool,
+    blocked: bool,
+    read_failures: u32,
+    /// Consecutive empty reads (the idle wait doubles with each).
+    empty_reads: u32,
+    /// Containers read again at or below the progress already recorded:
+    /// done, to be acked by the next pump.
+    redelivered: Vec<SequenceToken>,
+}
+
+impl Pump {
+    pub(crate) fn new(io: Io) -> Self {
+        Self {
+            io: Some(io),
+            initialized: false,
+            in_flight: false,
+            scheduled: None,
+            immediate: false,
+            blocked: false,
+            read_failures: 0,
+            empty_reads: 0,
+            redelivered: Vec::new(),
+        }
     }
 
-    /// Arranges a pump after `delay` unless one is already due by then.
-    pub(crate) fn schedule_pump(&mut self, delay: Duration) {
-        if self.pump.immediate || self.shutdown.is_some() {
-            return;
+    /// The checkpoint recorded (while the receiver is home).
+    pub(crate) fn checkpoint(&self) -> Option<SequenceToken> {
+        self.io.as_ref().and_then(|io| io.checkpoint.latest())
+    }
+
+    pub(crate) fn in_flight(&self) -> bool {
+        self.in_flight
+    }
+
+    pub(crate) fn initialized(&self) -> bool {
+        self.initialized
+    }
+
+    /// The first pump waits a random part of the poll period, so that the
+    /// agents of a node do not read in step.
+    pub(crate) fn first_delay(options: &AgentOptions) -> Duration {
+        let period = options.poll_period.as_nanos().min(u128::from(u64::MAX)) as u64;
+        Duration::from_nanos(if period == 0 { 0 } else { rand::rng().random_range(0..period) })
+    }
+
+    /// Arranges a pump after `delay` unless one is already due by then (or
+    /// the agent is closing): the tick to send, if any.
+    pub(crate) fn schedule(&mut self, delay: Duration, closing: bool) -> Option<Tick> {
+        if self.immediate || closing {
+            return None;
         }
         if delay.is_zero() {
-            self.pump.immediate = true;
-            self.send_self(InternalMsg::Pump);
-            return;
+            self.immediate = true;
+            return Some(Tick::Now);
         }
         let due = Instant::now() + delay;
-        if self.pump.scheduled.is_some_and(|at| at <= due) {
-            return;
+        if self.scheduled.is_some_and(|at| at <= due) {
+            return None;
         }
-        self.pump.scheduled = Some(due);
-        self.send_self_after(delay, || InternalMsg::Pump);
+        self.scheduled = Some(due);
+        Some(Tick::After(delay))
     }
 
-    pub(crate) fn on_pump_tick(&mut self) {
+    /// A tick arrived: whether a pump may start now.
+    pub(crate) fn ticked(&mut self, closing: bool) -> bool {
         // A timer superseded by a sooner one may still fire: one extra pump.
-        self.pump.scheduled = None;
-        self.pump.immediate = false;
-        if self.shutdown.is_some() || self.pump.in_flight {
-            return;
-        }
-        let Some(io) = self.io.take() else { return };
-        let now = Instant::now();
-        self.clock = now;
-        self.cleanup_inactive_streams(now);
-        let mut purged = self.cache.purge();
-        purged.acked.append(&mut self.redelivered);
-        self.status.acked += purged.acked.len() as u64;
-        let progress = self.cache.progress();
-        let paused = self.cache.is_under_pressure() || self.streams.len() >= self.services.options.max_streams;
-        self.pump.blocked = paused;
-        let read_max = if paused { 0 } else { self.cache.max_add_count() };
-        // Rewinds wait for a receiver that initialized (a failed initialize
-        // would drop them).
-        let rewinds = if self.initialized { self.take_rewinds() } else { Vec::new() };
-        let job = PumpJob {
-            queue: self.queue,
-            initialize: !self.initialized,
-            init_timeout: self.services.options.init_timeout,
-            purged,
-            progress,
-            rewinds,
-            read_max,
-        };
-        if read_max > 0 {
-            self.status.read_calls += 1;
-        }
-        self.pump.in_flight = true;
-        let myself = self.myself.clone();
-        let kill = self.kill.clone();
-        let span = self.span.clone();
-        let pump = async move {
-            let outcome = tokio::select! {
-                _ = kill.cancelled() => return,
-                outcome = AssertUnwindSafe(run_pump(io, job)).catch_unwind() => outcome,
-            };
-            let outcome = outcome.unwrap_or_else(|panic| PumpOutcome {
-                io: None,
-                panic: Some(panic_text(&panic)),
-                init_error: None,
-                read: Ok(Vec::new()),
-                rewinds: Vec::new(),
-            });
-            let _ = myself.cast(AgentMsg::Internal(Internal(InternalMsg::PumpDone(Box::new(outcome)))));
-        };
-        tokio::spawn(tracing::Instrument::instrument(pump, span));
+        self.scheduled = None;
+        self.immediate = false;
+        !closing && !self.in_flight && self.io.is_some()
     }
 
-    pub(crate) fn on_pump_done(&mut self, outcome: PumpOutcome) -> Result<(), ActorProcessingErr> {
-        self.pump.in_flight = false;
+    /// Progress made: the next read is not an idle one.
+    pub(crate) fn wake(&mut self) {
+        self.empty_reads = 0;
+    }
+
+    /// Containers read again that were already done: acked by the next pump.
+    pub(crate) fn redelivered(&mut self, tokens: &mut Vec<SequenceToken>) {
+        self.redelivered.append(tokens);
+    }
+
+    /// Adds what is redelivered to the acks of a purge.
+    pub(crate) fn take_redelivered(&mut self, purged: &mut Purged) {
+        purged.acked.append(&mut self.redelivered);
+    }
+
+    /// Lends the receiver to one pump: ack `purged`, record `progress`,
+    /// serve `rewinds`, then read up to `room` containers unless `paused`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn begin(
+        &mut self,
+        queue: QueueId,
+        init_timeout: Duration,
+        purged: Purged,
+        progress: Option<SequenceToken>,
+        rewinds: Vec<RewindJob>,
+        paused: bool,
+        room: usize,
+    ) -> Option<PumpRun> {
+        let io = self.io.take()?;
+        self.blocked = paused;
+        self.in_flight = true;
+        let read_max = if paused { 0 } else { room };
+        let job = PumpJob { queue, initialize: !self.initialized, init_timeout, purged, progress, rewinds, read_max };
+        Some(PumpRun { io, job })
+    }
+
+    /// The pump came back: the receiver is home again.
+    pub(crate) fn finish(
+        &mut self,
+        outcome: PumpOutcome,
+        queue: QueueId,
+        options: &AgentOptions,
+    ) -> Result<Pumped, PumpError> {
+        self.in_flight = false;
         let Some(io) = outcome.io else {
-            let panic = outcome.panic.unwrap_or_default();
-            return Err(format!("the receiver of queue {} panicked: {panic}", self.queue).into());
+            return Err(PumpError::Panicked { queue, panic: outcome.panic.unwrap_or_default() });
         };
         self.io = Some(io);
-        let options = &self.services.options;
         if let Some(error) = outcome.init_error {
-            self.pump.read_failures += 1;
-            let wait = options.reader_backoff.delay(self.pump.read_failures - 1);
-            tracing::warn!(queue = %self.queue, %error, ?wait, "receiver initialize failed; retrying");
-            self.schedule_pump(wait);
-            return Ok(());
+            return Ok(Pumped::InitFailed { error, wait: self.failed(options) });
         }
         self.initialized = true;
-        for rewind in outcome.rewinds {
-            self.on_rewind(rewind);
-        }
-        match outcome.read {
-            Err(QueueError::Fenced(queue)) => {
-                return Err(format!("queue {queue} was taken over by a newer receiver").into());
-            }
-            Err(error) => {
-                self.metrics.read_errors.increment(1);
-                self.pump.read_failures += 1;
-                let wait = self.services.options.reader_backoff.delay(self.pump.read_failures - 1);
-                tracing::warn!(queue = %self.queue, %error, ?wait, "queue read failed; backing off");
-                self.schedule_pump(wait);
-            }
-            // Admission is closed: what was read now is left unacknowledged
-            // for the next owner.
-            Ok(_) if self.shutdown.is_some() => {}
-            Ok(batch) => {
-                self.pump.read_failures = 0;
-                let got = !batch.is_empty();
-                if got {
-                    self.add_batch(batch)?;
-                }
-                if !self.read_once {
-                    self.read_once = true;
-                    self.place_deferred_latest();
-                }
-                let delay = if got && !self.pump.blocked || !self.rewinds.is_empty() {
-                    self.pump.empty_reads = 0;
-                    Duration::ZERO
-                } else {
-                    self.idle_wait()
-                };
-                self.schedule_pump(delay);
-            }
-        }
-        self.metrics.cached.set(self.cache.len() as f64);
-        self.metrics.pressure.set(if self.cache.is_under_pressure() { 1.0 } else { 0.0 });
-        Ok(())
+        Ok(Pumped::Ran { rewinds: outcome.rewinds, read: outcome.read })
     }
 
-    /// The wait after an empty (or paused) read: `min_poll_period` doubled
-    /// per consecutive empty read, up to `poll_period`.
-    fn idle_wait(&mut self) -> Duration {
-        let options = &self.services.options;
-        let shift = self.pump.empty_reads.min(20);
-        self.pump.empty_reads += 1;
+    /// A read (or initialize) failed: the backoff before the next.
+    pub(crate) fn failed(&mut self, options: &AgentOptions) -> Duration {
+        self.read_failures += 1;
+        options.reader_backoff.delay(self.read_failures - 1)
+    }
+
+    /// A read succeeded: the wait before the next. Right away after a
+    /// fruitful read that was not paused, or when rewinds wait; otherwise
+    /// `min_poll_period` doubled per consecutive empty read, up to
+    /// `poll_period`.
+    pub(crate) fn after_read(&mut self, got: bool, rewinds_waiting: bool, options: &AgentOptions) -> Duration {
+        self.read_failures = 0;
+        if got && !self.blocked || rewinds_waiting {
+            self.empty_reads = 0;
+            return Duration::ZERO;
+        }
+        let shift = self.empty_reads.min(20);
+        self.empty_reads += 1;
         options
             .min_poll_period
             .saturating_mul(1 << shift)
             .clamp(options.min_poll_period.min(options.poll_period), options.poll_period)
     }
 
-    fn add_batch(&mut self, batch: Vec<Arc<BatchContainer>>) -> Result<(), ActorProcessingErr> {
-        self.status.reads += 1;
-        self.status.containers_read += batch.len() as u64;
-        // Streams in first-appearance order, with their event counts.
-        let mut order: Vec<StreamId> = Vec::new();
-        let mut events: HashMap<StreamId, usize> = HashMap::default();
-        for container in &batch {
-            let count = events.entry(container.stream.clone()).or_insert_with(|| {
-                order.push(container.stream.clone());
-                0
-            });
-            *count += container.events.len();
-        }
-        self.metrics.events_read.increment(events.values().sum::<usize>() as u64);
-        // The pump reads at most what fits, so a full cache is a bug; the
-        // containers stay unacknowledged in the queue for the next owner.
-        let mut added = self.cache.add(batch)?;
-        self.redelivered.append(&mut added.skipped);
-        for cursor in added.ready {
-            if let Some((stream, id)) = self.cursor_owner.get(&cursor).cloned() {
-                self.dispatch(&stream, id);
-            }
-        }
-        let now = self.clock;
-        for stream in order {
-            match self.streams.get_mut(&stream) {
-                Some(entry) => {
-                    entry.last_activity = now;
-                    if entry.registered && entry.subs.is_empty() {
-                        self.count_unsubscribed(events[&stream]);
-                    }
-                }
-                None => self.register_stream(stream),
-            }
-        }
-        Ok(())
+    /// Takes the receiver home for good (the ordered shutdown).
+    pub(crate) fn take_io(&mut self) -> Option<Io> {
+        self.io.take()
+    }
+}
+
+impl PumpRun {
+    /// Whether this pump reads (a read call to count).
+    pub(crate) fn reads(&self) -> bool {
+        self.job.read_max > 0
     }
 
-    fn take_rewinds(&mut self) -> Vec<RewindJob> {
-        let max = self.cache.max_add_count();
-        let mut jobs = Vec::new();
-        while jobs.len() < self.services.options.max_rewinds_per_pump {
-            let Some((stream, id)) = self.rewinds.pop_front() else {
-                break;
-            };
-            let catch_up = self.streams.get(&stream).and_then(|e| e.subs.get(&id)).and_then(|s| s.catch_up.as_ref());
-            if let Some(catch_up) = catch_up {
-                let (from, epoch) = (catch_up.next, catch_up.epoch);
-                jobs.push(RewindJob { stream, id, epoch, from, max });
-            }
-        }
-        jobs
-    }
-
-    /// Forgets streams idle for the inactivity period (or any idle stream
-    /// when over `max_streams`). Their subscriptions are found again, with a
-    /// handshake, on their next event.
-    fn cleanup_inactive_streams(&mut self, now: Instant) {
-        let period = self.services.options.stream_inactivity;
-        let crowded = self.streams.len() >= self.services.options.max_streams;
-        let every = if crowded { self.services.options.poll_period } else { period / 10 };
-        if now.saturating_duration_since(self.last_cleanup) < every {
-            return;
-        }
-        self.last_cleanup = now;
-        let threshold = if crowded { Duration::ZERO } else { period };
-        let idle: Vec<StreamId> = self
-            .streams
-            .iter()
-            .filter(|(stream, entry)| {
-                now.saturating_duration_since(entry.last_activity) >= threshold && self.is_idle(stream, entry)
-            })
-            .map(|(stream, _)| stream.clone())
-            .collect();
-        for stream in idle {
-            tracing::debug!(queue = %self.queue, %stream, "stream inactive; forgetting it until its next event");
-            self.forget_stream(&stream);
-        }
-    }
-
-    /// Nothing in flight, every cursor caught up, and nothing of the stream
-    /// cached (so its next container is the first a new cursor sees).
-    fn is_idle(&self, stream: &StreamId, entry: &StreamEntry) -> bool {
-        entry.registered
-            && !self.cache.holds(stream)
-            && entry.subs.values().all(|sub| {
-                !sub.delivering
-                    && !sub.handshaking
-                    && sub.catch_up.is_none()
-                    && sub.cursor.is_some_and(|c| !self.cache.has_next(c))
-            })
+    /// Runs the pump; `None` if the node was killed meanwhile. A panic in
+    /// the receiver comes back as an outcome without the receiver.
+    pub(crate) async fn run(self, kill: &CancellationToken) -> Option<PumpOutcome> {
+        let outcome = tokio::select! {
+            _ = kill.cancelled() => return None,
+            outcome = AssertUnwindSafe(run_pump(self.io, self.job)).catch_unwind() => outcome,
+        };
+        Some(outcome.unwrap_or_else(|panic| PumpOutcome {
+            io: None,
+            panic: Some(panic_text(&panic)),
+            init_error: None,
+            read: Ok(Vec::new()),
+            rewinds: Vec::new(),
+        }))
     }
 }
 
@@ -308,11 +295,7 @@ async fn run_pump(mut io: Io, job: PumpJob) -> PumpOutcome {
     let timeout = |operation: &'static str| QueueError::Timeout { operation, queue: job.queue, after: limit };
     if job.initialize {
         let init = tokio::time::timeout(limit, io.receiver.initialize(limit)).await;
-        if let Some(error) = match init {
-            Ok(Ok(())) => None,
-            Ok(Err(error)) => Some(error),
-            Err(_) => Some(timeout("initialize")),
-        } {
+        if let Some(error) = flatten(init, || timeout("initialize")) {
             outcome.init_error = Some(error);
             outcome.io = Some(io);
             return outcome;
@@ -355,7 +338,7 @@ async fn run_pump(mut io: Io, job: PumpJob) -> PumpOutcome {
 }
 
 /// The error of a bounded call, if it failed or timed out.
-fn flatten(
+pub(crate) fn flatten(
     outcome: Result<Result<(), QueueError>, tokio::time::error::Elapsed>,
     timeout: impl FnOnce() -> QueueError,
 ) -> Option<QueueError> {

@@ -1,4 +1,6 @@
-//! The ordered shutdown that hands a queue over:
+//! The ordered shutdown that hands a queue over. This part owns who waits
+//! for it and its final I/O; the agent closes admission and tells it when
+//! nothing is in flight any more.
 //!
 //! 1. close admission (no read, attach, registration or handshake starts)
 //!    and stop the pump timer;
@@ -11,90 +13,91 @@
 //!    (kept unchanged if a registration or handshake never resolved);
 //! 4. flush the checkpoint and shut the receiver down;
 //! 5. answer, and stop. Only then may the queue be released to a new owner.
+//!
+//! Every call of steps 3 and 4 is bounded by the agent's init timeout, as
+//! the pump bounds the same calls: a hung store delays a handoff, it does
+//! not hold it forever.
 
 use std::time::Duration;
 
 use ractor::RpcReplyPort;
 use tokio::time::Instant;
 
-use super::state::{Agent, ShutdownState};
-
-impl Agent {
-    pub(crate) fn begin_shutdown(&mut self, reply: Option<RpcReplyPort<()>>) {
-        match &mut self.shutdown {
-            Some(state) => state.waiters.extend(reply),
-            None => {
-                tracing::info!(node = %self.services.node, queue = %self.queue, "ordered shutdown begins");
-                self.shutdown = Some(ShutdownState { waiters: reply.into_iter().collect(), done: false });
-                self.stop_retries.cancel();
-            }
-        }
-    }
-
-    /// Finishes the shutdown once nothing is in flight (called after every
-    /// message).
-    pub(crate) async fn finish_shutdown_if_idle(&mut self) {
-        let Some(state) = &mut self.shutdown else {
-            return;
-        };
-        if state.done || self.pump.in_flight || self.work > 0 {
-            return;
-        }
-        state.done = true;
-        let waiters = std::mem::take(&mut state.waiters);
-        let unresolved = self
-            .streams
-            .values()
-            .any(|e| !e.registered || e.subs.values().any(|s| s.cursor.is_none() || s.handshaking));
-        let mut purged = self.cache.purge();
-        purged.acked.append(&mut self.redelivered);
-        self.status.acked += purged.acked.len() as u64;
-        let progress = self.cache.progress();
-        let timeout = self.services.options.init_timeout;
-        if let Some(mut io) = self.io.take() {
-            if !purged.acked.is_empty()
-                && let Err(error) = io.receiver.delivered(&purged.acked).await
-            {
-                tracing::warn!(queue = %self.queue, %error, "final ack failed; the next owner may redeliver");
-            }
-            if !purged.failed.is_empty()
-                && let Err(error) = io.receiver.failed(&purged.failed).await
-            {
-                tracing::warn!(queue = %self.queue, %error, "reporting failed containers failed");
-            }
-            if !unresolved
-                && let Some(progress) = progress
-                && let Err(error) = io.checkpoint.update(progress, Instant::now()).await
-            {
-                tracing::warn!(queue = %self.queue, %error, "final checkpoint write failed; flushing");
-            }
-            match tokio::time::timeout(timeout, io.checkpoint.flush()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => {
-                    tracing::error!(queue = %self.queue, %error, "checkpoint flush failed; the next owner replays more")
-                }
-                Err(_) => {
-                    tracing::error!(queue = %self.queue, ?timeout, "checkpoint flush timed out")
-                }
-            }
-            self.status.checkpoint = io.checkpoint.latest().map(|t| t.to_string());
-            match tokio::time::timeout(timeout + Duration::from_millis(100), io.receiver.shutdown(timeout)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => {
-                    tracing::warn!(queue = %self.queue, %error, "receiver shutdown failed")
-                }
-                Err(_) => {
-                    tracing::warn!(queue = %self.queue, ?timeout, "receiver shutdown timed out")
-                }
-            }
-        }
-        tracing::info!(node = %self.services.node, queue = %self.queue, checkpoint = ?self.status.checkpoint, unresolved, "ordered shutdown complete; queue released");
-        for waiter in waiters {
-            let _ = waiter.send(());
-        }
-        self.myself.stop(Some(HANDED_OVER.into()));
-    }
-}
+use super::pump::{Io, flatten};
+use crate::cache::Purged;
+use crate::queue::{QueueError, QueueId};
+use crate::stream::SequenceToken;
 
 /// The stop reason of an agent that finished its ordered shutdown.
 pub(crate) const HANDED_OVER: &str = "handed over";
+
+/// An ordered shutdown under way.
+pub(crate) struct Shutdown {
+    waiters: Vec<RpcReplyPort<()>>,
+    done: bool,
+}
+
+impl Shutdown {
+    pub(crate) fn new(reply: Option<RpcReplyPort<()>>) -> Self {
+        Self { waiters: reply.into_iter().collect(), done: false }
+    }
+
+    /// Another caller waits for the same shutdown.
+    pub(crate) fn wait(&mut self, reply: Option<RpcReplyPort<()>>) {
+        self.waiters.extend(reply);
+    }
+
+    /// Once nothing is in flight: the waiters to answer after the final I/O
+    /// (only once).
+    pub(crate) fn finish_if_idle(&mut self, busy: bool) -> Option<Vec<RpcReplyPort<()>>> {
+        if self.done || busy {
+            return None;
+        }
+        self.done = true;
+        Some(std::mem::take(&mut self.waiters))
+    }
+}
+
+/// Steps 3 and 4: ack `purged`, record `progress` (if the final progress is
+/// known), flush the checkpoint and shut the receiver down, each bounded by
+/// `limit`. Answers the checkpoint left behind.
+pub(crate) async fn release(
+    mut io: Io,
+    queue: QueueId,
+    purged: Purged,
+    progress: Option<SequenceToken>,
+    limit: Duration,
+) -> Option<SequenceToken> {
+    let timeout = |operation: &'static str| QueueError::Timeout { operation, queue, after: limit };
+    if !purged.acked.is_empty() {
+        let acked = tokio::time::timeout(limit, io.receiver.delivered(&purged.acked)).await;
+        if let Some(error) = flatten(acked, || timeout("delivered")) {
+            tracing::warn!(%queue, %error, "final ack failed; the next owner may redeliver");
+        }
+    }
+    if !purged.failed.is_empty() {
+        let failed = tokio::time::timeout(limit, io.receiver.failed(&purged.failed)).await;
+        if let Some(error) = flatten(failed, || timeout("failed")) {
+            tracing::warn!(%queue, %error, "reporting failed containers failed");
+        }
+    }
+    if let Some(progress) = progress {
+        match tokio::time::timeout(limit, io.checkpoint.update(progress, Instant::now())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::warn!(%queue, %error, "final checkpoint write failed; flushing"),
+            Err(_) => tracing::warn!(%queue, ?limit, "final checkpoint write timed out; flushing"),
+        }
+    }
+    match tokio::time::timeout(limit, io.checkpoint.flush()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::error!(%queue, %error, "checkpoint flush failed; the next owner replays more"),
+        Err(_) => tracing::error!(%queue, ?limit, "checkpoint flush timed out"),
+    }
+    let checkpoint = io.checkpoint.latest();
+    // The receiver bounds its own shutdown by `limit`; the margin lets it.
+    let shutdown = tokio::time::timeout(limit + Duration::from_millis(100), io.receiver.shutdown(limit)).await;
+    if let Some(error) = flatten(shutdown, || timeout("shutdown")) {
+        tracing::warn!(%queue, %error, "receiver shutdown failed");
+    }
+    checkpoint
+}

@@ -1,10 +1,11 @@
 //! The agent's work lane: one task per agent that runs every piece of its
 //! waiting work (pub-sub lookups, handshakes, deliveries, dead letters)
-//! concurrently and reports what finished in batches, one message per batch.
+//! concurrently and reports what finished in batches, one report per batch.
 //!
 //! Each job is polled on its own: a consumer that never answers only holds
 //! its own subscription. Compared with a task per job this saves a spawn and
-//! an actor message per delivery.
+//! an actor message per delivery. The lane knows nothing of the agent: a job
+//! resolves to a report `M`, and `report` hands finished ones on.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -13,21 +14,18 @@ use std::sync::Arc;
 
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use ractor::ActorRef;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span};
 
-use super::state::{InternalMsg, panic_text};
-use super::{AgentMsg, Internal};
-
-/// A unit of work: resolves to the message that reports it.
-pub(crate) type Job = Pin<Box<dyn Future<Output = InternalMsg> + Send>>;
+/// A unit of work: resolves to the report of what it did.
+pub(crate) type Job<M> = Pin<Box<dyn Future<Output = M> + Send>>;
 
 /// Wraps `work` so that a panic in it is reported through `on_panic`.
-pub(crate) fn job<F>(work: F, on_panic: impl FnOnce(String) -> InternalMsg + Send + 'static) -> Job
+pub(crate) fn job<M, F>(work: F, on_panic: impl FnOnce(String) -> M + Send + 'static) -> Job<M>
 where
-    F: Future<Output = InternalMsg> + Send + 'static,
+    M: Send + 'static,
+    F: Future<Output = M> + Send + 'static,
 {
     Box::pin(
         AssertUnwindSafe(work)
@@ -36,12 +34,16 @@ where
     )
 }
 
-/// Starts an agent's lane. The channel holds at most one job per
-/// subscription and stream of the agent (bounded by `agent.max_streams` and
-/// the pub-sub limits). The lane stops when `kill` fires, or when the agent
-/// dropped its sender and nothing runs any more.
-pub(crate) fn start(agent: ActorRef<AgentMsg>, kill: Arc<CancellationToken>, span: Span) -> mpsc::UnboundedSender<Job> {
-    let (jobs, mut incoming) = mpsc::unbounded_channel::<Job>();
+/// Starts a lane. The channel holds at most one job per subscription and
+/// stream of the agent (bounded by `agent.max_streams` and the pub-sub
+/// limits). The lane stops when `kill` fires, when `report` says nobody
+/// listens any more, or when the sender is dropped and nothing runs.
+pub(crate) fn start<M: Send + 'static>(
+    report: impl Fn(Vec<M>) -> bool + Send + 'static,
+    kill: Arc<CancellationToken>,
+    span: Span,
+) -> mpsc::UnboundedSender<Job<M>> {
+    let (jobs, mut incoming) = mpsc::unbounded_channel::<Job<M>>();
     let lane = async move {
         let mut running = FuturesUnordered::new();
         let mut open = true;
@@ -58,7 +60,7 @@ pub(crate) fn start(agent: ActorRef<AgentMsg>, kill: Arc<CancellationToken>, spa
                     while let Some(Some(more)) = running.next().now_or_never() {
                         done.push(more);
                     }
-                    if agent.cast(AgentMsg::Internal(Internal(InternalMsg::Batch(done)))).is_err() {
+                    if !report(done) {
                         return;
                     }
                 }
@@ -68,4 +70,13 @@ pub(crate) fn start(agent: ActorRef<AgentMsg>, kill: Arc<CancellationToken>, spa
     };
     tokio::spawn(lane.instrument(span));
     jobs
+}
+
+/// The text of a caught panic.
+pub(crate) fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }

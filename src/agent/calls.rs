@@ -1,0 +1,97 @@
+//! A call to a consumer retried within limits: the attempt timeout, the
+//! backoff between attempts and the longest time to keep trying. Handshakes
+//! and deliveries both go through [`call_with_retries`]; what each does with
+//! the [`Attempted`] result is its own rule.
+
+use std::future::Future;
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::settings::AgentOptions;
+use crate::pubsub::ConsumerError;
+use crate::retry::Backoff;
+
+/// The end of a call retried within limits.
+pub(crate) enum Attempted<T> {
+    /// It succeeded.
+    Done(T),
+    /// The consumer is gone; not retried.
+    Unavailable(String),
+    /// Retries ran out; the last error.
+    Failed { error: String, attempts: u32 },
+    /// The subscription was removed or re-handshaken meanwhile.
+    Revoked,
+}
+
+/// Limits of one retried call.
+pub(crate) struct RetryLimits {
+    max_time: Duration,
+    attempt_timeout: Duration,
+    backoff: Backoff,
+}
+
+impl From<&AgentOptions> for RetryLimits {
+    fn from(options: &AgentOptions) -> Self {
+        Self {
+            max_time: options.max_delivery_time,
+            attempt_timeout: options.delivery_attempt_timeout,
+            backoff: options.delivery_backoff,
+        }
+    }
+}
+
+/// Calls `call` until it succeeds, the consumer is unavailable, the time
+/// runs out (no new attempt starts past `max_time`), the agent is stopping
+/// (`stop`: the current attempt finishes, no retry) or the work is revoked.
+pub(crate) async fn call_with_retries<T, F, Fut>(
+    mut call: F,
+    limits: &RetryLimits,
+    stop: &CancellationToken,
+    revoke: &CancellationToken,
+) -> Attempted<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ConsumerError>>,
+{
+    let mut started = None;
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        if revoke.is_cancelled() {
+            return Attempted::Revoked;
+        }
+        let call = call();
+        tokio::pin!(call);
+        // Most consumers answer on the first poll: only a call that waits
+        // pays for a timer and for watching the revoke signal.
+        let outcome = match std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await {
+            Poll::Ready(outcome) => Ok(outcome),
+            Poll::Pending => {
+                started.get_or_insert_with(Instant::now);
+                tokio::select! {
+                    _ = revoke.cancelled() => return Attempted::Revoked,
+                    outcome = tokio::time::timeout(limits.attempt_timeout, call) => outcome,
+                }
+            }
+        };
+        let error = match outcome {
+            Ok(Ok(value)) => return Attempted::Done(value),
+            Ok(Err(ConsumerError::Unavailable(reason))) => return Attempted::Unavailable(reason),
+            Ok(Err(ConsumerError::Failed(error))) => error,
+            Err(_) => format!("no answer within {:?}", limits.attempt_timeout),
+        };
+        let wait = limits.backoff.delay(attempts - 1);
+        let started = *started.get_or_insert_with(Instant::now);
+        if stop.is_cancelled() || started.elapsed() + wait > limits.max_time {
+            return Attempted::Failed { error, attempts };
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.cancelled() => return Attempted::Failed { error, attempts },
+            _ = revoke.cancelled() => return Attempted::Revoked,
+        }
+    }
+}

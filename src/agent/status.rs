@@ -1,0 +1,72 @@
+//! What an agent tells about itself: its status (tests and the admin API
+//! assert on it) and its metric handles, created once per agent and
+//! labelled with its queue.
+
+use serde::Serialize;
+
+use crate::queue::QueueId;
+
+/// What an agent reports about itself (tests and the admin API assert on it).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct AgentStatus {
+    /// Its queue.
+    pub queue: Option<QueueId>,
+    /// Streams it tracks.
+    pub streams: usize,
+    /// Streams whose subscriptions are still being looked up.
+    pub registering: usize,
+    /// Subscriptions it serves.
+    pub subscriptions: usize,
+    /// Containers cached.
+    pub cached: usize,
+    /// Pressure buckets alive.
+    pub buckets: usize,
+    /// Whether reading is paused by pressure.
+    pub under_pressure: bool,
+    /// Reads that returned at least one container.
+    pub reads: u64,
+    /// Read calls made.
+    pub read_calls: u64,
+    /// Containers read.
+    pub containers_read: u64,
+    /// Events delivered (counting each subscription).
+    pub events_delivered: u64,
+    /// Events of streams nobody subscribes to (acked, not delivered).
+    pub events_unsubscribed: u64,
+    /// Containers acknowledged to the receiver.
+    pub acked: u64,
+    /// The checkpoint recorded.
+    pub checkpoint: Option<String>,
+    /// Whether an ordered shutdown has begun.
+    pub shutting_down: bool,
+}
+
+/// Metric handles, created once per agent.
+pub(crate) struct AgentMetrics {
+    pub events_read: metrics::Counter,
+    pub events_delivered: metrics::Counter,
+    pub events_unsubscribed: metrics::Counter,
+    pub delivery_failures: metrics::Counter,
+    pub dead_letters: metrics::Counter,
+    pub read_errors: metrics::Counter,
+    pub cache_misses: metrics::Counter,
+    pub cached: metrics::Gauge,
+    pub pressure: metrics::Gauge,
+}
+
+impl AgentMetrics {
+    pub(crate) fn new(queue: QueueId) -> Self {
+        let q = queue.to_string();
+        Self {
+            events_read: metrics::counter!("tailrace_agent_events_read_total", "queue" => q.clone()),
+            events_delivered: metrics::counter!("tailrace_agent_events_delivered_total", "queue" => q.clone()),
+            events_unsubscribed: metrics::counter!("tailrace_agent_events_unsubscribed_total", "queue" => q.clone()),
+            delivery_failures: metrics::counter!("tailrace_agent_delivery_failures_total", "queue" => q.clone()),
+            dead_letters: metrics::counter!("tailrace_agent_dead_letters_total", "queue" => q.clone()),
+            read_errors: metrics::counter!("tailrace_agent_read_errors_total", "queue" => q.clone()),
+            cache_misses: metrics::counter!("tailrace_agent_cache_misses_total", "queue" => q.clone()),
+            cached: metrics::gauge!("tailrace_cache_containers", "queue" => q.clone()),
+            pressure: metrics::gauge!("tailrace_cache_under_pressure", "queue" => q),
+        }
+    }
+}
