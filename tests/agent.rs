@@ -421,3 +421,19 @@ async fn containers_at_or_below_the_checkpoint_are_acked_when_read_again() {
     assert!(eventually(WAIT, || factory.script.acked() == [3, 4, 5, 6, 7]).await, "{:?}", factory.script.acked());
     drop(node);
 }
+
+/// A receiver whose acks and shutdown never return (its backend hangs)
+/// does not hold the queue: the node's agents stop all the same.
+#[tokio::test(start_paused = true)]
+async fn a_receiver_that_hangs_at_the_handoff_does_not_hold_the_shutdown() {
+    let factory = ScriptedFactory::new();
+    let recorder = Recorder::new();
+    let node = TestNode::start(factory.clone(), quick_config(), implicit("t", &recorder)).await;
+    let s = stream("t", "hang");
+    factory.script.hang.store(true, Ordering::SeqCst);
+    factory.script.push(&s, 1, &["h1"]);
+    assert!(eventually(WAIT, || recorder.ids(&s) == ["h1"]).await);
+    let stopped = tokio::time::timeout(Duration::from_secs(300), node.node.stop_agents()).await;
+    assert!(stopped.is_ok(), "the ordered shutdown waited on a hanging receiver");
+    assert_eq!(node.node.running_agents().await.unwrap_or(usize::MAX), 0);
+}

@@ -37,6 +37,9 @@ pub struct Script {
     pub panics: AtomicUsize,
     /// Reads per receiver, by the receiver's number (1, 2, ...).
     pub reads_by_receiver: Mutex<Vec<usize>>,
+    /// When set, `delivered`, `failed` and `shutdown` never return (a
+    /// receiver whose backend hangs).
+    pub hang: std::sync::atomic::AtomicBool,
 }
 
 impl Script {
@@ -144,6 +147,14 @@ struct ScriptedReceiver {
     number: usize,
 }
 
+impl ScriptedReceiver {
+    async fn hang_if_asked(&self) {
+        if self.script.hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 #[async_trait]
 impl QueueReceiver for ScriptedReceiver {
     async fn initialize(&mut self, _: Duration) -> Result<(), QueueError> {
@@ -171,16 +182,19 @@ impl QueueReceiver for ScriptedReceiver {
     }
 
     async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
+        self.hang_if_asked().await;
         self.script.acks.lock().unwrap().push(tokens.to_vec());
         Ok(())
     }
 
     async fn failed(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
+        self.hang_if_asked().await;
         self.script.failed.lock().unwrap().push(tokens.to_vec());
         Ok(())
     }
 
     async fn shutdown(&mut self, _: Duration) -> Result<(), QueueError> {
+        self.hang_if_asked().await;
         self.script.shutdowns.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
