@@ -18,8 +18,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::queue::QueueId;
-use crate::stream::SequenceToken;
+use crate::stream::{QueueId, SequenceToken};
 
 /// A checkpoint could not be read or written.
 #[derive(Debug, thiserror::Error)]

@@ -9,7 +9,6 @@ mod direct;
 mod frames;
 mod ingest;
 mod pages;
-pub mod settings;
 mod sse;
 mod tailer;
 mod viewer;
@@ -27,9 +26,9 @@ use axum::routing::{get, post, put};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
+pub use crate::config::{AuthOptions, EdgeOptions, LogStreamSettings, Scope, TokenEntry};
 pub use auth::check_listen;
 pub use frames::{BYTES_MESSAGE, DURATION_MESSAGE, EndReason, IDLE_MESSAGE, TOO_MANY_RUNS, TOO_MANY_VIEWERS};
-pub use settings::{AuthOptions, EdgeOptions, LogStreamSettings, Scope, TokenEntry};
 
 use crate::archive::RunLogStore;
 use crate::node::Node;
@@ -112,8 +111,10 @@ impl LogEdge {
     ) -> Arc<Self> {
         let settings = Arc::new(options.log_stream.clone());
         let registry = viewer::Registry::new(settings.max_active_connections, settings.max_pending_bytes_per_client);
-        registry
-            .spawn_heartbeats(settings::secs(settings.heartbeat_seconds).max(Duration::from_millis(1)), stop.clone());
+        registry.spawn_heartbeats(
+            crate::config::secs(settings.heartbeat_seconds).max(Duration::from_millis(1)),
+            stop.clone(),
+        );
         let runs = tailer::Runs::new(node.clone(), store.clone(), settings.clone());
         let id_prefix = format!("{}-{:08x}", node.id(), rand::random::<u32>());
         let auth = auth::Auth::new(&options.auth);

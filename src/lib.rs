@@ -16,6 +16,7 @@
 pub mod adapters;
 pub mod agent;
 pub mod archive;
+pub mod backend;
 pub mod balancer;
 pub mod cache;
 pub mod checkpoint;
@@ -25,6 +26,7 @@ pub mod conformance;
 pub mod edge;
 pub mod failure;
 pub mod handoff;
+pub mod harness;
 pub mod manager;
 pub mod node;
 pub mod pubsub;

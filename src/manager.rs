@@ -14,6 +14,8 @@
 //! - A crashed agent is restarted with backoff while its queue is still owned
 //!   (ractor's default would stop the manager; supervision is overridden).
 
+mod directory;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,9 +26,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::agent::{AgentArgs, AgentMsg, AgentServices, PullingAgent};
-use crate::cluster::{AgentDirectory, NodeId, QueueLeases};
+use crate::cluster::{NodeId, QueueLeases};
 use crate::queue::QueueId;
 use crate::retry::Backoff;
+pub use directory::AgentDirectory;
 
 /// Whether the manager runs agents (Orleans' `RunState`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,8 +112,6 @@ pub enum ManagerMsg {
     GetNumberRunningAgents(RpcReplyPort<usize>),
     /// Queues and counters.
     GetStatus(RpcReplyPort<ManagerStatus>),
-    /// The running agent of a queue, if any.
-    GetAgent(QueueId, RpcReplyPort<Option<ActorRef<AgentMsg>>>),
     /// Stop every agent in order, then the manager (node shutdown).
     Stop(RpcReplyPort<()>),
     /// Internal completions and timers.
@@ -243,13 +244,6 @@ impl Manager {
             }
             ManagerMsg::GetStatus(reply) => {
                 let _ = reply.send(self.report());
-            }
-            ManagerMsg::GetAgent(queue, reply) => {
-                let agent = match self.slots.get(&queue) {
-                    Some(Slot::Running(agent, _)) => Some(agent.clone()),
-                    _ => None,
-                };
-                let _ = reply.send(agent);
             }
             ManagerMsg::Stop(reply) => {
                 tracing::info!("pulling manager stopping: handing every queue over");

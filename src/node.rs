@@ -21,9 +21,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::{AgentMsg, AgentServices, AttachError};
 use crate::balancer::BalancerKind;
-use crate::cluster::{AgentDirectory, Membership, MemoryLeases, NodeId, QueueLeases};
+use crate::cluster::{Membership, MemoryLeases, NodeId, QueueLeases};
 use crate::config::Config;
 use crate::failure::{DeadLetterSink, DefaultFailureHandler, FailureHandler, LogDeadLetters};
+pub use crate::manager::AgentDirectory;
 use crate::manager::{ManagerArgs, ManagerMsg, ManagerStatus, PullingManager, RunState};
 use crate::pubsub::{
     ConsumerDirectory, ConsumerResolver, ImplicitSubscriptions, LocalConsumers, MemoryPubSubStore, PubSubError,

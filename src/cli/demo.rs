@@ -14,9 +14,9 @@ use anyhow::Context;
 use async_trait::async_trait;
 use checker::{CheckerFactory, Tally};
 use tailrace::archive::{Archiver, LOGS_NAMESPACE};
-use tailrace::cluster::InProcessCluster;
 use tailrace::edge::LogEdge;
 use tailrace::handoff::DataDirLock;
+use tailrace::harness::InProcessCluster;
 use tailrace::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer,
 };
@@ -78,7 +78,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
     let retention = tailrace::archive::Retention::spawn(store.clone(), config.archive.retention.clone(), stop.clone());
-    let factory = tailrace::adapters::build(&config, Some(&owner)).await.context("opening the queues")?.factory;
+    let factory = tailrace::backend::build(&config, Some(&owner)).await.context("opening the queues")?.factory;
     let adapter = factory.create_adapter().await?;
     let life = tailrace::stream::now_ms();
     let tally = Tally::open(&args.data_dir, life)?;

@@ -7,8 +7,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::NodeId;
-use crate::queue::QueueId;
+use crate::stream::{NodeId, QueueId};
 
 /// A lease store could not answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::NodeId;
+use crate::stream::NodeId;
 
 /// A shared, observable set of live nodes.
 #[derive(Clone)]

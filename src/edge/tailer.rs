@@ -25,9 +25,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::frames::{self, EndReason};
-use super::settings::{LogStreamSettings, secs};
 use super::viewer::Viewer;
 use crate::archive::{RunKey, RunLogStore, lines_of};
+use crate::config::{LogStreamSettings, secs};
 use crate::node::{Node, SubscriptionHandle};
 use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use crate::stream::{BatchContainer, SequenceToken};

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::{ConsumerAddress, PubSubError, StreamConsumer};
-use crate::cluster::NodeId;
+use crate::stream::NodeId;
 
 /// Turns an address into something the agent can call.
 pub trait ConsumerResolver: Send + Sync + 'static {

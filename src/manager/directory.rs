@@ -1,4 +1,5 @@
 //! Where each queue's running agent is, so `subscribe` can attach to it.
+//! The manager registers the agents it runs; the node reads it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

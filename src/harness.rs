@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{AgentDirectory, Membership, MemoryLeases, NodeId};
+use crate::cluster::{Membership, MemoryLeases, NodeId};
 use crate::config::Config;
 use crate::failure::{DeadLetterSink, LogDeadLetters};
+use crate::manager::AgentDirectory;
 use crate::node::{Node, NodeError};
 use crate::pubsub::{
     ConsumerAddress, ConsumerError, ConsumerResolver, Delivery, DeliveryOutcome, ImplicitSubscriptions, LocalConsumers,
