@@ -16,6 +16,7 @@
 pub mod adapters;
 pub mod agent;
 pub mod archive;
+mod atomic_file;
 pub mod backend;
 pub mod balancer;
 pub mod cache;

@@ -11,9 +11,10 @@
 mod tracked;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tokio::task::JoinHandle;
@@ -328,10 +329,10 @@ impl Node {
     ) -> Result<SubscriptionHandle, SubscribeError> {
         // A resume that fails must leave the subscription as it was.
         let previous = self.store.subscriptions(stream).await?.into_iter().find(|s| s.id == id);
-        let previous_local = (self.lock_tracked().get(&id).cloned(), self.consumers.get(&id.to_string()));
+        let previous_local = (self.tracked.lock().get(&id).cloned(), self.consumers.get(&id.to_string()));
         let tracked = Arc::new(TrackedConsumer::new(consumer));
         let address = self.consumers.register(id.to_string(), tracked.clone())?;
-        self.lock_tracked().insert(id, tracked.clone());
+        self.tracked.lock().insert(id, tracked.clone());
         let mut subscription =
             Subscription { id, stream: stream.clone(), consumer: address, start, state: SubscriptionState::Active };
         let outcome = async {
@@ -354,11 +355,11 @@ impl Node {
                 tracked.close();
                 match previous_local {
                     (Some(old_tracked), Some(old_consumer)) => {
-                        self.lock_tracked().insert(id, old_tracked);
+                        self.tracked.lock().insert(id, old_tracked);
                         let _ = self.consumers.register(id.to_string(), old_consumer);
                     }
                     _ => {
-                        self.lock_tracked().remove(&id);
+                        self.tracked.lock().remove(&id);
                         self.consumers.unregister(&id.to_string());
                     }
                 }
@@ -400,7 +401,7 @@ impl Node {
     }
 
     async fn forget(&self, id: SubscriptionId, stream: &StreamId) {
-        if let Some(tracked) = self.lock_tracked().remove(&id) {
+        if let Some(tracked) = self.tracked.lock().remove(&id) {
             tracked.close();
         }
         self.consumers.unregister(&id.to_string());
@@ -411,11 +412,6 @@ impl Node {
                 .call(|reply| AgentMsg::Detach { stream, id, reply }, Some(self.config.pubsub.attach_timeout))
                 .await;
         }
-    }
-
-    fn lock_tracked(&self) -> std::sync::MutexGuard<'_, HashMap<SubscriptionId, Arc<TrackedConsumer>>> {
-        // Plain data: a panic elsewhere cannot leave it torn.
-        self.tracked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The stored subscriptions of `stream`.
@@ -465,7 +461,7 @@ impl Node {
         self.membership.leave(&self.id);
         self.driver_stop.cancel();
         self.ask(ManagerMsg::Stop).await?;
-        let task = self.manager_task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let task = self.manager_task.lock().take();
         if let Some(task) = task {
             let _ = task.await;
         }

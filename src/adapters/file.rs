@@ -25,10 +25,11 @@ mod reader;
 mod writer;
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -174,7 +175,7 @@ impl FileAdapterFactory {
 
     /// Where corrupt lines go (default: the log).
     pub fn with_dead_letters(self, sink: Arc<dyn DeadLetterSink>) -> Self {
-        *self.adapter.dead_letters.lock().unwrap_or_else(|p| p.into_inner()) = sink;
+        *self.adapter.dead_letters.lock() = sink;
         self
     }
 
@@ -294,7 +295,7 @@ impl QueueAdapter for FileAdapter {
 
     async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
         let files = self.queue(queue)?;
-        let dead_letters = self.dead_letters.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let dead_letters = self.dead_letters.lock().clone();
         Ok(Box::new(reader::FileReceiver::new(
             queue,
             files.dir.clone(),

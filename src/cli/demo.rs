@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+
 mod checker;
 
 use anyhow::Context;
@@ -56,7 +58,7 @@ pub struct DemoArgs {
 
 /// Keeps the last line of one stream, for the progress display.
 #[derive(Default)]
-struct LastLine(std::sync::Mutex<String>);
+struct LastLine(Mutex<String>);
 
 #[async_trait]
 impl StreamConsumer for LastLine {
@@ -64,7 +66,7 @@ impl StreamConsumer for LastLine {
         if let Some(batch) = delivery.batches.last()
             && let Some(event) = batch.events.last()
         {
-            *self.0.lock().unwrap_or_else(|p| p.into_inner()) = String::from_utf8_lossy(&event.payload).into_owned();
+            *self.0.lock() = String::from_utf8_lossy(&event.payload).into_owned();
         }
         Ok(DeliveryOutcome::Continue)
     }
@@ -152,7 +154,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             logs.active_runs(),
             logs.active_connections(),
             streams[0].key(),
-            last_line.0.lock().unwrap_or_else(|p| p.into_inner()),
+            last_line.0.lock(),
         );
         last_delivered = delivered;
         if deadline.is_some_and(|d| Instant::now() >= d) {
