@@ -425,7 +425,8 @@ impl Node {
     ) -> Result<T, NodeError> {
         match self.manager.call(msg, Some(Duration::from_secs(30))).await {
             Ok(CallResult::Success(value)) => Ok(value),
-            Ok(other) => Err(NodeError::Manager(format!("{:?}", other.is_success()))),
+            Ok(CallResult::Timeout) => Err(NodeError::Manager("timed out after 30 s".into())),
+            Ok(CallResult::SenderError) => Err(NodeError::Manager("it stopped before replying".into())),
             Err(e) => Err(NodeError::Manager(e.to_string())),
         }
     }
