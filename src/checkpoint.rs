@@ -21,6 +21,7 @@ use tokio::time::Instant;
 
 use crate::atomic_file::{self, Durability};
 use crate::stream::{QueueId, SequenceToken};
+use crate::telemetry;
 
 /// A checkpoint could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -298,7 +299,7 @@ impl QueueCheckpoint {
         self.last_write = Some(now);
         self.store.save(self.queue, token).await?;
         self.persisted = Some(token);
-        metrics::counter!("tailrace_checkpoint_writes_total", "queue" => self.queue.to_string()).increment(1);
+        metrics::counter!(telemetry::CHECKPOINT_WRITES, "queue" => self.queue.to_string()).increment(1);
         Ok(())
     }
 }

@@ -32,6 +32,7 @@ pub use frames::{BYTES_MESSAGE, DURATION_MESSAGE, EndReason, IDLE_MESSAGE, TOO_M
 
 use crate::archive::RunLogStore;
 use crate::node::Node;
+use crate::telemetry;
 
 /// The edge could not start.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +64,7 @@ pub fn install_metrics() -> Result<PrometheusHandle, EdgeError> {
     }
     let handle = PrometheusBuilder::new().install_recorder().map_err(|e| EdgeError::Metrics(e.to_string()))?;
     let handle = METRICS.get_or_init(|| handle).clone();
+    telemetry::describe();
     // The recorder needs periodic upkeep (histogram buckets).
     let upkeep = handle.clone();
     tokio::spawn(async move {
@@ -163,7 +165,7 @@ impl LogEdge {
 
     fn count_read(&self) {
         self.store_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        metrics::counter!("tailrace_edge_store_reads_total").increment(1);
+        metrics::counter!(telemetry::EDGE_STORE_READS).increment(1);
     }
 
     /// The routes of the log path, behind bearer-token auth, and the viewer

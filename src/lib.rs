@@ -34,3 +34,4 @@ pub mod pubsub;
 pub mod queue;
 pub mod retry;
 pub mod stream;
+pub mod telemetry;

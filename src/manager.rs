@@ -29,6 +29,7 @@ use crate::agent::{AgentArgs, AgentMsg, AgentServices, PullingAgent};
 use crate::cluster::{NodeId, QueueLeases};
 use crate::queue::QueueId;
 use crate::retry::Backoff;
+use crate::telemetry;
 pub use directory::AgentDirectory;
 
 /// Whether the manager runs agents (Orleans' `RunState`).
@@ -183,7 +184,7 @@ impl Actor for PullingManager {
         tracing::info!(%node, ?state, "pulling manager started");
         Ok(Manager {
             span: tracing::info_span!("pulling_manager", %node),
-            running_gauge: metrics::gauge!("tailrace_agents_running", "node" => node.to_string()),
+            running_gauge: metrics::gauge!(telemetry::AGENTS_RUNNING, "node" => node.to_string()),
             node,
             myself,
             args,
@@ -443,7 +444,7 @@ impl Manager {
         if crashed && self.desired(queue) {
             tracing::error!(node = %self.node, %queue, error = ?failure, ?reason, "pulling agent crashed; restarting with backoff");
             self.status.restarts += 1;
-            metrics::counter!("tailrace_agent_restarts_total", "node" => self.node.to_string()).increment(1);
+            metrics::counter!(telemetry::AGENT_RESTARTS, "node" => self.node.to_string()).increment(1);
             self.schedule_restart(queue);
         } else if self.desired(queue) {
             // Moved off and back: a fresh agent, now that the old one is gone.

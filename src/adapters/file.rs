@@ -39,6 +39,7 @@ use crate::failure::{DeadLetterSink, LogDeadLetters};
 use crate::handoff::{DataDirLock, HandoffError, RecoveryReport, WriterOptions, validate_prefix};
 use crate::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
 use crate::stream::{Event, SequenceToken, StreamId};
+use crate::telemetry;
 
 const NAME: &str = "file";
 
@@ -328,9 +329,9 @@ fn log_recovery(queue: QueueId, report: &RecoveryReport) {
     if let Some(lock) = &report.stale_lock {
         tracing::warn!(%queue, lock = %lock.display(), "removed a stale writer lock left by a crash");
     }
-    metrics::counter!("tailrace_recovered_files_total").increment(report.files.len() as u64);
-    metrics::counter!("tailrace_recovered_events_total").increment(report.republished());
-    metrics::counter!("tailrace_recovered_tail_bytes_total").increment(report.truncated_tail_bytes());
+    metrics::counter!(telemetry::RECOVERED_FILES).increment(report.files.len() as u64);
+    metrics::counter!(telemetry::RECOVERED_EVENTS).increment(report.republished());
+    metrics::counter!(telemetry::RECOVERED_TAIL_BYTES).increment(report.truncated_tail_bytes());
 }
 
 /// A handoff error as a queue error.

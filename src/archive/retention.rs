@@ -25,6 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{RunInfo, RunKey, RunLogStore};
+use crate::telemetry;
 
 /// The most runs one [`RunLogStore::prune`] call removes; a call that
 /// stopped there says so ([`PruneReport::more`]) and the next one goes on.
@@ -289,8 +290,8 @@ impl Retention {
     }
 
     fn record(policy: &RetentionPolicy, report: &PruneReport, over_cap: &mut bool) {
-        metrics::counter!("tailrace_archive_runs_pruned_total").increment(report.runs_removed);
-        metrics::counter!("tailrace_archive_bytes_pruned_total").increment(report.bytes_freed);
+        metrics::counter!(telemetry::ARCHIVE_RUNS_PRUNED).increment(report.runs_removed);
+        metrics::counter!(telemetry::ARCHIVE_BYTES_PRUNED).increment(report.bytes_freed);
         if report.runs_removed > 0 {
             let mut shown: Vec<String> = report.removed.iter().map(RunKey::to_string).collect();
             let unlisted = report.runs_removed.saturating_sub(shown.len() as u64);

@@ -32,6 +32,7 @@ use crate::config::{LogStreamSettings, secs};
 use crate::node::{Node, SubscriptionHandle};
 use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use crate::stream::{BatchContainer, SequenceToken};
+use crate::telemetry;
 
 /// Store lookups a starting tailer retries before it gives up.
 const STORE_ATTEMPTS: u32 = 5;
@@ -148,7 +149,7 @@ impl Runs {
         let tailer = Tailer::new(key.clone(), Arc::downgrade(self), self.settings.clone());
         tailer.join();
         tailers.insert(key.clone(), tailer.clone());
-        metrics::gauge!("tailrace_edge_runs").set(tailers.len() as f64);
+        metrics::gauge!(telemetry::EDGE_RUNS).set(tailers.len() as f64);
         drop(tailers);
         let span = tracing::info_span!("tailer", node = %self.node.id(), run = %key);
         tokio::spawn(tracing::Instrument::instrument(start(self.clone(), tailer.clone()), span));
@@ -160,7 +161,7 @@ impl Runs {
         if tailers.get(&tailer.key).is_some_and(|t| Arc::ptr_eq(t, tailer)) {
             tailers.remove(&tailer.key);
         }
-        metrics::gauge!("tailrace_edge_runs").set(tailers.len() as f64);
+        metrics::gauge!(telemetry::EDGE_RUNS).set(tailers.len() as f64);
     }
 }
 
@@ -352,11 +353,11 @@ impl Tailer {
                 let kept = viewer.push(frame.clone());
                 if !kept {
                     viewer.close();
-                    metrics::counter!("tailrace_edge_viewers_dropped_total").increment(1);
+                    metrics::counter!(telemetry::EDGE_VIEWERS_DROPPED).increment(1);
                 }
                 kept
             });
-            metrics::counter!("tailrace_edge_frames_total").increment(state.viewers.len() as u64);
+            metrics::counter!(telemetry::EDGE_FRAMES).increment(state.viewers.len() as u64);
             state.streamed_bytes += chunk.bytes as u64;
             state.bytes_since_tick += chunk.bytes as u64;
             state.last_content_at = Instant::now();

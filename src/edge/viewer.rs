@@ -18,6 +18,8 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::telemetry;
+
 /// The heartbeat comment.
 pub(crate) const HEARTBEAT: &[u8] = b": heartbeat\n\n";
 
@@ -149,7 +151,7 @@ impl Registry {
         let viewer =
             Arc::new(Viewer { id, max_pending: self.max_pending, mailbox: Mutex::default(), wake: Notify::new() });
         viewers.insert(id, Arc::downgrade(&viewer));
-        metrics::gauge!("tailrace_edge_connections").set(viewers.len() as f64);
+        metrics::gauge!(telemetry::EDGE_CONNECTIONS).set(viewers.len() as f64);
         Some(viewer)
     }
 
@@ -157,7 +159,7 @@ impl Registry {
     pub(crate) fn unregister(&self, id: u64) {
         let mut viewers = self.viewers.lock();
         viewers.remove(&id);
-        metrics::gauge!("tailrace_edge_connections").set(viewers.len() as f64);
+        metrics::gauge!(telemetry::EDGE_CONNECTIONS).set(viewers.len() as f64);
     }
 
     /// Connections open now (dropped viewers not counted).
