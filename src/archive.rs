@@ -35,6 +35,7 @@ use crate::pubsub::{
     ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionInfo,
 };
 use crate::stream::{SequenceToken, StreamId};
+use crate::telemetry;
 
 /// `[archive]`: where the archiver keeps run logs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -423,7 +424,7 @@ impl StreamConsumer for ArchiverConsumer {
             let lines: Vec<&str> = texts.iter().flat_map(|t| lines_of(t)).collect();
             let fingerprint = batch_fingerprint(&batch.events);
             if self.store.append_batch(run, batch.token, fingerprint, &lines).await.map_err(ConsumerError::failed)? {
-                metrics::counter!("tailrace_archive_lines_total").increment(lines.len() as u64);
+                metrics::counter!(telemetry::ARCHIVE_LINES).increment(lines.len() as u64);
             }
         }
         Ok(DeliveryOutcome::Continue)

@@ -14,8 +14,7 @@ use std::hash::{Hash, Hasher};
 use hashring::HashRing;
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::NodeId;
-use crate::queue::QueueId;
+use crate::stream::{NodeId, QueueId};
 
 /// Which balancer a node runs (every node of a cluster must run the same).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,8 +5,9 @@
 //! - bounded: at most `cache_size` containers, held in buckets of
 //!   `max(cache_size / buckets, 1)`; the agent reads at most one bucket's worth
 //!   at a time ([`QueueCache::max_add_count`]);
-//! - **pressure**: with `buckets` (10) or more buckets alive the cache is under
-//!   pressure and the agent stops reading (it never drops);
+//! - **pressure**: with `buckets` (10) or more buckets alive, or when one more
+//!   read of [`QueueCache::max_add_count`] would not fit in `cache_size`, the
+//!   cache is under pressure and the agent stops reading (it never drops);
 //! - **purge** drains whole buckets from the oldest end, and only those that no
 //!   cursor or pin points into; drained containers are returned for the ack,
 //!   except those whose delivery failed, which are returned apart;
@@ -158,8 +159,9 @@ impl QueueCache {
 
     /// Adds containers read from the queue, in queue order. Containers whose
     /// token is not newer than the last one added are redeliveries and are
-    /// skipped (returned count). Returns the cursors that were waiting and
-    /// now have something to deliver.
+    /// skipped (their tokens are returned, to be acked). Returns too the
+    /// cursors that were waiting and now have something to deliver. Offered
+    /// more than the free space, it adds nothing and fails.
     pub fn add(&mut self, batches: Vec<Arc<BatchContainer>>) -> Result<AddOutcome, AddError> {
         let free = self.options.cache_size - self.items.len();
         if batches.len() > free {

@@ -11,15 +11,17 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::queue::QueueId;
-use crate::stream::SequenceToken;
+use crate::atomic_file::{self, Durability};
+use crate::stream::{QueueId, SequenceToken};
+use crate::telemetry;
 
 /// A checkpoint could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -70,17 +72,12 @@ impl MemoryCheckpointer {
 
     /// How many times `queue`'s checkpoint was written.
     pub fn writes(&self, queue: QueueId) -> u64 {
-        self.lock().get(&queue).map_or(0, |(_, n)| *n)
+        self.state.lock().get(&queue).map_or(0, |(_, n)| *n)
     }
 
     /// The stored checkpoint, without going through the async trait.
     pub fn get(&self, queue: QueueId) -> Option<SequenceToken> {
-        self.lock().get(&queue).map(|(t, _)| *t)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<QueueId, (SequenceToken, u64)>> {
-        // A poisoned map is still a valid map of tokens.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().get(&queue).map(|(t, _)| *t)
     }
 }
 
@@ -91,7 +88,7 @@ impl Checkpointer for MemoryCheckpointer {
     }
 
     async fn save(&self, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError> {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         let entry = state.entry(queue).or_insert((token, 0));
         entry.0 = token;
         entry.1 += 1;
@@ -109,8 +106,9 @@ enum CheckpointFile {
 
 /// Checkpoints as one small JSON file per queue in a directory:
 /// `checkpoint-q{n}.json`, replaced atomically (temp file, fsync, rename,
-/// directory fsync). A temp file left by a crash after its fsync is newer and
-/// is preferred on load.
+/// directory fsync). A complete `checkpoint-q{n}.json.tmp`, which an older
+/// release left when it crashed between its fsync and its rename, is newer
+/// and is preferred on load; the next save removes it.
 pub struct FileCheckpointer {
     dir: PathBuf,
 }
@@ -167,19 +165,18 @@ fn write_checkpoint(
     queue: QueueId,
     token: SequenceToken,
 ) -> Result<(), CheckpointError> {
-    use std::io::Write;
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| CheckpointError::Io { path, source }
     };
     let body = serde_json::to_vec(&CheckpointFile::V1 { queue, token })
         .map_err(|e| CheckpointError::Backend(e.to_string()))?;
-    let mut file = std::fs::File::create(temp).map_err(io(temp))?;
-    file.write_all(&body).map_err(io(temp))?;
-    file.sync_all().map_err(io(temp))?;
-    drop(file);
-    std::fs::rename(temp, path).map_err(io(path))?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+    atomic_file::replace(path, &body, Durability::Synced).map_err(io(path))?;
+    // A temp file an older release left behind would shadow this one on load.
+    match std::fs::remove_file(temp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(temp)(e)),
+        _ => std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir)),
+    }
 }
 
 #[async_trait]
@@ -302,7 +299,7 @@ impl QueueCheckpoint {
         self.last_write = Some(now);
         self.store.save(self.queue, token).await?;
         self.persisted = Some(token);
-        metrics::counter!("tailrace_checkpoint_writes_total", "queue" => self.queue.to_string()).increment(1);
+        metrics::counter!(telemetry::CHECKPOINT_WRITES, "queue" => self.queue.to_string()).increment(1);
         Ok(())
     }
 }

@@ -2,6 +2,8 @@
 //! documented default; unknown keys are errors (a typo never passes
 //! silently). `docs/operations.md` lists every section.
 
+mod edge;
+
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -15,6 +17,8 @@ use crate::cache::CacheOptions;
 use crate::checkpoint::CheckpointOptions;
 use crate::manager::ManagerOptions;
 use crate::pubsub::PubSubOptions;
+pub(crate) use edge::secs;
+pub use edge::{AuthOptions, EdgeOptions, LogStreamSettings, Scope, TokenEntry};
 
 /// A whole node configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -41,7 +45,7 @@ pub struct Config {
     /// Delivery failures.
     pub failure: FailureSection,
     /// The HTTP edge and its log stream.
-    pub edge: crate::edge::EdgeOptions,
+    pub edge: EdgeOptions,
     /// Where run logs are archived.
     pub archive: crate::archive::ArchiveOptions,
 }
@@ -210,5 +214,43 @@ mod tests {
         assert!(err.contains("at least 64"), "{err}");
         let err = Config::from_toml("[agent]\npoll_period = \"soon\"\n", "x.toml").unwrap_err().to_string();
         assert!(err.contains("poll_period"), "{err}");
+    }
+
+    #[test]
+    fn the_defaults_and_a_toml_section() {
+        let config = Config::from_toml("", "<test>").unwrap();
+        let policy = &config.archive.retention;
+        assert_eq!(policy.max_age, Duration::from_secs(30 * 24 * 3600));
+        assert_eq!(policy.max_total_bytes, 10 * 1024 * 1024 * 1024);
+        assert_eq!(policy.min_age, Duration::from_secs(600));
+        assert_eq!(policy.abandoned_after, Duration::ZERO);
+        assert_eq!(policy.interval, Duration::from_secs(60));
+        assert!(policy.is_enabled());
+
+        let config = Config::from_toml(
+            r#"
+            [archive.retention]
+            max_age = "7days"
+            max_total_bytes = 1048576
+            min_age = "0s"
+            abandoned_after = "90days"
+            interval = "30s"
+            "#,
+            "<test>",
+        )
+        .unwrap();
+        let policy = &config.archive.retention;
+        assert_eq!(policy.max_age, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(policy.max_total_bytes, 1 << 20);
+        assert_eq!(policy.min_age, Duration::ZERO);
+        assert_eq!(policy.abandoned_after, Duration::from_secs(90 * 24 * 3600));
+        assert_eq!(policy.interval, Duration::from_secs(30));
+
+        let off = Config::from_toml("[archive.retention]\nmax_age = \"0\"\nmax_total_bytes = 0\n", "<test>").unwrap();
+        assert!(!off.archive.retention.is_enabled());
+        let never = Config::from_toml("[archive.retention]\ninterval = \"0s\"\n", "<test>").unwrap();
+        assert!(!never.archive.retention.is_enabled());
+        let err = Config::from_toml("[archive.retention]\nmax_ages = \"1d\"\n", "x.toml").unwrap_err().to_string();
+        assert!(err.contains("max_ages"), "{err}");
     }
 }

@@ -9,7 +9,6 @@ mod direct;
 mod frames;
 mod ingest;
 mod pages;
-pub mod settings;
 mod sse;
 mod tailer;
 mod viewer;
@@ -27,12 +26,13 @@ use axum::routing::{get, post, put};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
+pub use crate::config::{AuthOptions, EdgeOptions, LogStreamSettings, Scope, TokenEntry};
 pub use auth::check_listen;
 pub use frames::{BYTES_MESSAGE, DURATION_MESSAGE, EndReason, IDLE_MESSAGE, TOO_MANY_RUNS, TOO_MANY_VIEWERS};
-pub use settings::{AuthOptions, EdgeOptions, LogStreamSettings, Scope, TokenEntry};
 
 use crate::archive::RunLogStore;
 use crate::node::Node;
+use crate::telemetry;
 
 /// The edge could not start.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +64,7 @@ pub fn install_metrics() -> Result<PrometheusHandle, EdgeError> {
     }
     let handle = PrometheusBuilder::new().install_recorder().map_err(|e| EdgeError::Metrics(e.to_string()))?;
     let handle = METRICS.get_or_init(|| handle).clone();
+    telemetry::describe();
     // The recorder needs periodic upkeep (histogram buckets).
     let upkeep = handle.clone();
     tokio::spawn(async move {
@@ -112,8 +113,10 @@ impl LogEdge {
     ) -> Arc<Self> {
         let settings = Arc::new(options.log_stream.clone());
         let registry = viewer::Registry::new(settings.max_active_connections, settings.max_pending_bytes_per_client);
-        registry
-            .spawn_heartbeats(settings::secs(settings.heartbeat_seconds).max(Duration::from_millis(1)), stop.clone());
+        registry.spawn_heartbeats(
+            crate::config::secs(settings.heartbeat_seconds).max(Duration::from_millis(1)),
+            stop.clone(),
+        );
         let runs = tailer::Runs::new(node.clone(), store.clone(), settings.clone());
         let id_prefix = format!("{}-{:08x}", node.id(), rand::random::<u32>());
         let auth = auth::Auth::new(&options.auth);
@@ -162,7 +165,7 @@ impl LogEdge {
 
     fn count_read(&self) {
         self.store_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        metrics::counter!("tailrace_edge_store_reads_total").increment(1);
+        metrics::counter!(telemetry::EDGE_STORE_READS).increment(1);
     }
 
     /// The routes of the log path, behind bearer-token auth, and the viewer

@@ -3,9 +3,9 @@
 //! dead-letter sink together with the original error.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::pubsub::{SubscriptionId, SubscriptionInfo};
@@ -110,14 +110,14 @@ impl MemoryDeadLetters {
 
     /// The letters kept, oldest first.
     pub fn letters(&self) -> Vec<DeadLetter> {
-        self.letters.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+        self.letters.lock().iter().cloned().collect()
     }
 }
 
 #[async_trait]
 impl DeadLetterSink for MemoryDeadLetters {
     async fn dead_letter(&self, letter: DeadLetter) -> Result<(), String> {
-        let mut letters = self.letters.lock().unwrap_or_else(|p| p.into_inner());
+        let mut letters = self.letters.lock();
         if letters.len() == self.capacity {
             letters.pop_front();
         }

@@ -14,6 +14,8 @@
 //! - A crashed agent is restarted with backoff while its queue is still owned
 //!   (ractor's default would stop the manager; supervision is overridden).
 
+mod directory;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,9 +26,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::agent::{AgentArgs, AgentMsg, AgentServices, PullingAgent};
-use crate::cluster::{AgentDirectory, NodeId, QueueLeases};
+use crate::cluster::{NodeId, QueueLeases};
 use crate::queue::QueueId;
 use crate::retry::Backoff;
+use crate::telemetry;
+pub use directory::AgentDirectory;
 
 /// Whether the manager runs agents (Orleans' `RunState`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,8 +113,6 @@ pub enum ManagerMsg {
     GetNumberRunningAgents(RpcReplyPort<usize>),
     /// Queues and counters.
     GetStatus(RpcReplyPort<ManagerStatus>),
-    /// The running agent of a queue, if any.
-    GetAgent(QueueId, RpcReplyPort<Option<ActorRef<AgentMsg>>>),
     /// Stop every agent in order, then the manager (node shutdown).
     Stop(RpcReplyPort<()>),
     /// Internal completions and timers.
@@ -182,7 +184,7 @@ impl Actor for PullingManager {
         tracing::info!(%node, ?state, "pulling manager started");
         Ok(Manager {
             span: tracing::info_span!("pulling_manager", %node),
-            running_gauge: metrics::gauge!("tailrace_agents_running", "node" => node.to_string()),
+            running_gauge: metrics::gauge!(telemetry::AGENTS_RUNNING, "node" => node.to_string()),
             node,
             myself,
             args,
@@ -243,13 +245,6 @@ impl Manager {
             }
             ManagerMsg::GetStatus(reply) => {
                 let _ = reply.send(self.report());
-            }
-            ManagerMsg::GetAgent(queue, reply) => {
-                let agent = match self.slots.get(&queue) {
-                    Some(Slot::Running(agent, _)) => Some(agent.clone()),
-                    _ => None,
-                };
-                let _ = reply.send(agent);
             }
             ManagerMsg::Stop(reply) => {
                 tracing::info!("pulling manager stopping: handing every queue over");
@@ -449,7 +444,7 @@ impl Manager {
         if crashed && self.desired(queue) {
             tracing::error!(node = %self.node, %queue, error = ?failure, ?reason, "pulling agent crashed; restarting with backoff");
             self.status.restarts += 1;
-            metrics::counter!("tailrace_agent_restarts_total", "node" => self.node.to_string()).increment(1);
+            metrics::counter!(telemetry::AGENT_RESTARTS, "node" => self.node.to_string()).increment(1);
             self.schedule_restart(queue);
         } else if self.desired(queue) {
             // Moved off and back: a fresh agent, now that the old one is gone.

@@ -11,9 +11,10 @@
 mod tracked;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tokio::task::JoinHandle;
@@ -21,9 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::{AgentMsg, AgentServices, AttachError};
 use crate::balancer::BalancerKind;
-use crate::cluster::{AgentDirectory, Membership, MemoryLeases, NodeId, QueueLeases};
+use crate::cluster::{Membership, MemoryLeases, NodeId, QueueLeases};
 use crate::config::Config;
 use crate::failure::{DeadLetterSink, DefaultFailureHandler, FailureHandler, LogDeadLetters};
+pub use crate::manager::AgentDirectory;
 use crate::manager::{ManagerArgs, ManagerMsg, ManagerStatus, PullingManager, RunState};
 use crate::pubsub::{
     ConsumerDirectory, ConsumerResolver, ImplicitSubscriptions, LocalConsumers, MemoryPubSubStore, PubSubError,
@@ -327,10 +329,10 @@ impl Node {
     ) -> Result<SubscriptionHandle, SubscribeError> {
         // A resume that fails must leave the subscription as it was.
         let previous = self.store.subscriptions(stream).await?.into_iter().find(|s| s.id == id);
-        let previous_local = (self.lock_tracked().get(&id).cloned(), self.consumers.get(&id.to_string()));
+        let previous_local = (self.tracked.lock().get(&id).cloned(), self.consumers.get(&id.to_string()));
         let tracked = Arc::new(TrackedConsumer::new(consumer));
         let address = self.consumers.register(id.to_string(), tracked.clone())?;
-        self.lock_tracked().insert(id, tracked.clone());
+        self.tracked.lock().insert(id, tracked.clone());
         let mut subscription =
             Subscription { id, stream: stream.clone(), consumer: address, start, state: SubscriptionState::Active };
         let outcome = async {
@@ -353,11 +355,11 @@ impl Node {
                 tracked.close();
                 match previous_local {
                     (Some(old_tracked), Some(old_consumer)) => {
-                        self.lock_tracked().insert(id, old_tracked);
+                        self.tracked.lock().insert(id, old_tracked);
                         let _ = self.consumers.register(id.to_string(), old_consumer);
                     }
                     _ => {
-                        self.lock_tracked().remove(&id);
+                        self.tracked.lock().remove(&id);
                         self.consumers.unregister(&id.to_string());
                     }
                 }
@@ -399,7 +401,7 @@ impl Node {
     }
 
     async fn forget(&self, id: SubscriptionId, stream: &StreamId) {
-        if let Some(tracked) = self.lock_tracked().remove(&id) {
+        if let Some(tracked) = self.tracked.lock().remove(&id) {
             tracked.close();
         }
         self.consumers.unregister(&id.to_string());
@@ -410,11 +412,6 @@ impl Node {
                 .call(|reply| AgentMsg::Detach { stream, id, reply }, Some(self.config.pubsub.attach_timeout))
                 .await;
         }
-    }
-
-    fn lock_tracked(&self) -> std::sync::MutexGuard<'_, HashMap<SubscriptionId, Arc<TrackedConsumer>>> {
-        // Plain data: a panic elsewhere cannot leave it torn.
-        self.tracked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The stored subscriptions of `stream`.
@@ -428,7 +425,8 @@ impl Node {
     ) -> Result<T, NodeError> {
         match self.manager.call(msg, Some(Duration::from_secs(30))).await {
             Ok(CallResult::Success(value)) => Ok(value),
-            Ok(other) => Err(NodeError::Manager(format!("{:?}", other.is_success()))),
+            Ok(CallResult::Timeout) => Err(NodeError::Manager("timed out after 30 s".into())),
+            Ok(CallResult::SenderError) => Err(NodeError::Manager("it stopped before replying".into())),
             Err(e) => Err(NodeError::Manager(e.to_string())),
         }
     }
@@ -464,7 +462,7 @@ impl Node {
         self.membership.leave(&self.id);
         self.driver_stop.cancel();
         self.ask(ManagerMsg::Stop).await?;
-        let task = self.manager_task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let task = self.manager_task.lock().take();
         if let Some(task) = task {
             let _ = task.await;
         }

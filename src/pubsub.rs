@@ -24,8 +24,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::CursorStart;
-use crate::cluster::NodeId;
-use crate::stream::{SequenceToken, StreamId};
+use crate::stream::{NodeId, SequenceToken, StreamId};
 
 /// Pub-sub settings.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

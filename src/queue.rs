@@ -16,7 +16,6 @@
 
 pub mod mapper;
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,24 +26,8 @@ use crate::cache::CacheOptions;
 use crate::checkpoint::Checkpointer;
 use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
 
+pub use crate::stream::QueueId;
 pub use mapper::QueueMapper;
-
-/// One queue of a provider: its index in `0..queue_count`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct QueueId(pub u32);
-
-impl fmt::Display for QueueId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "q{}", self.0)
-    }
-}
-
-impl fmt::Debug for QueueId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "q{}", self.0)
-    }
-}
 
 /// What an adapter can do with its store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

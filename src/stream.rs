@@ -11,6 +11,9 @@
 //! - A [`SequenceToken`] is a totally ordered position in a queue made of two
 //!   unsigned 64-bit parts (a Redis entry id `ms-seq`, a file number and a line,
 //!   a counter and zero). Its string form `major-minor` is opaque to users.
+//! - A [`QueueId`] names one queue of a provider and a [`NodeId`] one node of
+//!   a cluster. They live here, at the bottom, because almost every module
+//!   speaks of them (re-exported as `queue::QueueId` and `cluster::NodeId`).
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -21,6 +24,52 @@ use std::sync::Arc;
 use bytes::Bytes;
 use compact_str::{CompactString, ToCompactString};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// One queue of a provider: its index in `0..queue_count`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct QueueId(pub u32);
+
+impl fmt::Display for QueueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "q{}", self.0)
+    }
+}
+
+impl fmt::Debug for QueueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "q{}", self.0)
+    }
+}
+
+/// A node's name, unique in its cluster.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct NodeId(CompactString);
+
+impl NodeId {
+    /// Names a node.
+    pub fn new(name: impl Into<CompactString>) -> Self {
+        Self(name.into())
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Node({})", self.0)
+    }
+}
 
 /// Names one ordered stream of events: a namespace (`logs`) and a key
 /// (`pipeline.fqn/run-42`).

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::*;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-use tailrace::cluster::InProcessCluster;
+use tailrace::harness::InProcessCluster;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use tailrace::queue::{QueueAdapter, QueueId};
 use tailrace::stream::{Event, StreamId};

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::scripted::ScriptedFactory;
 use common::*;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-use tailrace::cluster::InProcessCluster;
+use tailrace::harness::InProcessCluster;
 use tailrace::manager::{ManagerMsg, RunState};
 use tailrace::pubsub::ImplicitSubscriptions;
 use tailrace::queue::QueueId;

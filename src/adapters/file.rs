@@ -25,10 +25,11 @@ mod reader;
 mod writer;
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -38,6 +39,7 @@ use crate::failure::{DeadLetterSink, LogDeadLetters};
 use crate::handoff::{DataDirLock, HandoffError, RecoveryReport, WriterOptions, validate_prefix};
 use crate::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
 use crate::stream::{Event, SequenceToken, StreamId};
+use crate::telemetry;
 
 const NAME: &str = "file";
 
@@ -174,7 +176,7 @@ impl FileAdapterFactory {
 
     /// Where corrupt lines go (default: the log).
     pub fn with_dead_letters(self, sink: Arc<dyn DeadLetterSink>) -> Self {
-        *self.adapter.dead_letters.lock().unwrap_or_else(|p| p.into_inner()) = sink;
+        *self.adapter.dead_letters.lock() = sink;
         self
     }
 
@@ -294,7 +296,7 @@ impl QueueAdapter for FileAdapter {
 
     async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
         let files = self.queue(queue)?;
-        let dead_letters = self.dead_letters.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let dead_letters = self.dead_letters.lock().clone();
         Ok(Box::new(reader::FileReceiver::new(
             queue,
             files.dir.clone(),
@@ -327,9 +329,9 @@ fn log_recovery(queue: QueueId, report: &RecoveryReport) {
     if let Some(lock) = &report.stale_lock {
         tracing::warn!(%queue, lock = %lock.display(), "removed a stale writer lock left by a crash");
     }
-    metrics::counter!("tailrace_recovered_files_total").increment(report.files.len() as u64);
-    metrics::counter!("tailrace_recovered_events_total").increment(report.republished());
-    metrics::counter!("tailrace_recovered_tail_bytes_total").increment(report.truncated_tail_bytes());
+    metrics::counter!(telemetry::RECOVERED_FILES).increment(report.files.len() as u64);
+    metrics::counter!(telemetry::RECOVERED_EVENTS).increment(report.republished());
+    metrics::counter!(telemetry::RECOVERED_TAIL_BYTES).increment(report.truncated_tail_bytes());
 }
 
 /// A handoff error as a queue error.

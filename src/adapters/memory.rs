@@ -16,10 +16,11 @@
 //!   subscriber can ask for a recent token again.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, Semaphore};
 
@@ -231,7 +232,7 @@ impl MemoryQueue {
 
     fn lock(&self) -> MutexGuard<'_, QueueState> {
         // The state is plain data; a panic elsewhere cannot leave it torn.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     fn permits_for(&self, stream: &StreamId, events: &[Event]) -> Result<u32, QueueError> {

@@ -24,14 +24,16 @@
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
 use super::retention::{Candidate, Planner};
 use super::{Clock, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError};
+use crate::atomic_file::{self, Durability};
 use crate::stream::SequenceToken;
 
 /// Lines between two index entries.
@@ -133,10 +135,9 @@ impl Inner {
         self.root.join(encode(run.fqn())).join(encode(run.run()))
     }
 
-    fn lock(&self, run: &RunKey) -> std::sync::MutexGuard<'_, ()> {
+    fn lock(&self, run: &RunKey) -> MutexGuard<'_, ()> {
         let stripe = (run.stream().stable_hash() % STRIPES as u64) as usize;
-        // Guards no data: a panic elsewhere cannot leave anything torn.
-        self.stripes[stripe].lock().unwrap_or_else(|p| p.into_inner())
+        self.stripes[stripe].lock()
     }
 
     fn read_meta(&self, dir: &Path) -> Result<Option<Meta>, StoreError> {
@@ -151,18 +152,10 @@ impl Inner {
     }
 
     fn write_meta(&self, dir: &Path, meta: &Meta) -> Result<(), StoreError> {
-        let (path, temp) = (dir.join("meta.json"), dir.join("meta.json.tmp"));
+        let path = dir.join("meta.json");
         let json = serde_json::to_vec(meta).map_err(|e| StoreError::Backend(e.to_string()))?;
-        let mut file = File::create(&temp).map_err(io(format!("creating {}", temp.display())))?;
-        file.write_all(&json).map_err(io(format!("writing {}", temp.display())))?;
-        if self.fsync {
-            file.sync_data().map_err(io(format!("syncing {}", temp.display())))?;
-        }
-        std::fs::rename(&temp, &path).map_err(io(format!("renaming {}", temp.display())))?;
-        if self.fsync {
-            File::open(dir).and_then(|d| d.sync_all()).map_err(io(format!("syncing {}", dir.display())))?;
-        }
-        Ok(())
+        let durability = if self.fsync { Durability::Synced } else { Durability::Unsynced };
+        atomic_file::replace(&path, &json, durability).map_err(io(format!("writing {}", path.display())))
     }
 
     /// The run's meta, creating the run if it is new.

@@ -25,6 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{RunInfo, RunKey, RunLogStore};
+use crate::telemetry;
 
 /// The most runs one [`RunLogStore::prune`] call removes; a call that
 /// stopped there says so ([`PruneReport::more`]) and the next one goes on.
@@ -289,8 +290,8 @@ impl Retention {
     }
 
     fn record(policy: &RetentionPolicy, report: &PruneReport, over_cap: &mut bool) {
-        metrics::counter!("tailrace_archive_runs_pruned_total").increment(report.runs_removed);
-        metrics::counter!("tailrace_archive_bytes_pruned_total").increment(report.bytes_freed);
+        metrics::counter!(telemetry::ARCHIVE_RUNS_PRUNED).increment(report.runs_removed);
+        metrics::counter!(telemetry::ARCHIVE_BYTES_PRUNED).increment(report.bytes_freed);
         if report.runs_removed > 0 {
             let mut shown: Vec<String> = report.removed.iter().map(RunKey::to_string).collect();
             let unlisted = report.runs_removed.saturating_sub(shown.len() as u64);
@@ -325,7 +326,6 @@ impl Retention {
 mod tests {
     use super::*;
     use crate::archive::RunState;
-    use crate::config::Config;
 
     const DAY: u64 = 24 * 3600 * 1000;
 
@@ -335,44 +335,6 @@ mod tests {
 
     fn key(run: &str) -> RunKey {
         RunKey::new("svc.etl", run).unwrap()
-    }
-
-    #[test]
-    fn the_defaults_and_a_toml_section() {
-        let config = Config::from_toml("", "<test>").unwrap();
-        let policy = &config.archive.retention;
-        assert_eq!(policy.max_age, Duration::from_secs(30 * 24 * 3600));
-        assert_eq!(policy.max_total_bytes, 10 * 1024 * 1024 * 1024);
-        assert_eq!(policy.min_age, Duration::from_secs(600));
-        assert_eq!(policy.abandoned_after, Duration::ZERO);
-        assert_eq!(policy.interval, Duration::from_secs(60));
-        assert!(policy.is_enabled());
-
-        let config = Config::from_toml(
-            r#"
-            [archive.retention]
-            max_age = "7days"
-            max_total_bytes = 1048576
-            min_age = "0s"
-            abandoned_after = "90days"
-            interval = "30s"
-            "#,
-            "<test>",
-        )
-        .unwrap();
-        let policy = &config.archive.retention;
-        assert_eq!(policy.max_age, Duration::from_secs(7 * 24 * 3600));
-        assert_eq!(policy.max_total_bytes, 1 << 20);
-        assert_eq!(policy.min_age, Duration::ZERO);
-        assert_eq!(policy.abandoned_after, Duration::from_secs(90 * 24 * 3600));
-        assert_eq!(policy.interval, Duration::from_secs(30));
-
-        let off = Config::from_toml("[archive.retention]\nmax_age = \"0\"\nmax_total_bytes = 0\n", "<test>").unwrap();
-        assert!(!off.archive.retention.is_enabled());
-        let never = Config::from_toml("[archive.retention]\ninterval = \"0s\"\n", "<test>").unwrap();
-        assert!(!never.archive.retention.is_enabled());
-        let err = Config::from_toml("[archive.retention]\nmax_ages = \"1d\"\n", "x.toml").unwrap_err().to_string();
-        assert!(err.contains("max_ages"), "{err}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The cache's public vocabulary: options, cursor ids and starts, and what
-//! `add` and `purge` report.
+//! The cache's public vocabulary: options, cursor ids, starts and positions,
+//! what `add` and `purge` report, and their errors.
 
 use serde::{Deserialize, Serialize};
 
@@ -48,7 +48,8 @@ pub struct CacheMiss {
     pub purged_through: SequenceToken,
 }
 
-/// `add` was offered more than fits, or containers out of queue order.
+/// `add` was offered more than fits (containers out of queue order are not
+/// an error: they are skipped as redeliveries, see [`AddOutcome::skipped`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AddError {
     /// More containers than the free space (the agent reads at most `max_add_count`).

@@ -8,15 +8,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+
 mod checker;
 
 use anyhow::Context;
 use async_trait::async_trait;
 use checker::{CheckerFactory, Tally};
 use tailrace::archive::{Archiver, LOGS_NAMESPACE};
-use tailrace::cluster::InProcessCluster;
 use tailrace::edge::LogEdge;
 use tailrace::handoff::DataDirLock;
+use tailrace::harness::InProcessCluster;
 use tailrace::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer,
 };
@@ -56,7 +58,7 @@ pub struct DemoArgs {
 
 /// Keeps the last line of one stream, for the progress display.
 #[derive(Default)]
-struct LastLine(std::sync::Mutex<String>);
+struct LastLine(Mutex<String>);
 
 #[async_trait]
 impl StreamConsumer for LastLine {
@@ -64,7 +66,7 @@ impl StreamConsumer for LastLine {
         if let Some(batch) = delivery.batches.last()
             && let Some(event) = batch.events.last()
         {
-            *self.0.lock().unwrap_or_else(|p| p.into_inner()) = String::from_utf8_lossy(&event.payload).into_owned();
+            *self.0.lock() = String::from_utf8_lossy(&event.payload).into_owned();
         }
         Ok(DeliveryOutcome::Continue)
     }
@@ -79,7 +81,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
     let retention = tailrace::archive::Retention::spawn(store.clone(), config.archive.retention.clone(), stop.clone());
-    let factory = tailrace::adapters::build(&config, Some(&owner)).await.context("opening the queues")?.factory;
+    let factory = tailrace::backend::build(&config, Some(&owner)).await.context("opening the queues")?.factory;
     let adapter = factory.create_adapter().await?;
     let life = tailrace::stream::now_ms();
     let tally = Tally::open(&args.data_dir, life)?;
@@ -156,7 +158,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             logs.active_runs(),
             logs.active_connections(),
             streams[0].key(),
-            last_line.0.lock().unwrap_or_else(|p| p.into_inner()),
+            last_line.0.lock(),
         );
         last_delivered = delivered;
         if deadline.is_some_and(|d| Instant::now() >= d) {

@@ -37,7 +37,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let owner = DataDirLock::acquire(&args.data_dir)?;
     let metrics = tailrace::edge::install_metrics()?;
     let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
-    let backend = tailrace::adapters::build(&config, Some(&owner)).await.context("opening the queues")?;
+    let backend = tailrace::backend::build(&config, Some(&owner)).await.context("opening the queues")?;
     let adapter = backend.factory.create_adapter().await?;
     let served = serve_node(&args, &config, store, backend, metrics, signals).await;
     // Sealed and given back on every way out: a failed start leaves no
@@ -54,7 +54,7 @@ async fn serve_node(
     args: &ServeArgs,
     config: &tailrace::config::Config,
     store: Arc<dyn tailrace::archive::RunLogStore>,
-    backend: tailrace::adapters::Backend,
+    backend: tailrace::backend::Backend,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     mut signals: super::StopSignal,
 ) -> anyhow::Result<()> {

@@ -3,12 +3,11 @@
 //! lease was dropped because it died).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 
-use super::NodeId;
-use crate::queue::QueueId;
+use crate::stream::{NodeId, QueueId};
 
 /// A lease store could not answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,21 +41,16 @@ impl MemoryLeases {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<QueueId, NodeId>> {
-        // Plain data: a panic elsewhere cannot leave it torn.
-        self.holders.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Drops every lease `node` holds (it died).
     pub fn release_node(&self, node: &NodeId) {
-        self.lock().retain(|_, holder| holder != node);
+        self.holders.lock().retain(|_, holder| holder != node);
     }
 }
 
 #[async_trait]
 impl QueueLeases for MemoryLeases {
     async fn try_acquire(&self, queue: QueueId, node: &NodeId) -> Result<bool, LeaseError> {
-        let mut holders = self.lock();
+        let mut holders = self.holders.lock();
         match holders.get(&queue) {
             Some(holder) => Ok(holder == node),
             None => {
@@ -67,7 +61,7 @@ impl QueueLeases for MemoryLeases {
     }
 
     async fn release(&self, queue: QueueId, node: &NodeId) -> Result<(), LeaseError> {
-        let mut holders = self.lock();
+        let mut holders = self.holders.lock();
         if holders.get(&queue) == Some(node) {
             holders.remove(&queue);
         }
@@ -75,6 +69,6 @@ impl QueueLeases for MemoryLeases {
     }
 
     async fn holder(&self, queue: QueueId) -> Result<Option<NodeId>, LeaseError> {
-        Ok(self.lock().get(&queue).cloned())
+        Ok(self.holders.lock().get(&queue).cloned())
     }
 }

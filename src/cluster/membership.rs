@@ -1,13 +1,16 @@
 //! Which nodes are live. Every node follows the same view through a watch
-//! channel; a membership source (a static list, the in-process harness,
-//! Redis heartbeats) keeps it current.
+//! channel. There is one source today: each [`Node`](crate::node::Node)
+//! joins the membership it was given when it starts and leaves it when it
+//! stops or is killed; the nodes of one process (the in-process harness, the
+//! demo) share one. Nodes in separate processes do not see each other: one
+//! node per process, or per Redis.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::NodeId;
+use crate::stream::NodeId;
 
 /// A shared, observable set of live nodes.
 #[derive(Clone)]

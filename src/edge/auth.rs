@@ -11,7 +11,7 @@ use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::settings::{AuthOptions, Scope};
+use crate::config::{AuthOptions, Scope};
 
 /// The accepted tokens.
 pub(crate) struct Auth {

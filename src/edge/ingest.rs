@@ -22,6 +22,7 @@ use super::LogEdge;
 use crate::archive::{RunKey, RunState, lines_of};
 use crate::queue::QueueError;
 use crate::stream::{Event, EventId, now_ms};
+use crate::telemetry;
 
 /// A clear 4xx/5xx, answered with a JSON body `{"code": …, "message": …}`.
 #[derive(Debug)]
@@ -113,7 +114,7 @@ pub(crate) async fn post_lines(
     let count = events.len();
     edge.store.ensure_run(&key).await.map_err(|e| problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     edge.node.produce(&key.stream(), events).await.map_err(not_accepted)?;
-    metrics::counter!("tailrace_edge_ingested_lines_total").increment(count as u64);
+    metrics::counter!(telemetry::EDGE_INGESTED_LINES).increment(count as u64);
     Ok((StatusCode::ACCEPTED, Json(json!({ "accepted": count }))).into_response())
 }
 

@@ -22,10 +22,10 @@ use tokio::time::Instant;
 
 use super::LogEdge;
 use super::frames;
-use super::settings::secs;
 use super::tailer::{NotAttached, Phase, StartAt, Tailer};
 use super::viewer::{Next, Viewer};
 use crate::archive::RunKey;
+use crate::config::secs;
 
 /// How often a session retries when the store has not caught up yet.
 const STORE_LAG_WAIT: Duration = Duration::from_millis(50);

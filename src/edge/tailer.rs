@@ -16,21 +16,23 @@
 //! replay and the live feed, and never sees one twice.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::frames::{self, EndReason};
-use super::settings::{LogStreamSettings, secs};
 use super::viewer::Viewer;
 use crate::archive::{RunKey, RunLogStore, lines_of};
+use crate::config::{LogStreamSettings, secs};
 use crate::node::{Node, SubscriptionHandle};
 use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use crate::stream::{BatchContainer, SequenceToken};
+use crate::telemetry;
 
 /// Store lookups a starting tailer retries before it gives up.
 const STORE_ATTEMPTS: u32 = 5;
@@ -126,19 +128,15 @@ impl Runs {
         Arc::new(Self { node, store, settings, tailers: Mutex::new(HashMap::new()) })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunKey, Arc<Tailer>>> {
-        self.tailers.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Runs tailed now.
     pub(crate) fn len(&self) -> usize {
-        self.lock().len()
+        self.tailers.lock().len()
     }
 
     /// The run's tailer, created (and started) if there is none and the
     /// node is under `max_active_runs`; the caller is counted as joining.
     pub(crate) fn acquire(self: &Arc<Self>, key: &RunKey) -> Option<Arc<Tailer>> {
-        let mut tailers = self.lock();
+        let mut tailers = self.tailers.lock();
         if let Some(tailer) = tailers.get(key)
             && tailer.join()
         {
@@ -151,7 +149,7 @@ impl Runs {
         let tailer = Tailer::new(key.clone(), Arc::downgrade(self), self.settings.clone());
         tailer.join();
         tailers.insert(key.clone(), tailer.clone());
-        metrics::gauge!("tailrace_edge_runs").set(tailers.len() as f64);
+        metrics::gauge!(telemetry::EDGE_RUNS).set(tailers.len() as f64);
         drop(tailers);
         let span = tracing::info_span!("tailer", node = %self.node.id(), run = %key);
         tokio::spawn(tracing::Instrument::instrument(start(self.clone(), tailer.clone()), span));
@@ -159,11 +157,11 @@ impl Runs {
     }
 
     fn release(&self, tailer: &Arc<Tailer>) {
-        let mut tailers = self.lock();
+        let mut tailers = self.tailers.lock();
         if tailers.get(&tailer.key).is_some_and(|t| Arc::ptr_eq(t, tailer)) {
             tailers.remove(&tailer.key);
         }
-        metrics::gauge!("tailrace_edge_runs").set(tailers.len() as f64);
+        metrics::gauge!(telemetry::EDGE_RUNS).set(tailers.len() as f64);
     }
 }
 
@@ -240,10 +238,6 @@ impl Tailer {
         Arc::new(Self { key, runs, settings, state: Mutex::new(state), phase: watch::channel(Phase::Starting).0 })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     pub(crate) fn phase(&self) -> Phase {
         *self.phase.borrow()
     }
@@ -259,11 +253,11 @@ impl Tailer {
 
     /// The `error` frame if the tailer failed.
     pub(crate) fn failure(&self) -> Option<Bytes> {
-        self.lock().failure.clone()
+        self.state.lock().failure.clone()
     }
 
     fn join(&self) -> bool {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         if state.phase == Phase::Ended {
             return false;
         }
@@ -272,7 +266,7 @@ impl Tailer {
     }
 
     fn go_live(self: &Arc<Self>, handle: SubscriptionHandle, lines: u64, token: Option<SequenceToken>) -> bool {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         state.subscription = Some(handle);
         if state.phase == Phase::Ended {
             drop(state);
@@ -288,13 +282,13 @@ impl Tailer {
     }
 
     fn keep_subscription(&self, handle: SubscriptionHandle) {
-        self.lock().subscription = Some(handle);
+        self.state.lock().subscription = Some(handle);
     }
 
     /// Attaches `viewer` at `from`: the chunks it missed that the tailer
     /// still holds are queued as replay, then it is live.
     pub(crate) fn attach(&self, viewer: &Arc<Viewer>, from: StartAt) -> Result<(), NotAttached> {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         match state.phase {
             Phase::Starting => return Err(NotAttached::Starting),
             Phase::Ended => return Err(NotAttached::Ended),
@@ -326,7 +320,7 @@ impl Tailer {
     /// A session leaves (its connection closed), attached or not. The last
     /// one out stops the tailer.
     pub(crate) fn leave(self: &Arc<Self>, viewer: Option<u64>, attached: bool) {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         match (attached, viewer) {
             (true, Some(id)) => state.viewers.retain(|v| v.id() != id),
             _ => state.joining = state.joining.saturating_sub(1),
@@ -339,7 +333,7 @@ impl Tailer {
     /// New containers from the subscription: each becomes a chunk at the
     /// next offsets, broadcast to every viewer.
     fn publish(self: &Arc<Self>, batches: &[Arc<BatchContainer>]) -> Result<(), ConsumerError> {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         if state.phase == Phase::Ended {
             return Err(ConsumerError::Unavailable(format!("the tailer of {} ended", self.key)));
         }
@@ -359,11 +353,11 @@ impl Tailer {
                 let kept = viewer.push(frame.clone());
                 if !kept {
                     viewer.close();
-                    metrics::counter!("tailrace_edge_viewers_dropped_total").increment(1);
+                    metrics::counter!(telemetry::EDGE_VIEWERS_DROPPED).increment(1);
                 }
                 kept
             });
-            metrics::counter!("tailrace_edge_frames_total").increment(state.viewers.len() as u64);
+            metrics::counter!(telemetry::EDGE_FRAMES).increment(state.viewers.len() as u64);
             state.streamed_bytes += chunk.bytes as u64;
             state.bytes_since_tick += chunk.bytes as u64;
             state.last_content_at = Instant::now();
@@ -384,7 +378,7 @@ impl Tailer {
     }
 
     fn probe_due(&self) -> bool {
-        let state = self.lock();
+        let state = self.state.lock();
         state.known != Known::Finished
             && state.bytes_since_tick == 0
             && state.last_probe_at.is_none_or(|at| at.elapsed() >= secs(self.settings.run_probe_seconds))
@@ -392,7 +386,7 @@ impl Tailer {
 
     /// The status lookup's result: finished or not, `None` without status.
     fn probed(&self, finished: Option<bool>) {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         state.last_probe_at = Some(Instant::now());
         state.known = match finished {
             Some(true) => Known::Finished,
@@ -403,7 +397,7 @@ impl Tailer {
 
     /// The first end condition that holds, OpenMetadata's order.
     fn end_reason(&self) -> Option<EndReason> {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         let quiet_tick = std::mem::take(&mut state.bytes_since_tick) == 0;
         let settings = &self.settings;
         let quiet_for = state.last_content_at.elapsed();
@@ -427,20 +421,20 @@ impl Tailer {
     }
 
     fn complete(self: &Arc<Self>, reason: EndReason) {
-        let state = self.lock();
+        let state = self.state.lock();
         self.end(state, Some(Ending::Complete(reason)));
     }
 
     /// A persistent failure: every viewer gets an `error` and is closed.
     fn fail(self: &Arc<Self>, message: &str) {
         tracing::warn!(run = %self.key, %message, "tailer failed");
-        let state = self.lock();
+        let state = self.state.lock();
         self.end(state, Some(Ending::Error(message.to_string())));
     }
 
     /// Ends the tailer: the terminal frame (if any) to every viewer, then
     /// the run slot and the subscription are released.
-    fn end(self: &Arc<Self>, mut state: std::sync::MutexGuard<'_, State>, ending: Option<Ending>) {
+    fn end(self: &Arc<Self>, mut state: MutexGuard<'_, State>, ending: Option<Ending>) {
         if state.phase == Phase::Ended {
             return;
         }
@@ -470,7 +464,7 @@ impl Tailer {
     fn release(self: &Arc<Self>) {
         let Some(runs) = self.runs.upgrade() else { return };
         runs.release(self);
-        if let Some(handle) = self.lock().subscription.take() {
+        if let Some(handle) = self.state.lock().subscription.take() {
             tokio::spawn(async move {
                 if let Err(error) = runs.node.unsubscribe(&handle).await {
                     tracing::warn!(%error, "could not end a tailer's subscription");

@@ -10,12 +10,15 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+
+use crate::telemetry;
 
 /// The heartbeat comment.
 pub(crate) const HEARTBEAT: &[u8] = b": heartbeat\n\n";
@@ -50,11 +53,6 @@ pub(crate) enum Next {
 }
 
 impl Viewer {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Mailbox> {
-        // Plain data: a panic elsewhere cannot leave it torn.
-        self.mailbox.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     pub(crate) fn id(&self) -> u64 {
         self.id
     }
@@ -62,7 +60,7 @@ impl Viewer {
     /// Queues a frame; false if the viewer is gone or too far behind (the
     /// caller drops it).
     pub(crate) fn push(&self, frame: Bytes) -> bool {
-        let mut mailbox = self.lock();
+        let mut mailbox = self.mailbox.lock();
         if mailbox.closed || mailbox.ended || mailbox.pending > self.max_pending {
             return false;
         }
@@ -76,7 +74,7 @@ impl Viewer {
     /// Queues a last frame (if the viewer can still take it) and ends the
     /// stream after it.
     pub(crate) fn finish(&self, frame: Option<Bytes>) {
-        let mut mailbox = self.lock();
+        let mut mailbox = self.mailbox.lock();
         if let Some(frame) = frame
             && !mailbox.closed
             && !mailbox.ended
@@ -93,7 +91,7 @@ impl Viewer {
     /// Drops the viewer at once, without a terminal frame: it should
     /// reconnect with its last cursor.
     pub(crate) fn close(&self) {
-        let mut mailbox = self.lock();
+        let mut mailbox = self.mailbox.lock();
         mailbox.closed = true;
         mailbox.frames.clear();
         mailbox.pending = 0;
@@ -102,7 +100,7 @@ impl Viewer {
     }
 
     pub(crate) fn next(&self) -> Next {
-        let mut mailbox = self.lock();
+        let mut mailbox = self.mailbox.lock();
         if mailbox.closed {
             return Next::Abort;
         }
@@ -117,7 +115,7 @@ impl Viewer {
     }
 
     fn is_closed(&self) -> bool {
-        self.lock().closed
+        self.mailbox.lock().closed
     }
 
     /// Resolves when a frame may be waiting.
@@ -139,14 +137,10 @@ impl Registry {
         Arc::new(Self { max, max_pending, next_id: AtomicU64::new(1), viewers: Mutex::new(HashMap::new()) })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Weak<Viewer>>> {
-        self.viewers.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// A new viewer, or `None` at the limit. A dropped viewer's slot is
     /// free at once, even while its connection is being cut.
     pub(crate) fn register(&self) -> Option<Arc<Viewer>> {
-        let mut viewers = self.lock();
+        let mut viewers = self.viewers.lock();
         if viewers.len() >= self.max {
             viewers.retain(|_, v| v.upgrade().is_some_and(|v| !v.is_closed()));
         }
@@ -157,20 +151,20 @@ impl Registry {
         let viewer =
             Arc::new(Viewer { id, max_pending: self.max_pending, mailbox: Mutex::default(), wake: Notify::new() });
         viewers.insert(id, Arc::downgrade(&viewer));
-        metrics::gauge!("tailrace_edge_connections").set(viewers.len() as f64);
+        metrics::gauge!(telemetry::EDGE_CONNECTIONS).set(viewers.len() as f64);
         Some(viewer)
     }
 
     /// Frees the viewer's slot (at once, when its stream ends).
     pub(crate) fn unregister(&self, id: u64) {
-        let mut viewers = self.lock();
+        let mut viewers = self.viewers.lock();
         viewers.remove(&id);
-        metrics::gauge!("tailrace_edge_connections").set(viewers.len() as f64);
+        metrics::gauge!(telemetry::EDGE_CONNECTIONS).set(viewers.len() as f64);
     }
 
     /// Connections open now (dropped viewers not counted).
     pub(crate) fn len(&self) -> usize {
-        self.lock().values().filter(|v| v.upgrade().is_some_and(|v| !v.is_closed())).count()
+        self.viewers.lock().values().filter(|v| v.upgrade().is_some_and(|v| !v.is_closed())).count()
     }
 
     /// Every `every`, queues a heartbeat to every connection; one that
@@ -186,7 +180,7 @@ impl Registry {
                     _ = ticks.tick() => {}
                 }
                 let Some(registry) = registry.upgrade() else { return };
-                let viewers: Vec<Arc<Viewer>> = registry.lock().values().filter_map(Weak::upgrade).collect();
+                let viewers: Vec<Arc<Viewer>> = registry.viewers.lock().values().filter_map(Weak::upgrade).collect();
                 for viewer in viewers {
                     if !viewer.push(Bytes::from_static(HEARTBEAT)) {
                         viewer.close();

@@ -8,12 +8,12 @@
 //! even when every file was consumed and deleted. One write per `RESERVE`
 //! files keeps it off the hot path.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::HandoffError;
+use crate::atomic_file::{self, Durability};
 
 /// File numbers reserved by one write of the state file.
 pub(crate) const RESERVE: u64 = 1024;
@@ -55,11 +55,8 @@ pub(crate) fn write_next_file(dir: &Path, prefix: &str, next_file: u64) -> Resul
     let path = state_path(dir, prefix);
     let body = serde_json::to_vec(&StateFile::V1 { next_file })
         .map_err(|e| HandoffError::Failed(format!("encoding {}: {e}", path.display())))?;
-    let context = || format!("writing {}", path.display());
-    let mut file = atomic_write_file::AtomicWriteFile::open(&path).map_err(HandoffError::io(context()))?;
-    file.write_all(&body).map_err(HandoffError::io(context()))?;
-    // `commit` syncs the file, renames it into place and syncs the directory.
-    file.commit().map_err(HandoffError::io(context()))
+    atomic_file::replace(&path, &body, Durability::Synced)
+        .map_err(HandoffError::io(format!("writing {}", path.display())))
 }
 
 #[cfg(test)]

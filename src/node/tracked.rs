@@ -5,10 +5,10 @@
 //! deliveries once unsubscribed.
 
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 
 use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionInfo};
 use crate::stream::SequenceToken;
@@ -29,11 +29,11 @@ impl TrackedConsumer {
     }
 
     fn last(&self) -> Option<SequenceToken> {
-        *self.last.lock().unwrap_or_else(|p| p.into_inner())
+        *self.last.lock()
     }
 
     fn set_last(&self, token: SequenceToken) {
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(token);
+        *self.last.lock() = Some(token);
     }
 }
 

@@ -5,10 +5,12 @@
 //! [`ConsumerResolver`] (the cluster transport) for the others.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::{ConsumerAddress, PubSubError, StreamConsumer};
-use crate::cluster::NodeId;
+use crate::stream::NodeId;
 
 /// Turns an address into something the agent can call.
 pub trait ConsumerResolver: Send + Sync + 'static {
@@ -29,11 +31,6 @@ impl LocalConsumers {
         Self { node, limit, consumers: Mutex::new(HashMap::new()) }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<dyn StreamConsumer>>> {
-        // Plain data: a panic elsewhere cannot leave it torn.
-        self.consumers.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The node these consumers live on.
     pub fn node(&self) -> &NodeId {
         &self.node
@@ -41,7 +38,7 @@ impl LocalConsumers {
 
     /// Registers `consumer` under `name`; returns its address.
     pub fn register(&self, name: String, consumer: Arc<dyn StreamConsumer>) -> Result<ConsumerAddress, PubSubError> {
-        let mut consumers = self.lock();
+        let mut consumers = self.consumers.lock();
         if !consumers.contains_key(&name) && consumers.len() >= self.limit {
             return Err(PubSubError::TooManyConsumers { node: self.node.to_string(), limit: self.limit });
         }
@@ -51,17 +48,17 @@ impl LocalConsumers {
 
     /// Removes a consumer.
     pub fn unregister(&self, name: &str) {
-        self.lock().remove(name);
+        self.consumers.lock().remove(name);
     }
 
     /// The consumer named `name`.
     pub fn get(&self, name: &str) -> Option<Arc<dyn StreamConsumer>> {
-        self.lock().get(name).cloned()
+        self.consumers.lock().get(name).cloned()
     }
 
     /// How many consumers are registered.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.consumers.lock().len()
     }
 
     /// Whether none is registered.

@@ -2,9 +2,9 @@
 //! in-memory implementation (bounded by `max_subscriptions`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 
 use super::{Subscription, SubscriptionId, SubscriptionState};
 use crate::stream::StreamId;
@@ -71,11 +71,6 @@ impl MemoryPubSubStore {
     pub fn new(max_subscriptions: usize) -> Self {
         Self { max_subscriptions, state: Mutex::new((0, HashMap::new())) }
     }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        // Plain data: a panic elsewhere cannot leave it torn.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
 }
 
 impl Default for MemoryPubSubStore {
@@ -87,11 +82,11 @@ impl Default for MemoryPubSubStore {
 #[async_trait]
 impl PubSubStore for MemoryPubSubStore {
     async fn subscriptions(&self, stream: &StreamId) -> Result<Vec<Subscription>, PubSubError> {
-        Ok(self.lock().1.get(stream).map(|m| m.values().cloned().collect()).unwrap_or_default())
+        Ok(self.state.lock().1.get(stream).map(|m| m.values().cloned().collect()).unwrap_or_default())
     }
 
     async fn upsert(&self, subscription: Subscription) -> Result<(), PubSubError> {
-        let mut guard = self.lock();
+        let mut guard = self.state.lock();
         let (count, map) = &mut *guard;
         let exists = map.get(&subscription.stream).is_some_and(|m| m.contains_key(&subscription.id));
         if !exists && *count >= self.max_subscriptions {
@@ -105,7 +100,7 @@ impl PubSubStore for MemoryPubSubStore {
     }
 
     async fn remove(&self, stream: &StreamId, id: SubscriptionId) -> Result<bool, PubSubError> {
-        let mut guard = self.lock();
+        let mut guard = self.state.lock();
         let (count, map) = &mut *guard;
         let Some(subs) = map.get_mut(stream) else {
             return Ok(false);
@@ -121,7 +116,7 @@ impl PubSubStore for MemoryPubSubStore {
     }
 
     async fn fault(&self, stream: &StreamId, id: SubscriptionId, reason: &str) -> Result<(), PubSubError> {
-        if let Some(sub) = self.lock().1.get_mut(stream).and_then(|m| m.get_mut(&id)) {
+        if let Some(sub) = self.state.lock().1.get_mut(stream).and_then(|m| m.get_mut(&id)) {
             sub.state = SubscriptionState::Faulted(reason.to_string());
         }
         Ok(())

@@ -135,8 +135,9 @@ pub mod scripted;
 pub mod store;
 
 use tailrace::agent::{AgentMsg, AgentStatus};
-use tailrace::cluster::{AgentDirectory, NodeId};
+use tailrace::cluster::NodeId;
 use tailrace::config::Config;
+use tailrace::node::AgentDirectory;
 use tailrace::node::Node;
 use tailrace::pubsub::ImplicitSubscriptions;
 use tailrace::queue::{QueueAdapterFactory, QueueId};

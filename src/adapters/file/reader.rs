@@ -4,11 +4,12 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::{FileOptions, NAME};
@@ -367,7 +368,7 @@ impl FileReceiver {
             newest = self.outstanding.pop_front().map(|(t, _)| t);
         }
         if let Some(newest) = newest {
-            let mut acked = self.acked.lock().unwrap_or_else(|p| p.into_inner());
+            let mut acked = self.acked.lock();
             *acked = (*acked).max(Some(newest));
         }
     }
@@ -409,7 +410,7 @@ impl QueueReceiver for FileReceiver {
             message: e.to_string(),
             transient: true,
         })?;
-        let seen = *self.acked.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = *self.acked.lock();
         let after = stored.max(seen);
         self.outstanding.clear();
         self.with_files(move |files| files.position_after(after)).await

@@ -4,9 +4,10 @@
 //! they age.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::FileOptions;
@@ -59,7 +60,7 @@ impl QueueWriter {
             return Ok(());
         }
         let outcome = answer.await.unwrap_or(Ok(()));
-        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let task = self.task.lock().take();
         if let Some(task) = task {
             let _ = task.await;
         }

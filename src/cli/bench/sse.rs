@@ -26,20 +26,13 @@ use tailrace::pubsub::ImplicitSubscriptions;
 use tokio::io::AsyncBufReadExt;
 use tokio_util::sync::CancellationToken;
 
-use super::sse_client::{ClientReport, Mode};
+use super::sse_client::{ClientReport, Mode, raise_open_files};
 
 pub const FQN: &str = "bench.pipeline";
 pub const RUN: &str = "run-1";
 /// Posts per second and lines per post.
 const POSTS_PER_SECOND: u64 = 10;
 const LINES_PER_POST: usize = 5;
-
-/// Raises the soft open-files limit to the hard one.
-pub fn raise_open_files() -> anyhow::Result<u64> {
-    let (_, hard) = rlimit::Resource::NOFILE.get().context("reading the open-files limit")?;
-    rlimit::Resource::NOFILE.set(hard, hard).context("raising the open-files limit")?;
-    Ok(hard)
-}
 
 /// This process's resident memory, in bytes.
 fn rss() -> u64 {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, Semaphore};
@@ -113,8 +114,15 @@ struct Shared {
     gate: Semaphore,
 }
 
+/// Raises the soft open-files limit to the hard one.
+pub fn raise_open_files() -> anyhow::Result<u64> {
+    let (_, hard) = rlimit::Resource::NOFILE.get().context("reading the open-files limit")?;
+    rlimit::Resource::NOFILE.set(hard, hard).context("raising the open-files limit")?;
+    Ok(hard)
+}
+
 pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
-    super::sse::raise_open_files()?;
+    raise_open_files()?;
     let shared = Arc::new(Shared {
         client: reqwest::Client::builder().pool_max_idle_per_host(args.clients).build()?,
         base: args.url.clone(),

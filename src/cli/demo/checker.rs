@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use tailrace::pubsub::{ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StreamConsumer};
 use tailrace::stream::{EventId, StreamId};
 
@@ -47,7 +48,7 @@ pub struct Tally {
     pub duplicates: AtomicU64,
     /// Events skipped over: a later event came first.
     pub lost: AtomicU64,
-    state: std::sync::Mutex<Seen>,
+    state: Mutex<Seen>,
 }
 
 struct Seen {
@@ -85,12 +86,12 @@ impl Tally {
             earlier: AtomicU64::new(0),
             duplicates: AtomicU64::new(0),
             lost: AtomicU64::new(0),
-            state: std::sync::Mutex::new(seen),
+            state: Mutex::new(seen),
         }))
     }
 
     fn record(&self, stream: &StreamId, ids: impl Iterator<Item = Option<(u64, u64)>>) -> std::io::Result<()> {
-        let mut seen = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.state.lock();
         let key = stream.key();
         let mut newest = seen.newest.get(key).copied();
         for id in ids {

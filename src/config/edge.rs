@@ -1,5 +1,8 @@
 //! The edge's settings: `[edge]`, `[edge.auth]` and `[edge.log_stream]`
 //! (OpenMetadata's `LogStreamSettings`, in snake_case, with its defaults).
+//! They live in the config, not in the edge, so that the config never reads
+//! the edge (the edge reads the node, which reads the config);
+//! `crate::edge` re-exports them.
 
 use std::time::Duration;
 

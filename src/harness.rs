@@ -4,14 +4,16 @@
 //! crashes can be tested without OS processes.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 
-use super::{AgentDirectory, Membership, MemoryLeases, NodeId};
+use crate::cluster::{Membership, MemoryLeases, NodeId};
 use crate::config::Config;
 use crate::failure::{DeadLetterSink, LogDeadLetters};
+use crate::manager::AgentDirectory;
 use crate::node::{Node, NodeError};
 use crate::pubsub::{
     ConsumerAddress, ConsumerError, ConsumerResolver, Delivery, DeliveryOutcome, ImplicitSubscriptions, LocalConsumers,
@@ -28,11 +30,6 @@ pub struct InProcessTransport {
     nodes: NodeTable,
 }
 
-fn lock(nodes: &NodeTable) -> std::sync::MutexGuard<'_, HashMap<NodeId, Arc<LocalConsumers>>> {
-    // Plain data: a panic elsewhere cannot leave it torn.
-    nodes.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl InProcessTransport {
     /// No node yet.
     pub fn new() -> Self {
@@ -41,12 +38,12 @@ impl InProcessTransport {
 
     /// Makes `consumers` reachable.
     pub fn add_node(&self, consumers: Arc<LocalConsumers>) {
-        lock(&self.nodes).insert(consumers.node().clone(), consumers);
+        self.nodes.lock().insert(consumers.node().clone(), consumers);
     }
 
     /// Makes a node's consumers unreachable (it died).
     pub fn remove_node(&self, node: &NodeId) {
-        lock(&self.nodes).remove(node);
+        self.nodes.lock().remove(node);
     }
 }
 
@@ -54,7 +51,7 @@ impl ConsumerResolver for InProcessTransport {
     /// A proxy that looks its consumer up on every call, as a network proxy
     /// reaches it: once the node is gone, calls fail as unavailable.
     fn resolve(&self, address: &ConsumerAddress) -> Option<Arc<dyn StreamConsumer>> {
-        lock(&self.nodes).get(&address.node)?.get(&address.name)?;
+        self.nodes.lock().get(&address.node)?.get(&address.name)?;
         Some(Arc::new(Proxy { nodes: self.nodes.clone(), address: address.clone() }))
     }
 }
@@ -67,7 +64,7 @@ struct Proxy {
 
 impl Proxy {
     fn target(&self) -> Result<Arc<dyn StreamConsumer>, ConsumerError> {
-        let node = lock(&self.nodes).get(&self.address.node).cloned();
+        let node = self.nodes.lock().get(&self.address.node).cloned();
         node.and_then(|n| n.get(&self.address.name)).ok_or_else(|| {
             ConsumerError::Unavailable(format!("node {} does not answer for {}", self.address.node, self.address.name))
         })
@@ -134,11 +131,6 @@ impl InProcessCluster {
         self
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, Arc<Node>>> {
-        // Plain data: a panic elsewhere cannot leave it torn.
-        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Starts a node named `name` and joins it.
     pub async fn add_node(&self, name: &str) -> Result<Arc<Node>, NodeError> {
         let id = NodeId::new(name);
@@ -157,23 +149,23 @@ impl InProcessCluster {
             .start()
             .await?;
         let node = Arc::new(node);
-        self.lock().insert(id, node.clone());
+        self.nodes.lock().insert(id, node.clone());
         Ok(node)
     }
 
     /// The node named `name`, if live.
     pub fn node(&self, name: &str) -> Option<Arc<Node>> {
-        self.lock().get(&NodeId::new(name)).cloned()
+        self.nodes.lock().get(&NodeId::new(name)).cloned()
     }
 
     /// Every live node.
     pub fn nodes(&self) -> Vec<Arc<Node>> {
-        self.lock().values().cloned().collect()
+        self.nodes.lock().values().cloned().collect()
     }
 
     /// Stops a node gracefully (ordered handoff of its queues).
     pub async fn stop_node(&self, name: &str) -> Result<(), NodeError> {
-        let node = self.lock().remove(&NodeId::new(name));
+        let node = self.nodes.lock().remove(&NodeId::new(name));
         if let Some(node) = node {
             node.shutdown().await?;
             self.transport.remove_node(node.id());
@@ -184,7 +176,7 @@ impl InProcessCluster {
     /// Crashes a node: its actors and tasks die at once; its leases are
     /// dropped as if they expired; its consumers become unreachable.
     pub fn kill_node(&self, name: &str) {
-        let node = self.lock().remove(&NodeId::new(name));
+        let node = self.nodes.lock().remove(&NodeId::new(name));
         if let Some(node) = node {
             node.crash();
             self.transport.remove_node(node.id());

@@ -1,8 +1,9 @@
 //! Where each queue's running agent is, so `subscribe` can attach to it.
+//! The manager registers the agents it runs; the node reads it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
+use parking_lot::Mutex;
 use ractor::ActorRef;
 
 use crate::agent::AgentMsg;
@@ -20,19 +21,14 @@ impl AgentDirectory {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<QueueId, ActorRef<AgentMsg>>> {
-        // Plain data: a panic elsewhere cannot leave it torn.
-        self.agents.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// `agent` now serves `queue`.
     pub fn register(&self, queue: QueueId, agent: ActorRef<AgentMsg>) {
-        self.lock().insert(queue, agent);
+        self.agents.lock().insert(queue, agent);
     }
 
     /// `agent` no longer serves `queue` (a newer registration is kept).
     pub fn unregister(&self, queue: QueueId, agent: &ActorRef<AgentMsg>) {
-        let mut agents = self.lock();
+        let mut agents = self.agents.lock();
         if agents.get(&queue).is_some_and(|a| a.get_id() == agent.get_id()) {
             agents.remove(&queue);
         }
@@ -40,6 +36,6 @@ impl AgentDirectory {
 
     /// The agent serving `queue`, if any.
     pub fn get(&self, queue: QueueId) -> Option<ActorRef<AgentMsg>> {
-        self.lock().get(&queue).cloned()
+        self.agents.lock().get(&queue).cloned()
     }
 }

@@ -1,0 +1,54 @@
+//! The one way tailrace replaces a small file whole (a checkpoint, a run's
+//! `meta.json`, a handoff state file): readers see the old contents or the
+//! new, never a torn mix, whatever crashes in between.
+
+use std::io::Write;
+use std::path::Path;
+
+/// How far a replacement must reach before it returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// On disk: the new contents are synced, renamed into place and the
+    /// directory is synced, so the replacement survives a power loss.
+    Synced,
+    /// Atomic for other processes and across a crash of this one, but left
+    /// to the OS to write back (a power loss may keep the old contents).
+    Unsynced,
+}
+
+/// Replaces `path` with `bytes` atomically.
+pub(crate) fn replace(path: &Path, bytes: &[u8], durability: Durability) -> std::io::Result<()> {
+    match durability {
+        Durability::Synced => {
+            let mut file = atomic_write_file::AtomicWriteFile::open(path)?;
+            file.write_all(bytes)?;
+            // `commit` syncs the file, renames it into place and syncs the
+            // directory.
+            file.commit()
+        }
+        Durability::Unsynced => {
+            let mut temp = path.as_os_str().to_owned();
+            temp.push(".tmp");
+            std::fs::write(&temp, bytes)?;
+            std::fs::rename(&temp, path)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_ways_replace_the_whole_file_and_leave_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.json");
+        for durability in [Durability::Synced, Durability::Unsynced] {
+            replace(&path, b"a longer first version", durability).unwrap();
+            replace(&path, b"second", durability).unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), b"second");
+            let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+            assert_eq!(names, ["meta.json"], "{durability:?}");
+        }
+    }
+}

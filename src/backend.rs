@@ -1,0 +1,57 @@
+//! The registry of built-in backends: builds the queue adapter (and, when
+//! it has one, the shared pub-sub store) that `[queues] adapter` names.
+//!
+//! This is the only place that names concrete adapters; it sits above both
+//! [`crate::config`] and [`crate::adapters`] so neither reads the other.
+
+use std::sync::Arc;
+
+use crate::adapters::{file, memory, redis};
+use crate::config::Config;
+use crate::handoff::DataDirLock;
+use crate::pubsub::PubSubStore;
+use crate::queue::{QueueAdapterFactory, QueueError};
+
+/// What a configured backend provides.
+pub struct Backend {
+    /// The queues.
+    pub factory: Arc<dyn QueueAdapterFactory>,
+    /// A pub-sub store every node of the cluster shares, when the backend
+    /// has one (Redis); otherwise each node keeps subscriptions in memory.
+    pub store: Option<Arc<dyn PubSubStore>>,
+}
+
+/// Builds the backend `config.queues.adapter` names, with its section of
+/// `[adapters]` and the `[cache]` options. Connects to servers it needs.
+/// `owner`, the held lock of the node's data directory, lets the `file`
+/// adapter recover what a crash left there.
+pub async fn build(config: &Config, owner: Option<&DataDirLock>) -> Result<Backend, QueueError> {
+    let (count, cache) = (config.queues.count, config.cache.clone());
+    let (factory, store): (Arc<dyn QueueAdapterFactory>, Option<Arc<dyn PubSubStore>>) = match config
+        .queues
+        .adapter
+        .as_str()
+    {
+        "memory" => {
+            (Arc::new(memory::MemoryAdapterFactory::new(count, config.adapters.memory.clone()).with_cache(cache)), None)
+        }
+        "file" => {
+            let options = config.adapters.file.clone();
+            let factory = match owner {
+                Some(owner) => file::FileAdapterFactory::new_owned(count, options, owner)?,
+                None => file::FileAdapterFactory::new(count, options)?,
+            };
+            (Arc::new(factory.with_cache(cache)), None)
+        }
+        "redis" => {
+            let factory =
+                redis::RedisAdapterFactory::connect(count, config.adapters.redis.clone(), &config.node.name).await?;
+            let store = Arc::new(factory.pubsub_store(config.pubsub.max_subscriptions_per_stream));
+            (Arc::new(factory.with_cache(cache)), Some(store))
+        }
+        other => {
+            return Err(QueueError::Config(format!("unknown queue adapter `{other}` (built in: file, memory, redis)")));
+        }
+    };
+    Ok(Backend { factory, store })
+}

@@ -1,0 +1,149 @@
+//! Every metric tailrace records, named and described in one place.
+//!
+//! Call sites use these constants, never a string of their own, so a name is
+//! reviewed once; [`describe`] gives each its help text and unit, and runs
+//! once when the edge installs its Prometheus recorder, so `/metrics` shows
+//! a `# HELP` line for every metric. Labels: `queue` (`q3`) on per-queue
+//! metrics, `node` on the manager's.
+
+use metrics::{Unit, describe_counter, describe_gauge};
+
+/// Containers the pulling agents read from their queues (label `queue`).
+pub const AGENT_EVENTS_READ: &str = "tailrace_agent_events_read_total";
+/// Containers delivered to a subscriber (label `queue`).
+pub const AGENT_EVENTS_DELIVERED: &str = "tailrace_agent_events_delivered_total";
+/// Containers read for a stream nobody subscribes to (label `queue`).
+pub const AGENT_EVENTS_UNSUBSCRIBED: &str = "tailrace_agent_events_unsubscribed_total";
+/// Failed delivery attempts (label `queue`).
+pub const AGENT_DELIVERY_FAILURES: &str = "tailrace_agent_delivery_failures_total";
+/// Batches given up and sent to the dead-letter sink (label `queue`).
+pub const AGENT_DEAD_LETTERS: &str = "tailrace_agent_dead_letters_total";
+/// Queue reads that failed (label `queue`).
+pub const AGENT_READ_ERRORS: &str = "tailrace_agent_read_errors_total";
+/// Cursors asked for positions the cache had already purged (label `queue`).
+pub const AGENT_CACHE_MISSES: &str = "tailrace_agent_cache_misses_total";
+/// Containers held in a queue's cache now (label `queue`).
+pub const CACHE_CONTAINERS: &str = "tailrace_cache_containers";
+/// 1 while a queue's cache is under pressure and its agent does not read (label `queue`).
+pub const CACHE_UNDER_PRESSURE: &str = "tailrace_cache_under_pressure";
+/// Pulling agents running on a node now (label `node`).
+pub const AGENTS_RUNNING: &str = "tailrace_agents_running";
+/// Crashed agents restarted by their manager (label `node`).
+pub const AGENT_RESTARTS: &str = "tailrace_agent_restarts_total";
+/// Checkpoints written (label `queue`).
+pub const CHECKPOINT_WRITES: &str = "tailrace_checkpoint_writes_total";
+/// Log lines the archiver stored in the run log store.
+pub const ARCHIVE_LINES: &str = "tailrace_archive_lines_total";
+/// Runs removed from the run log store by retention.
+pub const ARCHIVE_RUNS_PRUNED: &str = "tailrace_archive_runs_pruned_total";
+/// Bytes freed in the run log store by retention.
+pub const ARCHIVE_BYTES_PRUNED: &str = "tailrace_archive_bytes_pruned_total";
+/// Handoff files the file adapter recovered after a crash.
+pub const RECOVERED_FILES: &str = "tailrace_recovered_files_total";
+/// Events the file adapter wrote again while recovering after a crash.
+pub const RECOVERED_EVENTS: &str = "tailrace_recovered_events_total";
+/// Bytes of truncated tails the file adapter set aside while recovering.
+pub const RECOVERED_TAIL_BYTES: &str = "tailrace_recovered_tail_bytes_total";
+/// Log lines accepted by `POST …/lines`.
+pub const EDGE_INGESTED_LINES: &str = "tailrace_edge_ingested_lines_total";
+/// Runs with a tailer on this node now (someone watches them).
+pub const EDGE_RUNS: &str = "tailrace_edge_runs";
+/// SSE viewers connected now.
+pub const EDGE_CONNECTIONS: &str = "tailrace_edge_connections";
+/// Log frames queued to viewers (one per viewer per chunk).
+pub const EDGE_FRAMES: &str = "tailrace_edge_frames_total";
+/// Viewers disconnected because their mailbox was full (too slow).
+pub const EDGE_VIEWERS_DROPPED: &str = "tailrace_edge_viewers_dropped_total";
+/// Reads the edge made from the run log store (catch-ups, pages, downloads).
+pub const EDGE_STORE_READS: &str = "tailrace_edge_store_reads_total";
+
+/// Gives every metric above its help text (and unit) in the installed
+/// recorder. Call once, right after installing it.
+pub fn describe() {
+    let counters = [
+        (AGENT_EVENTS_READ, Unit::Count, "Containers the pulling agents read from their queues."),
+        (AGENT_EVENTS_DELIVERED, Unit::Count, "Containers delivered to a subscriber."),
+        (AGENT_EVENTS_UNSUBSCRIBED, Unit::Count, "Containers read for a stream nobody subscribes to."),
+        (AGENT_DELIVERY_FAILURES, Unit::Count, "Failed delivery attempts."),
+        (AGENT_DEAD_LETTERS, Unit::Count, "Batches given up and sent to the dead-letter sink."),
+        (AGENT_READ_ERRORS, Unit::Count, "Queue reads that failed."),
+        (AGENT_CACHE_MISSES, Unit::Count, "Cursors that asked for positions the cache had already purged."),
+        (AGENT_RESTARTS, Unit::Count, "Crashed pulling agents restarted by their manager."),
+        (CHECKPOINT_WRITES, Unit::Count, "Checkpoints written."),
+        (ARCHIVE_LINES, Unit::Count, "Log lines the archiver stored in the run log store."),
+        (ARCHIVE_RUNS_PRUNED, Unit::Count, "Runs removed from the run log store by retention."),
+        (ARCHIVE_BYTES_PRUNED, Unit::Bytes, "Bytes freed in the run log store by retention."),
+        (RECOVERED_FILES, Unit::Count, "Handoff files the file adapter recovered after a crash."),
+        (RECOVERED_EVENTS, Unit::Count, "Events the file adapter wrote again while recovering after a crash."),
+        (RECOVERED_TAIL_BYTES, Unit::Bytes, "Bytes of truncated tails set aside while recovering after a crash."),
+        (EDGE_INGESTED_LINES, Unit::Count, "Log lines accepted by POST .../lines."),
+        (EDGE_FRAMES, Unit::Count, "Log frames queued to SSE viewers (one per viewer per chunk)."),
+        (EDGE_VIEWERS_DROPPED, Unit::Count, "SSE viewers disconnected because their mailbox was full."),
+        (EDGE_STORE_READS, Unit::Count, "Reads the edge made from the run log store."),
+    ];
+    for (name, unit, help) in counters {
+        describe_counter!(name, unit, help);
+    }
+    let gauges = [
+        (CACHE_CONTAINERS, "Containers held in a queue's cache."),
+        (CACHE_UNDER_PRESSURE, "1 while a queue's cache is under pressure and its agent does not read."),
+        (AGENTS_RUNNING, "Pulling agents running on the node."),
+        (EDGE_RUNS, "Runs with a tailer on this node (someone watches them)."),
+        (EDGE_CONNECTIONS, "SSE viewers connected."),
+    ];
+    for (name, help) in gauges {
+        describe_gauge!(name, Unit::Count, help);
+    }
+}
+
+/// Every name above, for tests that check each one is described.
+pub const ALL: [&str; 24] = [
+    AGENT_EVENTS_READ,
+    AGENT_EVENTS_DELIVERED,
+    AGENT_EVENTS_UNSUBSCRIBED,
+    AGENT_DELIVERY_FAILURES,
+    AGENT_DEAD_LETTERS,
+    AGENT_READ_ERRORS,
+    AGENT_CACHE_MISSES,
+    CACHE_CONTAINERS,
+    CACHE_UNDER_PRESSURE,
+    AGENTS_RUNNING,
+    AGENT_RESTARTS,
+    CHECKPOINT_WRITES,
+    ARCHIVE_LINES,
+    ARCHIVE_RUNS_PRUNED,
+    ARCHIVE_BYTES_PRUNED,
+    RECOVERED_FILES,
+    RECOVERED_EVENTS,
+    RECOVERED_TAIL_BYTES,
+    EDGE_INGESTED_LINES,
+    EDGE_RUNS,
+    EDGE_CONNECTIONS,
+    EDGE_FRAMES,
+    EDGE_VIEWERS_DROPPED,
+    EDGE_STORE_READS,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_has_help_text_in_the_exposition() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        metrics::with_local_recorder(&recorder, || {
+            describe();
+            for name in ALL {
+                if name.ends_with("_total") {
+                    metrics::counter!(name).increment(1);
+                } else {
+                    metrics::gauge!(name).set(1.0);
+                }
+            }
+        });
+        let text = recorder.handle().render();
+        for name in ALL {
+            assert!(text.contains(&format!("# HELP {name} ")), "{name} has no help text:\n{text}");
+        }
+    }
+}
