@@ -2,6 +2,7 @@
 //! assert on it) and its metric handles, created once per agent and
 //! labelled with its queue.
 
+use crate::telemetry;
 use serde::Serialize;
 
 use crate::queue::QueueId;
@@ -58,15 +59,15 @@ impl AgentMetrics {
     pub(crate) fn new(queue: QueueId) -> Self {
         let q = queue.to_string();
         Self {
-            events_read: metrics::counter!("tailrace_agent_events_read_total", "queue" => q.clone()),
-            events_delivered: metrics::counter!("tailrace_agent_events_delivered_total", "queue" => q.clone()),
-            events_unsubscribed: metrics::counter!("tailrace_agent_events_unsubscribed_total", "queue" => q.clone()),
-            delivery_failures: metrics::counter!("tailrace_agent_delivery_failures_total", "queue" => q.clone()),
-            dead_letters: metrics::counter!("tailrace_agent_dead_letters_total", "queue" => q.clone()),
-            read_errors: metrics::counter!("tailrace_agent_read_errors_total", "queue" => q.clone()),
-            cache_misses: metrics::counter!("tailrace_agent_cache_misses_total", "queue" => q.clone()),
-            cached: metrics::gauge!("tailrace_cache_containers", "queue" => q.clone()),
-            pressure: metrics::gauge!("tailrace_cache_under_pressure", "queue" => q),
+            events_read: metrics::counter!(telemetry::AGENT_EVENTS_READ, "queue" => q.clone()),
+            events_delivered: metrics::counter!(telemetry::AGENT_EVENTS_DELIVERED, "queue" => q.clone()),
+            events_unsubscribed: metrics::counter!(telemetry::AGENT_EVENTS_UNSUBSCRIBED, "queue" => q.clone()),
+            delivery_failures: metrics::counter!(telemetry::AGENT_DELIVERY_FAILURES, "queue" => q.clone()),
+            dead_letters: metrics::counter!(telemetry::AGENT_DEAD_LETTERS, "queue" => q.clone()),
+            read_errors: metrics::counter!(telemetry::AGENT_READ_ERRORS, "queue" => q.clone()),
+            cache_misses: metrics::counter!(telemetry::AGENT_CACHE_MISSES, "queue" => q.clone()),
+            cached: metrics::gauge!(telemetry::CACHE_CONTAINERS, "queue" => q.clone()),
+            pressure: metrics::gauge!(telemetry::CACHE_UNDER_PRESSURE, "queue" => q),
         }
     }
 }
