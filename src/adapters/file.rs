@@ -33,11 +33,11 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use crate::cache::CacheOptions;
-use crate::checkpoint::{Checkpointer, FileCheckpointer};
+use super::{BuiltInFactory, MappedAdapter};
+use crate::checkpoint::FileCheckpointer;
 use crate::failure::{DeadLetterSink, LogDeadLetters};
 use crate::handoff::{DataDirLock, HandoffError, RecoveryReport, WriterOptions, validate_prefix};
-use crate::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
+use crate::queue::{Direction, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver};
 use crate::stream::{Event, SequenceToken, StreamId};
 use crate::telemetry;
 
@@ -99,11 +99,7 @@ fn writer_over_adapter_defaults<'de, D: serde::Deserializer<'de>>(deserializer: 
 }
 
 /// Builds the file adapter (one per process and directory).
-pub struct FileAdapterFactory {
-    adapter: Arc<FileAdapter>,
-    checkpointer: Arc<FileCheckpointer>,
-    cache: CacheOptions,
-}
+pub type FileAdapterFactory = BuiltInFactory<FileAdapter, FileCheckpointer>;
 
 impl FileAdapterFactory {
     /// Opens (and creates) the queue directories. With `write`, takes every
@@ -165,47 +161,13 @@ impl FileAdapterFactory {
             checkpointer: checkpointer.clone(),
             dead_letters: Mutex::new(Arc::new(LogDeadLetters)),
         });
-        Ok(Self { adapter, checkpointer, cache: CacheOptions::default() })
-    }
-
-    /// Uses these cache options for every queue.
-    pub fn with_cache(mut self, cache: CacheOptions) -> Self {
-        self.cache = cache;
-        self
+        Ok(Self::from_parts(adapter, checkpointer))
     }
 
     /// Where corrupt lines go (default: the log).
     pub fn with_dead_letters(self, sink: Arc<dyn DeadLetterSink>) -> Self {
         *self.adapter.dead_letters.lock() = sink;
         self
-    }
-
-    /// The adapter (for producers in the same process).
-    pub fn adapter(&self) -> Arc<FileAdapter> {
-        self.adapter.clone()
-    }
-}
-
-#[async_trait]
-impl QueueAdapterFactory for FileAdapterFactory {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn queue_mapper(&self) -> QueueMapper {
-        self.adapter.mapper
-    }
-
-    async fn create_adapter(&self) -> Result<Arc<dyn QueueAdapter>, QueueError> {
-        Ok(self.adapter.clone())
-    }
-
-    async fn create_checkpointer(&self) -> Result<Arc<dyn Checkpointer>, QueueError> {
-        Ok(self.checkpointer.clone())
-    }
-
-    fn cache_options(&self) -> CacheOptions {
-        self.cache.clone()
     }
 }
 
@@ -219,6 +181,12 @@ pub(crate) struct QueueFiles {
     /// everything before it.
     acked: Arc<Mutex<Option<SequenceToken>>>,
     writer: Option<writer::QueueWriter>,
+}
+
+impl MappedAdapter for FileAdapter {
+    fn mapper(&self) -> QueueMapper {
+        self.mapper
+    }
 }
 
 /// Writes to and reads from the queue directories.

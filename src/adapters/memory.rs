@@ -24,9 +24,9 @@ use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, Semaphore};
 
-use crate::cache::CacheOptions;
-use crate::checkpoint::{Checkpointer, MemoryCheckpointer};
-use crate::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
+use super::{BuiltInFactory, MappedAdapter};
+use crate::checkpoint::MemoryCheckpointer;
+use crate::queue::{Direction, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver};
 use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
 
 /// Settings of the memory adapter.
@@ -53,33 +53,14 @@ impl Default for MemoryOptions {
 const NAME: &str = "memory";
 
 /// Builds memory adapters that share one set of queues.
-pub struct MemoryAdapterFactory {
-    adapter: Arc<MemoryAdapter>,
-    checkpointer: Arc<MemoryCheckpointer>,
-    cache: CacheOptions,
-}
+pub type MemoryAdapterFactory = BuiltInFactory<MemoryAdapter, MemoryCheckpointer>;
 
 impl MemoryAdapterFactory {
     /// A factory (and its `queue_count` queues) with these options.
     pub fn new(queue_count: u32, options: MemoryOptions) -> Self {
         let mapper = QueueMapper::new(queue_count);
         let queues = mapper.all_queues().into_iter().map(|id| Arc::new(MemoryQueue::new(id, &options))).collect();
-        Self {
-            adapter: Arc::new(MemoryAdapter { mapper, queues, options }),
-            checkpointer: Arc::new(MemoryCheckpointer::new()),
-            cache: CacheOptions::default(),
-        }
-    }
-
-    /// Uses these cache options for every queue.
-    pub fn with_cache(mut self, cache: CacheOptions) -> Self {
-        self.cache = cache;
-        self
-    }
-
-    /// The shared adapter (for producers in tests and benchmarks).
-    pub fn adapter(&self) -> Arc<MemoryAdapter> {
-        self.adapter.clone()
+        Self::from_parts(Arc::new(MemoryAdapter { mapper, queues, options }), Arc::new(MemoryCheckpointer::new()))
     }
 
     /// The shared checkpoint store.
@@ -88,26 +69,9 @@ impl MemoryAdapterFactory {
     }
 }
 
-#[async_trait]
-impl QueueAdapterFactory for MemoryAdapterFactory {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn queue_mapper(&self) -> QueueMapper {
-        self.adapter.mapper
-    }
-
-    async fn create_adapter(&self) -> Result<Arc<dyn QueueAdapter>, QueueError> {
-        Ok(self.adapter.clone())
-    }
-
-    async fn create_checkpointer(&self) -> Result<Arc<dyn Checkpointer>, QueueError> {
-        Ok(self.checkpointer.clone())
-    }
-
-    fn cache_options(&self) -> CacheOptions {
-        self.cache.clone()
+impl MappedAdapter for MemoryAdapter {
+    fn mapper(&self) -> QueueMapper {
+        self.mapper
     }
 }
 

@@ -1,6 +1,9 @@
 //! The built-in queue adapters. [`crate::backend::build`] picks one by the
 //! name in the config; the runtime sees the traits of [`crate::queue`] only.
 
+mod factory;
 pub mod file;
 pub mod memory;
 pub mod redis;
+
+pub use factory::{BuiltInFactory, MappedAdapter};

@@ -36,9 +36,8 @@ pub use store::{RedisCheckpointer, RedisPubSubStore};
 
 use entry::encode_entry;
 
-use crate::cache::CacheOptions;
-use crate::checkpoint::Checkpointer;
-use crate::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
+use super::{BuiltInFactory, MappedAdapter};
+use crate::queue::{Direction, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver};
 use crate::stream::{Event, SequenceToken, StreamId};
 
 const NAME: &str = "redis";
@@ -111,11 +110,7 @@ pub(crate) fn backend(error: &redis::RedisError, doing: &str) -> QueueError {
 }
 
 /// Builds the Redis adapter, checkpointer and pub-sub store.
-pub struct RedisAdapterFactory {
-    adapter: Arc<RedisAdapter>,
-    checkpointer: Arc<RedisCheckpointer>,
-    cache: CacheOptions,
-}
+pub type RedisAdapterFactory = BuiltInFactory<RedisAdapter, RedisCheckpointer>;
 
 impl RedisAdapterFactory {
     /// Connects. `consumer` names this node in the consumer group.
@@ -130,18 +125,7 @@ impl RedisAdapterFactory {
             consumer: consumer.to_string(),
             checkpointer: checkpointer.clone(),
         });
-        Ok(Self { adapter, checkpointer, cache: CacheOptions::default() })
-    }
-
-    /// Uses these cache options for every queue.
-    pub fn with_cache(mut self, cache: CacheOptions) -> Self {
-        self.cache = cache;
-        self
-    }
-
-    /// The adapter.
-    pub fn adapter(&self) -> Arc<RedisAdapter> {
-        self.adapter.clone()
+        Ok(Self::from_parts(adapter, checkpointer))
     }
 
     /// A pub-sub store on the same server, shared by every node; each
@@ -151,26 +135,9 @@ impl RedisAdapterFactory {
     }
 }
 
-#[async_trait]
-impl QueueAdapterFactory for RedisAdapterFactory {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn queue_mapper(&self) -> QueueMapper {
-        self.adapter.mapper
-    }
-
-    async fn create_adapter(&self) -> Result<Arc<dyn QueueAdapter>, QueueError> {
-        Ok(self.adapter.clone())
-    }
-
-    async fn create_checkpointer(&self) -> Result<Arc<dyn Checkpointer>, QueueError> {
-        Ok(self.checkpointer.clone())
-    }
-
-    fn cache_options(&self) -> CacheOptions {
-        self.cache.clone()
+impl MappedAdapter for RedisAdapter {
+    fn mapper(&self) -> QueueMapper {
+        self.mapper
     }
 }
 
