@@ -9,6 +9,7 @@
 //!   rewrites an equal token, and [`QueueCheckpoint::flush`] writes the latest
 //!   on ordered shutdown, retrying a failed write.
 
+use backon::Retryable;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::atomic_file::{self, Durability};
+use crate::retry::Backoff;
 use crate::stream::{QueueId, SequenceToken};
 use crate::telemetry;
 
@@ -227,6 +229,10 @@ impl Default for CheckpointOptions {
     }
 }
 
+/// Waits between the attempts of a flush.
+const FLUSH_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(2), Duration::from_millis(100));
+
 /// One queue's checkpoint as its agent sees it: throttled writes of the
 /// newest progress, and a flush.
 pub struct QueueCheckpoint {
@@ -280,26 +286,29 @@ impl QueueCheckpoint {
         let Some(token) = self.latest else {
             return Ok(());
         };
-        let mut attempt = 1;
-        while self.persisted != self.latest {
-            match self.write(token, Instant::now()).await {
-                Ok(()) => break,
-                Err(e) if attempt >= self.options.flush_attempts.max(1) => return Err(e),
-                Err(e) => {
-                    tracing::warn!(queue = %self.queue, attempt, error = %e, "checkpoint flush failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
-                    attempt += 1;
-                }
-            }
+        if self.persisted == self.latest {
+            return Ok(());
         }
+        let (store, queue) = (self.store.clone(), self.queue);
+        let retries = self.options.flush_attempts.max(1) - 1;
+        self.last_write = Some(Instant::now());
+        (|| store.save(queue, token))
+            .retry(FLUSH_BACKOFF.schedule(retries))
+            .notify(|error, wait| tracing::warn!(%queue, %error, ?wait, "checkpoint flush failed; retrying"))
+            .await?;
+        self.saved(token);
         Ok(())
     }
 
     async fn write(&mut self, token: SequenceToken, now: Instant) -> Result<(), CheckpointError> {
         self.last_write = Some(now);
         self.store.save(self.queue, token).await?;
+        self.saved(token);
+        Ok(())
+    }
+
+    fn saved(&mut self, token: SequenceToken) {
         self.persisted = Some(token);
         metrics::counter!(telemetry::CHECKPOINT_WRITES, "queue" => self.queue.to_string()).increment(1);
-        Ok(())
     }
 }

@@ -1,6 +1,10 @@
 //! Backoff with jitter, as Orleans' `ExponentialBackoff(min, max, step)`: the
 //! n-th retry waits a uniformly random time in
 //! `[min, min(min + step * 2^n, max))`.
+//!
+//! Retrying itself is `backon`'s: any iterator of waits is a backoff there,
+//! so [`Backoff::schedule`] and [`Backoff::within`] drive
+//! `operation.retry(…).when(…).notify(…)` at every call site.
 
 use std::time::Duration;
 
@@ -45,6 +49,22 @@ impl Backoff {
     }
 }
 
+impl Backoff {
+    /// The waits before `retries` retries (for `backon::Retryable::retry`).
+    pub fn schedule(self, retries: u32) -> impl Iterator<Item = Duration> + Send + Sync + Unpin {
+        (0..retries).map(move |n| self.delay(n))
+    }
+
+    /// The waits of retries for as long as their sum stays within `total`.
+    pub fn within(self, total: Duration) -> impl Iterator<Item = Duration> + Send + Sync + Unpin {
+        let mut spent = Duration::ZERO;
+        (0..u32::MAX).map(move |n| self.delay(n)).take_while(move |wait| {
+            spent = spent.saturating_add(*wait);
+            spent <= total
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,5 +79,13 @@ mod tests {
         // The first retry waits less than min + step.
         assert!((0..100).all(|_| b.delay(0) < Duration::from_secs(2)));
         assert_eq!(Backoff::fixed(Duration::from_millis(100)).delay(9), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn schedules_count_retries_or_time() {
+        let fixed = Backoff::fixed(Duration::from_millis(50));
+        assert_eq!(fixed.schedule(3).collect::<Vec<_>>(), [Duration::from_millis(50); 3]);
+        assert_eq!(fixed.within(Duration::from_millis(175)).count(), 3);
+        assert_eq!(fixed.within(Duration::ZERO).count(), 0);
     }
 }

@@ -24,6 +24,7 @@
 mod reader;
 mod writer;
 
+use backon::Retryable;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,10 +39,14 @@ use crate::checkpoint::FileCheckpointer;
 use crate::failure::{DeadLetterSink, LogDeadLetters};
 use crate::handoff::{DataDirLock, HandoffError, RecoveryReport, WriterOptions, validate_prefix};
 use crate::queue::{Direction, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver};
+use crate::retry::Backoff;
 use crate::stream::{Event, SequenceToken, StreamId};
 use crate::telemetry;
 
 const NAME: &str = "file";
+
+/// How often a full queue is tried again while `enqueue` waits for room.
+const BUDGET_WAIT: Backoff = Backoff::fixed(Duration::from_millis(50));
 
 /// Settings of the file adapter (`[adapters.file]`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -248,18 +253,14 @@ impl QueueAdapter for FileAdapter {
         if events.is_empty() {
             return Err(QueueError::EmptyBatch(stream.clone()));
         }
-        let deadline = tokio::time::Instant::now() + self.options.enqueue_timeout;
         let events = Arc::new(events);
-        loop {
-            match writer.append(stream.clone(), events.clone()).await {
-                Ok(position) => return Ok(SequenceToken::new(position.file, position.line)),
-                // Room comes back as readers delete consumed files.
-                Err(HandoffError::BudgetExceeded { .. }) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(error) => return Err(handoff_error(queue.id, error)),
-            }
-        }
+        // Room comes back as readers delete consumed files: wait for it.
+        (|| writer.append(stream.clone(), events.clone()))
+            .retry(BUDGET_WAIT.within(self.options.enqueue_timeout))
+            .when(|error| matches!(error, HandoffError::BudgetExceeded { .. }))
+            .await
+            .map(|position| SequenceToken::new(position.file, position.line))
+            .map_err(|error| handoff_error(queue.id, error))
     }
 
     async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
