@@ -268,7 +268,7 @@ impl Agent {
         let kill = Arc::new(services.kill.clone());
         let to = myself.clone();
         let report = move |done| to.cast(AgentMsg::Internal(Internal(InternalMsg::Batch(done)))).is_ok();
-        let lane = worker::start(report, kill.clone(), span.clone());
+        let lane = worker::start(&services.tasks, report, kill.clone(), span.clone());
         let mut cache = QueueCache::new(services.cache.clone());
         cache.set_purged_through(checkpoint.latest());
         let mut agent = Self {
@@ -343,7 +343,7 @@ impl Agent {
                 let _ = myself.cast(AgentMsg::Internal(Internal(InternalMsg::PumpDone(Box::new(outcome)))));
             }
         };
-        tokio::spawn(task.instrument(self.span.clone()));
+        self.services.tasks.spawn("agent pump", task.instrument(self.span.clone()));
     }
 
     /// A pump came back: apply its rewind answers, then its read (cached and

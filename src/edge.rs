@@ -3,6 +3,11 @@
 //! per watched run, shared by its viewers), the paginated and download
 //! endpoints, listings and the viewer page at `/`. `docs/sse.md` is the
 //! protocol.
+//!
+//! Every task the edge spawns (one per accepted connection, one per tailer
+//! and per tailer's unsubscribe, the heartbeat sweep) belongs to its
+//! [`Tasks`]; the server task returned by [`serve`] and [`LogEdge::serve`]
+//! ends only once they all ended, or [`STOP_TIMEOUT`] after its stop.
 
 mod auth;
 mod direct;
@@ -32,6 +37,7 @@ pub use frames::{BYTES_MESSAGE, DURATION_MESSAGE, EndReason, IDLE_MESSAGE, TOO_M
 
 use crate::archive::RunLogStore;
 use crate::node::Node;
+use crate::tasks::{STOP_TIMEOUT, Tasks};
 use crate::telemetry;
 
 /// The edge could not start.
@@ -56,8 +62,13 @@ pub enum EdgeError {
 
 static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// How often a running server does the installed recorder's upkeep.
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
 /// Installs the process-wide Prometheus recorder once and returns its
-/// handle (later calls return the same handle).
+/// handle (later calls return the same handle). Its periodic upkeep
+/// (draining histogram samples) is done by every running server (see
+/// [`serve`]), and by each render of `/metrics`; nothing else is spawned.
 pub fn install_metrics() -> Result<PrometheusHandle, EdgeError> {
     if let Some(handle) = METRICS.get() {
         return Ok(handle.clone());
@@ -65,15 +76,14 @@ pub fn install_metrics() -> Result<PrometheusHandle, EdgeError> {
     let handle = PrometheusBuilder::new().install_recorder().map_err(|e| EdgeError::Metrics(e.to_string()))?;
     let handle = METRICS.get_or_init(|| handle).clone();
     telemetry::describe();
-    // The recorder needs periodic upkeep (histogram buckets).
-    let upkeep = handle.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            upkeep.run_upkeep();
-        }
-    });
     Ok(handle)
+}
+
+/// The installed recorder's upkeep, if one is installed.
+fn metrics_upkeep() {
+    if let Some(handle) = METRICS.get() {
+        handle.run_upkeep();
+    }
 }
 
 /// The edge's routes.
@@ -97,27 +107,29 @@ pub struct LogEdge {
     /// Generated event ids: `{id_prefix}-{n}`.
     id_prefix: String,
     next_id: AtomicU64,
-    stop: CancellationToken,
+    /// Every task of the edge; its token (a child of the `stop` given to
+    /// [`LogEdge::new`]) ends the streams, tailers and heartbeats.
+    tasks: Tasks,
     store_reads: AtomicU64,
     auth: Arc<auth::Auth>,
 }
 
 impl LogEdge {
     /// The log path on `node`, reading and writing runs in `store`. Its
-    /// heartbeats stop with `stop`.
+    /// streams, tailers and heartbeats stop with `stop` (or when a server
+    /// of this edge stops, see [`LogEdge::serve`]).
     pub fn new(
         node: Arc<Node>,
         store: Arc<dyn RunLogStore>,
         options: EdgeOptions,
         stop: CancellationToken,
     ) -> Arc<Self> {
+        let tasks = Tasks::new(stop.child_token());
         let settings = Arc::new(options.log_stream.clone());
         let registry = viewer::Registry::new(settings.max_active_connections, settings.max_pending_bytes_per_client);
-        registry.spawn_heartbeats(
-            crate::config::secs(settings.heartbeat_seconds).max(Duration::from_millis(1)),
-            stop.clone(),
-        );
-        let runs = tailer::Runs::new(node.clone(), store.clone(), settings.clone());
+        registry
+            .spawn_heartbeats(crate::config::secs(settings.heartbeat_seconds).max(Duration::from_millis(1)), &tasks);
+        let runs = tailer::Runs::new(node.clone(), store.clone(), settings.clone(), tasks.clone());
         let id_prefix = format!("{}-{:08x}", node.id(), rand::random::<u32>());
         let auth = auth::Auth::new(&options.auth);
         Arc::new(Self {
@@ -129,7 +141,7 @@ impl LogEdge {
             registry,
             id_prefix,
             next_id: AtomicU64::new(1),
-            stop,
+            tasks,
             store_reads: AtomicU64::new(0),
             auth,
         })
@@ -151,9 +163,22 @@ impl LogEdge {
         self.store_reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Tasks of the edge running now (connections, tailers and their
+    /// unsubscribes, the heartbeat sweep); none once its server task ended
+    /// in time.
+    pub fn tracked_tasks(&self) -> usize {
+        self.tasks.len()
+    }
+
     /// Binds `addr` and serves the log path (see [`LogEdge::router`]) and
     /// `extra` routes until `shutdown` fires. Log streams opened by a
     /// connection's first request are written straight on the socket.
+    ///
+    /// When `shutdown` fires the edge stops as a whole: its streams end,
+    /// its tailers end and give their subscriptions back, and the returned
+    /// server task ends once every task of the edge ended, or
+    /// [`STOP_TIMEOUT`] after the connections closed (what still runs then
+    /// is logged and left behind).
     pub async fn serve(
         self: &Arc<Self>,
         addr: SocketAddr,
@@ -191,7 +216,10 @@ impl LogEdge {
 const VIEWER_PAGE: &str = include_str!("edge/viewer.html");
 
 /// Binds `addr` and serves `router` until `shutdown` fires. Returns the
-/// bound address (useful with port 0) and the server task.
+/// bound address (useful with port 0) and the server task, which owns the
+/// connections' tasks and ends once they ended (open connections are given
+/// a graceful close), or [`STOP_TIMEOUT`] after that. While it runs it also
+/// does the upkeep of the recorder [`install_metrics`] installed.
 pub async fn serve(
     addr: SocketAddr,
     router: Router,
@@ -208,8 +236,15 @@ async fn serve_with(
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<Result<(), EdgeError>>), EdgeError> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| EdgeError::Bind { addr, source })?;
     let bound = listener.local_addr().map_err(|source| EdgeError::Bind { addr, source })?;
+    // The edge's tasks, or the connections' own when there is no log path.
+    let tasks = match &logs {
+        Some(edge) => edge.tasks.clone(),
+        None => Tasks::new(shutdown.child_token()),
+    };
+    // The server task is the owner of `tasks`: the caller holds its handle.
     let task = tokio::spawn(async move {
-        direct::accept_loop(listener, router, logs, shutdown).await;
+        direct::accept_loop(listener, router, logs, shutdown, &tasks).await;
+        tasks.stop(&format!("edge on {bound}"), STOP_TIMEOUT).await;
         Ok(())
     });
     Ok((bound, task))

@@ -34,4 +34,5 @@ pub mod pubsub;
 pub mod queue;
 pub mod retry;
 pub mod stream;
+pub mod tasks;
 pub mod telemetry;

@@ -322,7 +322,7 @@ impl Manager {
     fn acquire(&mut self, queue: QueueId) {
         self.slots.insert(queue, Slot::Acquiring);
         let (leases, node, myself) = (self.args.leases.clone(), self.node.clone(), self.myself.clone());
-        tokio::spawn(async move {
+        self.args.services.tasks.spawn("lease acquire", async move {
             let result = leases.try_acquire(queue, &node).await.map_err(|e| e.to_string());
             let _ = myself.cast(ManagerMsg::Internal(ManagerInternal(Internal::Lease(queue, result))));
         });
@@ -342,7 +342,7 @@ impl Manager {
         let kill = self.args.services.kill.child_token();
         let services = Arc::new(AgentServices { kill: kill.clone(), ..(*self.args.services).clone() });
         let (myself, supervisor) = (self.myself.clone(), self.myself.get_cell());
-        tokio::spawn(async move {
+        self.args.services.tasks.spawn("agent start", async move {
             let spawned = Actor::spawn_linked(None, PullingAgent, AgentArgs { queue, services }, supervisor).await;
             let result = spawned.map(|(agent, _)| (agent, kill)).map_err(|e| e.to_string());
             let _ = myself.cast(ManagerMsg::Internal(ManagerInternal(Internal::Spawned(queue, result))));

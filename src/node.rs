@@ -3,8 +3,11 @@
 //! commands.
 //!
 //! A node owns a pulling manager, a balancer driver (membership changes ->
-//! ownership notifications with increasing sequence numbers) and the
-//! directory of its local consumers. Several nodes may share one process
+//! ownership notifications with increasing sequence numbers), the directory
+//! of its local consumers, and its tasks ([`Tasks`]): the driver, the
+//! manager's helpers and its agents' pumps and work lanes are all spawned
+//! there, and [`Node::shutdown`] returns only once they ended (or
+//! [`STOP_TIMEOUT`] passed). Several nodes may share one process
 //! (the in-process cluster, the demo): they share the adapter's store, the
 //! membership, the leases and the agent directory they are given.
 
@@ -33,6 +36,7 @@ use crate::pubsub::{
 };
 use crate::queue::{QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper};
 use crate::stream::{Event, SequenceToken, StreamId};
+use crate::tasks::{STOP_TIMEOUT, Tasks};
 use tracked::TrackedConsumer;
 
 /// A node could not start or answer.
@@ -178,6 +182,7 @@ impl NodeBuilder {
             .consumers
             .unwrap_or_else(|| Arc::new(LocalConsumers::new(self.id.clone(), config.pubsub.max_local_consumers)));
         let directory = ConsumerDirectory::new(consumers.clone(), self.remote);
+        let tasks = Tasks::new(CancellationToken::new());
         let failure = self
             .failure
             .unwrap_or_else(|| Arc::new(DefaultFailureHandler { fault_on_error: config.failure.fault_on_error }));
@@ -194,6 +199,7 @@ impl NodeBuilder {
             failure,
             dead_letters: self.dead_letters,
             kill: self.kill.clone(),
+            tasks: tasks.clone(),
         });
         let membership = self.membership.unwrap_or_default();
         let leases = self.leases.unwrap_or_else(|| Arc::new(MemoryLeases::new()));
@@ -205,15 +211,17 @@ impl NodeBuilder {
         )
         .await
         .map_err(|e| NodeError::Spawn(e.to_string()))?;
-        let driver_stop = CancellationToken::new();
-        let driver = tokio::spawn(drive_ownership(
-            self.id.clone(),
-            config.balancer,
-            mapper,
-            membership.clone(),
-            manager.clone(),
-            driver_stop.clone(),
-        ));
+        let driver = tasks.spawn(
+            "ownership driver",
+            drive_ownership(
+                self.id.clone(),
+                config.balancer,
+                mapper,
+                membership.clone(),
+                manager.clone(),
+                tasks.token().clone(),
+            ),
+        );
         membership.join(self.id.clone());
         Ok(Node {
             id: self.id,
@@ -228,7 +236,7 @@ impl NodeBuilder {
             manager,
             manager_task: Mutex::new(Some(manager_task)),
             driver,
-            driver_stop,
+            tasks,
             kill: self.kill,
         })
     }
@@ -248,7 +256,8 @@ pub struct Node {
     manager: ActorRef<ManagerMsg>,
     manager_task: Mutex<Option<JoinHandle<()>>>,
     driver: JoinHandle<()>,
-    driver_stop: CancellationToken,
+    /// Every task the node spawns; its token stops the ownership driver.
+    tasks: Tasks,
     kill: CancellationToken,
 }
 
@@ -457,16 +466,30 @@ impl Node {
     }
 
     /// Leaves the cluster gracefully: other nodes take the queues over as
-    /// this node's agents finish their ordered shutdown.
+    /// this node's agents finish their ordered shutdown. Returns once the
+    /// manager stopped and every task of the node ended, or
+    /// [`STOP_TIMEOUT`] after the manager stopped (what still runs then is
+    /// logged and left behind). The tasks are waited for even if the
+    /// manager did not answer.
     pub async fn shutdown(&self) -> Result<(), NodeError> {
         self.membership.leave(&self.id);
-        self.driver_stop.cancel();
-        self.ask(ManagerMsg::Stop).await?;
-        let task = self.manager_task.lock().take();
-        if let Some(task) = task {
-            let _ = task.await;
+        self.tasks.token().cancel();
+        let stopped = self.ask(ManagerMsg::Stop).await;
+        if stopped.is_ok() {
+            let task = self.manager_task.lock().take();
+            if let Some(task) = task {
+                let _ = task.await;
+            }
         }
-        Ok(())
+        self.tasks.stop(self.id.as_str(), STOP_TIMEOUT).await;
+        stopped
+    }
+
+    /// Tasks of this node running now (the ownership driver, the manager's
+    /// helpers, the agents' pumps and work lanes); none once
+    /// [`Node::shutdown`] returned in time.
+    pub fn tracked_tasks(&self) -> usize {
+        self.tasks.len()
     }
 
     /// Dies at once, as with `kill -9`: no handoff, no checkpoint flush, no

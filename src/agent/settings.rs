@@ -15,6 +15,7 @@ use crate::failure::{DeadLetterSink, FailureHandler};
 use crate::pubsub::{ConsumerResolver, ImplicitSubscriptions, PubSubStore};
 use crate::queue::QueueAdapter;
 use crate::retry::Backoff;
+use crate::tasks::Tasks;
 
 /// An agent's settings. Defaults are Orleans' unless noted.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,4 +110,8 @@ pub struct AgentServices {
     /// Cancelled when the node crashes (tests): every task of every agent
     /// stops at once, with no handoff.
     pub kill: CancellationToken,
+    /// The node's tasks: agents and the manager spawn theirs here (an
+    /// agent's pump and work lane end with the agent, which waits for its
+    /// in-flight work; the node waits for them all when it shuts down).
+    pub tasks: Tasks,
 }

@@ -18,6 +18,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span};
 
+use crate::tasks::Tasks;
+
 /// A unit of work: resolves to the report of what it did.
 pub(crate) type Job<M> = Pin<Box<dyn Future<Output = M> + Send>>;
 
@@ -34,11 +36,13 @@ where
     )
 }
 
-/// Starts a lane. The channel holds at most one job per subscription and
-/// stream of the agent (bounded by `agent.max_streams` and the pub-sub
-/// limits). The lane stops when `kill` fires, when `report` says nobody
-/// listens any more, or when the sender is dropped and nothing runs.
+/// Starts a lane, a task of `tasks` (the node's). The channel holds at
+/// most one job per subscription and stream of the agent (bounded by
+/// `agent.max_streams` and the pub-sub limits). The lane stops when `kill`
+/// fires, when `report` says nobody listens any more, or when the sender is
+/// dropped and nothing runs.
 pub(crate) fn start<M: Send + 'static>(
+    tasks: &Tasks,
     report: impl Fn(Vec<M>) -> bool + Send + 'static,
     kill: Arc<CancellationToken>,
     span: Span,
@@ -68,7 +72,7 @@ pub(crate) fn start<M: Send + 'static>(
             }
         }
     };
-    tokio::spawn(lane.instrument(span));
+    tasks.spawn("agent work lane", lane.instrument(span));
     jobs
 }
 

@@ -24,6 +24,7 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use super::LogEdge;
+use crate::tasks::Tasks;
 
 /// Longest request head read before the route is known.
 const MAX_HEAD: usize = 8 * 1024;
@@ -32,17 +33,25 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const STREAM_PREFIX: &str = "/api/v1/services/ingestionPipelines/logs/";
 
 /// Serves `listener` until `shutdown`; stream requests go straight to
-/// `edge` when there is one.
+/// `edge` when there is one. Each connection is a task of `tasks`. On
+/// `shutdown` it cancels `tasks` (open streams end, a request head still
+/// awaited is given up) and gives hyper's connections a graceful close;
+/// the caller then waits for `tasks`. Meanwhile it does the metrics
+/// recorder's upkeep.
 pub(crate) async fn accept_loop(
     listener: tokio::net::TcpListener,
     router: Router,
     edge: Option<Arc<LogEdge>>,
     shutdown: CancellationToken,
+    tasks: &Tasks,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.max_buf_size(64 * 1024).header_read_timeout(HEAD_TIMEOUT).timer(hyper_util::rt::TokioTimer::new());
     let builder = Arc::new(builder);
+    let mut upkeep =
+        tokio::time::interval_at(tokio::time::Instant::now() + super::METRICS_UPKEEP, super::METRICS_UPKEEP);
+    upkeep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -54,12 +63,17 @@ pub(crate) async fn accept_loop(
                 }
             },
             _ = shutdown.cancelled() => break,
+            _ = upkeep.tick() => {
+                super::metrics_upkeep();
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
         let (router, edge, builder, watcher) = (router.clone(), edge.clone(), builder.clone(), graceful.watcher());
-        tokio::spawn(async move {
+        let stop = tasks.token().clone();
+        tasks.spawn("connection", async move {
             let (stream, head) = match &edge {
-                Some(edge) => match direct(stream, edge).await {
+                Some(edge) => match direct(stream, edge, &stop).await {
                     Some(handed_back) => handed_back,
                     None => return,
                 },
@@ -70,14 +84,16 @@ pub(crate) async fn accept_loop(
             let _ = watcher.watch(builder.serve_connection(io, service)).await;
         });
     }
+    tasks.token().cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await;
 }
 
 /// Reads the first request head. A log stream request is served here
 /// (`None`); anything else is handed back with the bytes read so far.
-async fn direct(mut stream: TcpStream, edge: &Arc<LogEdge>) -> Option<(TcpStream, Vec<u8>)> {
+/// Nothing is served once `stop` fired.
+async fn direct(mut stream: TcpStream, edge: &Arc<LogEdge>, stop: &CancellationToken) -> Option<(TcpStream, Vec<u8>)> {
     let mut head = Vec::with_capacity(1024);
-    let parsed = tokio::time::timeout(HEAD_TIMEOUT, async {
+    let read_head = tokio::time::timeout(HEAD_TIMEOUT, async {
         loop {
             if head.len() >= MAX_HEAD || stream.read_buf(&mut head).await.ok()? == 0 {
                 return None;
@@ -91,8 +107,11 @@ async fn direct(mut stream: TcpStream, edge: &Arc<LogEdge>) -> Option<(TcpStream
                 Err(_) => return Some(None),
             }
         }
-    })
-    .await;
+    });
+    let parsed = tokio::select! {
+        parsed = read_head => parsed,
+        _ = stop.cancelled() => return None,
+    };
     let route = match parsed {
         Ok(Some(route)) => route,
         // Closed, too slow or too long: nothing to serve.

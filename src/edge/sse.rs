@@ -76,7 +76,7 @@ pub(crate) async fn open(
         None => StartAt::Offset(0),
         Some(text) => text.parse().map_or(StartAt::Unplaceable, StartAt::Offset),
     };
-    let stop = edge.stop.clone();
+    let stop = edge.tasks.token().clone();
     let session = Session { edge, key, start, viewer: None, tailer: None, attached: false, stage: Stage::Setup };
     let body = futures::stream::unfold(session, |mut session| async move {
         session.next_frame().await.map(|frame| (frame, session))

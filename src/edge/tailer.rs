@@ -10,6 +10,12 @@
 //! from the store. New lines are pushed to viewers as the subscription
 //! delivers them; a timer only checks the end conditions.
 //!
+//! A tailer and its unsubscribe are tasks of the edge's [`Tasks`]. When
+//! the edge stops, a tailer ends at once (its viewers' streams end, without
+//! a terminal frame) and gives its subscription back; only a subscribe
+//! under way is let finish first (it is bounded by the attach timeout, and
+//! cutting it would leave the subscription behind).
+//!
 //! Its state sits behind a mutex that is never held across an `.await`:
 //! attaching a viewer (replay, then live) and publishing a chunk are each
 //! one critical section, so a viewer never misses a chunk between its
@@ -32,6 +38,7 @@ use crate::config::{LogStreamSettings, secs};
 use crate::node::{Node, SubscriptionHandle};
 use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use crate::stream::{BatchContainer, SequenceToken};
+use crate::tasks::Tasks;
 use crate::telemetry;
 
 /// Store lookups a starting tailer retries before it gives up.
@@ -112,6 +119,8 @@ pub(crate) struct Runs {
     store: Arc<dyn RunLogStore>,
     settings: Arc<LogStreamSettings>,
     tailers: Mutex<HashMap<RunKey, Arc<Tailer>>>,
+    /// The edge's tasks: tailers and their unsubscribes run there.
+    tasks: Tasks,
 }
 
 /// See the module documentation.
@@ -124,8 +133,13 @@ pub(crate) struct Tailer {
 }
 
 impl Runs {
-    pub(crate) fn new(node: Arc<Node>, store: Arc<dyn RunLogStore>, settings: Arc<LogStreamSettings>) -> Arc<Self> {
-        Arc::new(Self { node, store, settings, tailers: Mutex::new(HashMap::new()) })
+    pub(crate) fn new(
+        node: Arc<Node>,
+        store: Arc<dyn RunLogStore>,
+        settings: Arc<LogStreamSettings>,
+        tasks: Tasks,
+    ) -> Arc<Self> {
+        Arc::new(Self { node, store, settings, tailers: Mutex::new(HashMap::new()), tasks })
     }
 
     /// Runs tailed now.
@@ -135,7 +149,11 @@ impl Runs {
 
     /// The run's tailer, created (and started) if there is none and the
     /// node is under `max_active_runs`; the caller is counted as joining.
+    /// None is started once the edge stops.
     pub(crate) fn acquire(self: &Arc<Self>, key: &RunKey) -> Option<Arc<Tailer>> {
+        if self.tasks.token().is_cancelled() {
+            return None;
+        }
         let mut tailers = self.tailers.lock();
         if let Some(tailer) = tailers.get(key)
             && tailer.join()
@@ -152,7 +170,7 @@ impl Runs {
         metrics::gauge!(telemetry::EDGE_RUNS).set(tailers.len() as f64);
         drop(tailers);
         let span = tracing::info_span!("tailer", node = %self.node.id(), run = %key);
-        tokio::spawn(tracing::Instrument::instrument(start(self.clone(), tailer.clone()), span));
+        self.tasks.spawn("tailer", tracing::Instrument::instrument(start(self.clone(), tailer.clone()), span));
         Some(tailer)
     }
 
@@ -165,8 +183,10 @@ impl Runs {
     }
 }
 
-/// Subscribes, learns the store's position, goes live, runs the timer.
+/// Subscribes, learns the store's position, goes live, runs the timer;
+/// ends early when the edge stops.
 async fn start(runs: Arc<Runs>, tailer: Arc<Tailer>) {
+    let stop = runs.tasks.token().clone();
     let consumer = Arc::new(TailerConsumer { tailer: Arc::downgrade(&tailer) });
     let handle = match runs.node.subscribe(&tailer.key.stream(), consumer, StartPosition::EarliestAvailable).await {
         Ok(handle) => handle,
@@ -181,7 +201,13 @@ async fn start(runs: Arc<Runs>, tailer: Arc<Tailer>) {
             Err(error) if attempt < STORE_ATTEMPTS => {
                 attempt += 1;
                 tracing::debug!(run = %tailer.key, %error, attempt, "store lookup failed; retrying");
-                tokio::time::sleep(STORE_RETRY * attempt).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(STORE_RETRY * attempt) => {}
+                    _ = stop.cancelled() => {
+                        tailer.keep_subscription(handle);
+                        return tailer.stop();
+                    }
+                }
             }
             Err(error) => {
                 tailer.keep_subscription(handle);
@@ -195,7 +221,10 @@ async fn start(runs: Arc<Runs>, tailer: Arc<Tailer>) {
     tracing::debug!(run = %tailer.key, lines = info.lines, "tailer live");
     let every = secs(runs.settings.poll_seconds).max(Duration::from_millis(1));
     loop {
-        tokio::time::sleep(every).await;
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => return tailer.stop(),
+        }
         if tailer.phase() == Phase::Ended {
             return;
         }
@@ -425,6 +454,13 @@ impl Tailer {
         self.end(state, Some(Ending::Complete(reason)));
     }
 
+    /// The edge stops: every viewer's stream ends (it reconnects with its
+    /// cursor), and the subscription is given back.
+    fn stop(self: &Arc<Self>) {
+        let state = self.state.lock();
+        self.end(state, None);
+    }
+
     /// A persistent failure: every viewer gets an `error` and is closed.
     fn fail(self: &Arc<Self>, message: &str) {
         tracing::warn!(run = %self.key, %message, "tailer failed");
@@ -465,7 +501,8 @@ impl Tailer {
         let Some(runs) = self.runs.upgrade() else { return };
         runs.release(self);
         if let Some(handle) = self.state.lock().subscription.take() {
-            tokio::spawn(async move {
+            let tasks = runs.tasks.clone();
+            tasks.spawn("tailer unsubscribe", async move {
                 if let Err(error) = runs.node.unsubscribe(&handle).await {
                     tracing::warn!(%error, "could not end a tailer's subscription");
                 }

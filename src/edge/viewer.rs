@@ -13,12 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use crate::tasks::Tasks;
+use crate::telemetry;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
-
-use crate::telemetry;
 
 /// The heartbeat comment.
 pub(crate) const HEARTBEAT: &[u8] = b": heartbeat\n\n";
@@ -168,10 +167,12 @@ impl Registry {
     }
 
     /// Every `every`, queues a heartbeat to every connection; one that
-    /// cannot take it (gone, or too far behind) is dropped.
-    pub(crate) fn spawn_heartbeats(self: &Arc<Self>, every: Duration, stop: CancellationToken) {
+    /// cannot take it (gone, or too far behind) is dropped. A task of
+    /// `tasks`, until their token fires.
+    pub(crate) fn spawn_heartbeats(self: &Arc<Self>, every: Duration, tasks: &Tasks) {
         let registry = Arc::downgrade(self);
-        tokio::spawn(async move {
+        let stop = tasks.token().clone();
+        tasks.spawn("heartbeats", async move {
             let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
