@@ -221,6 +221,43 @@ async fn listings_name_pipelines_and_runs_newest_first() {
     assert_eq!(ids, ["new", "old"]);
 }
 
+/// Media types are read case-insensitively, anything but text/plain and
+/// NDJSON is refused with 415, an NDJSON line must be an object, and every
+/// refusal is a JSON body, the body limit's and a bad `limit` included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_types_limits_and_pages_get_their_documented_answers() {
+    let options = EdgeOptions { max_body_bytes: 1024, log_stream: quick_settings(), ..EdgeOptions::default() };
+    let server = LogServer::start_with(options, common::quick_config()).await;
+    let post = |content_type: &'static str, payload: String| {
+        server
+            .client
+            .post(server.url("/api/v1/logs/svc.etl/runs/r-1/lines"))
+            .header("content-type", content_type)
+            .body(payload)
+            .send()
+    };
+    let upper = post("Application/X-NDJSON; charset=utf-8", "{\"line\": \"framed\"}\n".into()).await.unwrap();
+    assert_eq!(body(upper).await, (202, json!({ "accepted": 1 })));
+    server.archived("svc.etl", "r-1", 1).await;
+    assert_eq!(last(&server, "runId=r-1").await.1["logs"], "framed", "stored as NDJSON, not as raw text");
+    for refused in ["application/json", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"] {
+        let (status, problem) = body(post(refused, "x".into()).await.unwrap()).await;
+        assert_eq!(status, 415, "{refused}: {problem}");
+        assert!(problem["message"].as_str().unwrap().contains("text/plain or application/x-ndjson"), "{problem}");
+    }
+    let (status, problem) = body(post("application/x-ndjson", "[\"a\"]\n".into()).await.unwrap()).await;
+    assert_eq!(status, 400, "{problem}");
+    assert!(problem["message"].as_str().unwrap().contains("line 1"), "{problem}");
+    let (status, problem) = body(post("text/plain", "x".repeat(2048)).await.unwrap()).await;
+    assert_eq!((status, problem["code"].as_u64()), (413, Some(413)), "{problem}");
+    assert!(problem["message"].as_str().unwrap().contains("edge.max_body_bytes"), "{problem}");
+    for bad in ["limit=0", "limit=-1"] {
+        let (status, problem) = last(&server, &format!("runId=r-1&{bad}")).await;
+        assert_eq!((status, problem["code"].as_u64()), (400, Some(400)), "{bad}: {problem}");
+    }
+    assert_eq!(last(&server, "runId=r-1&limit=1").await.1["logs"], "framed");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bearer_tokens_guard_reads_and_writes() {
     let token = |t: &str, scopes: Vec<Scope>| TokenEntry { token: t.into(), scopes };
@@ -246,6 +283,16 @@ async fn bearer_tokens_guard_reads_and_writes() {
     assert_eq!(forbidden.status(), 403);
     assert!(forbidden.text().await.unwrap().contains("lacks the `write` scope"));
     assert_eq!(post(Some("writer-token-0123456789")).await.unwrap().status(), 202);
+    // The scheme is case-insensitive.
+    let lower = server
+        .client
+        .post(server.url("/api/v1/logs/svc.etl/runs/r-1/lines"))
+        .header("authorization", "bearer writer-token-0123456789")
+        .body("y")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lower.status(), 202);
     let stream = server.stream_url("svc.etl", "r-1", None);
     assert_eq!(server.client.get(&stream).send().await.unwrap().status(), 401, "before the stream opens");
     let mut sse = Sse::open_with(&server.client, &stream, "reader-token-0123456789").await;
@@ -263,6 +310,13 @@ fn without_tokens_the_edge_stays_on_loopback() {
     assert!(refused.contains("refusing to listen on 0.0.0.0:8585 without [edge.auth] tokens"), "{refused}");
     let short = AuthOptions { tokens: vec![TokenEntry { token: "short".into(), scopes: vec![Scope::Read] }] };
     assert!(tailrace::edge::check_listen("0.0.0.0:8585".parse().unwrap(), &short).is_err());
+    let blank = AuthOptions { tokens: vec![TokenEntry { token: " ".repeat(20), scopes: vec![Scope::Read] }] };
+    let refused = tailrace::edge::check_listen("0.0.0.0:8585".parse().unwrap(), &blank).unwrap_err();
+    assert!(refused.contains("at least 16 characters"), "{refused}");
+    let unscoped =
+        AuthOptions { tokens: vec![TokenEntry { token: "a-long-enough-token-0123".into(), scopes: vec![] }] };
+    let refused = tailrace::edge::check_listen("0.0.0.0:8585".parse().unwrap(), &unscoped).unwrap_err();
+    assert!(refused.contains("at least one scope"), "{refused}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -86,7 +86,9 @@ async fn serve_node(
         config.archive.store
     );
     println!("  viewer:  http://{bound}/");
-    println!("  ingest:  curl -X POST --data-binary @build.log http://{bound}/api/v1/logs/<pipeline>/runs/<run>/lines");
+    println!(
+        "  ingest:  curl -H 'content-type: text/plain' --data-binary @build.log http://{bound}/api/v1/logs/<pipeline>/runs/<run>/lines"
+    );
     println!("  follow:  curl -N http://{bound}/api/v1/services/ingestionPipelines/logs/<pipeline>/stream/<run>");
     let signal = signals.recv().await;
     println!("{signal}: stopping, handing every queue over");

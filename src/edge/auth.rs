@@ -32,8 +32,13 @@ pub fn check_listen(addr: SocketAddr, options: &AuthOptions) -> Result<(), Strin
              add tokens or listen on 127.0.0.1"
         ));
     }
-    if options.tokens.iter().any(|t| t.token.len() < 16) {
-        return Err("every [edge.auth] token must be at least 16 characters".into());
+    if options.tokens.iter().any(|t| t.token.trim().len() < 16 || t.token.trim() != t.token) {
+        return Err("every [edge.auth] token must be at least 16 characters, without spaces around it".into());
+    }
+    if options.tokens.iter().any(|t| t.scopes.is_empty()) {
+        return Err(
+            "every [edge.auth] token needs at least one scope (scopes = [\"read\"], [\"write\"] or both)".into()
+        );
     }
     Ok(())
 }
@@ -53,7 +58,12 @@ impl Auth {
         }
         let needed = if read { Scope::Read } else { Scope::Write };
         let refuse = |status, message: &str| Err(Refusal { status, message: format!("{message}\n") });
-        let Some(token) = authorization.and_then(|v| v.strip_prefix("Bearer ")).map(str::trim) else {
+        // The scheme is case-insensitive (RFC 9110 §11.1).
+        let bearer = authorization
+            .and_then(|v| v.trim_start().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
+        let Some(token) = bearer else {
             return refuse(StatusCode::UNAUTHORIZED, "missing bearer token (Authorization: Bearer <token>)");
         };
         match self.tokens.get(token) {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Json;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -53,23 +54,45 @@ struct NdLine {
     id: Option<String>,
 }
 
+/// The request's media type, lower-cased, without parameters; `None`
+/// without a `Content-Type`.
+fn media_type(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else { return Ok(None) };
+    let value = value
+        .to_str()
+        .map_err(|_| problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, "the content type is not readable text"))?;
+    let essence = value.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    Ok((!essence.is_empty()).then_some(essence))
+}
+
 /// The body's lines with their optional producer ids.
 fn parse_lines(headers: &HeaderMap, body: &[u8], max: usize) -> Result<Vec<(String, Option<String>)>, ApiError> {
+    let ndjson = match media_type(headers)?.as_deref() {
+        None | Some("text/plain") => false,
+        Some("application/x-ndjson") => true,
+        Some(other) => {
+            return Err(problem(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("content type `{other}` is not accepted: send text/plain or application/x-ndjson"),
+            ));
+        }
+    };
     let text = std::str::from_utf8(body)
         .map_err(|e| problem(StatusCode::BAD_REQUEST, format!("the body is not UTF-8: {e}")))?;
-    let ndjson = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/x-ndjson"));
     let mut out = Vec::new();
     if ndjson {
         for (n, raw) in text.lines().enumerate() {
             if raw.trim().is_empty() {
                 continue;
             }
-            let parsed: NdLine = serde_json::from_str(raw).map_err(|e| {
+            let expected = |e: &dyn std::fmt::Display| {
                 problem(StatusCode::BAD_REQUEST, format!("line {}: expected {{\"line\": …, \"id\"?: …}}: {e}", n + 1))
-            })?;
+            };
+            // An object only (serde would also read `["a"]` by position).
+            if !raw.trim_start().starts_with('{') {
+                return Err(expected(&"not a JSON object"));
+            }
+            let parsed: NdLine = serde_json::from_str(raw).map_err(|e| expected(&e))?;
             if parsed.id.as_ref().is_some_and(|id| id.is_empty() || id.len() > 256) {
                 return Err(problem(StatusCode::BAD_REQUEST, format!("line {}: an id must be 1 to 256 bytes", n + 1)));
             }
@@ -96,9 +119,10 @@ pub(crate) async fn post_lines(
     State(edge): State<Arc<LogEdge>>,
     Path((fqn, run)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let key = run_key(&fqn, &run)?;
+    let body = body.map_err(|e| body_refused(&e, edge.options.max_body_bytes))?;
     let lines = parse_lines(&headers, &body, edge.options.max_lines_per_request)?;
     let now = now_ms();
     let events: Vec<Event> = lines
@@ -116,6 +140,16 @@ pub(crate) async fn post_lines(
     edge.node.produce(&key.stream(), events).await.map_err(not_accepted)?;
     metrics::counter!(telemetry::EDGE_INGESTED_LINES).increment(count as u64);
     Ok((StatusCode::ACCEPTED, Json(json!({ "accepted": count }))).into_response())
+}
+
+/// A body that could not be read as the JSON answer every refusal gets:
+/// `413` past `edge.max_body_bytes`, the extractor's own status otherwise.
+pub(crate) fn body_refused(rejection: &BytesRejection, max: usize) -> ApiError {
+    let status = rejection.status();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        return problem(status, format!("the body is larger than {max} bytes (setting edge.max_body_bytes)"));
+    }
+    problem(status, rejection.body_text())
 }
 
 /// A queue's refusal as an answer: too large (413), full or down for now
@@ -140,9 +174,10 @@ struct StatusBody {
 pub(crate) async fn put_status(
     State(edge): State<Arc<LogEdge>>,
     Path((fqn, run)): Path<(String, String)>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let key = run_key(&fqn, &run)?;
+    let body = body.map_err(|e| body_refused(&e, edge.options.max_body_bytes))?;
     let parsed: StatusBody = serde_json::from_slice(&body)
         .map_err(|e| problem(StatusCode::BAD_REQUEST, format!("expected {{\"state\": …}}: {e}")))?;
     let Some(state) = RunState::parse(&parsed.state) else {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -59,8 +60,12 @@ async fn resolve(edge: &LogEdge, fqn: &str, run: Option<&str>) -> Result<RunKey,
 pub(crate) async fn last(
     State(edge): State<Arc<LogEdge>>,
     Path(fqn): Path<String>,
-    Query(query): Query<LastQuery>,
+    query: Result<Query<LastQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| problem(StatusCode::BAD_REQUEST, e.body_text()))?;
+    if query.limit == Some(0) {
+        return Err(problem(StatusCode::BAD_REQUEST, "limit must be at least 1"));
+    }
     let key = resolve(&edge, &fqn, query.run_id.as_deref()).await?;
     // An unreadable cursor starts at the beginning, as the stream does.
     let from = query.after.as_deref().and_then(|a| a.parse::<u64>().ok()).unwrap_or(0);
