@@ -144,7 +144,7 @@ pub(crate) async fn post_lines(
 
 /// A body that could not be read as the JSON answer every refusal gets:
 /// `413` past `edge.max_body_bytes`, the extractor's own status otherwise.
-pub(crate) fn body_refused(rejection: &BytesRejection, max: usize) -> ApiError {
+fn body_refused(rejection: &BytesRejection, max: usize) -> ApiError {
     let status = rejection.status();
     if status == StatusCode::PAYLOAD_TOO_LARGE {
         return problem(status, format!("the body is larger than {max} bytes (setting edge.max_body_bytes)"));
