@@ -268,6 +268,19 @@ impl Sse {
         }
     }
 
+    /// Events until they carry at least `count` lines in all; panics if
+    /// the stream ends first.
+    pub async fn lines(&mut self, count: usize) -> Vec<Value> {
+        let mut out: Vec<Value> = Vec::new();
+        while out.iter().filter_map(|e| e["logs"].as_str()).map(|l| l.lines().count()).sum::<usize>() < count {
+            match self.event().await {
+                Some(event) => out.push(event),
+                None => panic!("the stream ended after {out:?}, before {count} lines"),
+            }
+        }
+        out
+    }
+
     /// Events until the stream ends.
     pub async fn rest(&mut self) -> Vec<Value> {
         let mut out = Vec::new();
