@@ -1,15 +1,17 @@
 //! The log path's durable side: run keys, the **run log store** and the
-//! **archiver**.
+//! **archiver**, its one writer.
 //!
-//! A pipeline run's log is the stream (`logs`, `{fqn}/{runId}`); one event
-//! per log line. The archiver is the implicit subscriber of the `logs`
-//! namespace: it appends each container's lines to the run log store, in
-//! order, exactly once (a container whose token the run already holds is
-//! skipped, so redeliveries are harmless; one whose event ids repeat one of
-//! the run's last containers is a producer's retried POST, and is skipped
-//! too), and answers its handshake with
-//! the last token stored. The store also keeps each run's status; the SSE
-//! edge reads it for catch-up, the paginated endpoints and the download.
+//! A pipeline run's log is the stream (`logs`, `{fqn}/{runId}`): its
+//! lines, and its status changes in order with them ([`status_event`]).
+//! The archiver is the implicit subscriber of the `logs` namespace: it
+//! appends each container's lines to the run log store, in order, exactly
+//! once (a container whose token the run already holds is skipped, so
+//! redeliveries are harmless; one whose event ids repeat one of the run's
+//! last containers is a producer's retried POST, and is skipped too),
+//! applies its status change after them, and answers its handshake with
+//! the last token stored. So a status is stored only after every line
+//! produced before it. The edge reads the store ([`RunLogReader`]) for
+//! catch-up, the paginated endpoints and the download.
 //!
 //! Stores: [`FileRunLogStore`] (embedded, the default) and
 //! [`RedisRunLogStore`] (every node of a cluster reads every run).
@@ -17,6 +19,7 @@
 //! Finished runs are removed by [`Retention`] once they are old or the
 //! store is too big (`[archive.retention]`, see [`RetentionPolicy`]).
 
+mod archiver;
 mod file_store;
 mod redis_store;
 mod retention;
@@ -27,15 +30,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use archiver::{Archiver, Contents, RunLogReader, STATUS_ID_PREFIX, is_status, status_event};
 pub use file_store::FileRunLogStore;
 pub use redis_store::RedisRunLogStore;
 pub use retention::{MAX_REPORTED_RUNS, MAX_RUNS_PER_PRUNE, PruneReport, Retention, RetentionPolicy, Verdict};
 
-use crate::pubsub::{
-    ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionInfo,
-};
-use crate::stream::{SequenceToken, StreamId};
-use crate::telemetry;
+use crate::stream::{Event, SequenceToken, StreamId};
 
 /// `[archive]`: where the archiver keeps run logs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,7 +84,7 @@ pub const RECENT_BATCHES: usize = 128;
 /// A container's fingerprint: a hash of its events' ids, in order. A
 /// producer that retries a POST with the same ids (NDJSON `id`) sends the
 /// same fingerprint; generated ids never repeat.
-pub fn batch_fingerprint(events: &[crate::stream::Event]) -> u64 {
+pub fn batch_fingerprint(events: &[Event]) -> u64 {
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     for event in events {
         hasher.update(event.id.as_str().as_bytes());
@@ -372,63 +372,6 @@ pub trait RunLogStore: Send + Sync + 'static {
 pub fn lines_of(text: &str) -> impl Iterator<Item = &str> {
     let text = text.strip_suffix('\n').unwrap_or(text);
     text.split('\n').map(|line| line.strip_suffix('\r').unwrap_or(line))
-}
-
-/// The implicit subscriber of `logs`: binds it with
-/// `ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, Archiver::new(store))`.
-pub struct Archiver {
-    store: Arc<dyn RunLogStore>,
-}
-
-impl Archiver {
-    /// Archives into `store`.
-    pub fn new(store: Arc<dyn RunLogStore>) -> Arc<Self> {
-        Arc::new(Self { store })
-    }
-}
-
-impl ConsumerFactory for Archiver {
-    fn name(&self) -> &str {
-        "archiver"
-    }
-
-    fn create(&self, stream: &StreamId) -> Arc<dyn StreamConsumer> {
-        Arc::new(ArchiverConsumer { run: RunKey::from_stream(stream), store: self.store.clone() })
-    }
-}
-
-struct ArchiverConsumer {
-    run: Result<RunKey, InvalidName>,
-    store: Arc<dyn RunLogStore>,
-}
-
-impl ArchiverConsumer {
-    fn run(&self) -> Result<&RunKey, ConsumerError> {
-        self.run.as_ref().map_err(ConsumerError::failed)
-    }
-}
-
-#[async_trait]
-impl StreamConsumer for ArchiverConsumer {
-    /// Continue after the last container stored: nothing twice, nothing lost.
-    async fn handshake(&self, _: &SubscriptionInfo) -> Result<Option<StartPosition>, ConsumerError> {
-        let info = self.store.info(self.run()?).await.map_err(ConsumerError::failed)?;
-        Ok(info.and_then(|i| i.last_token).map(StartPosition::After))
-    }
-
-    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
-        let run = self.run()?;
-        for batch in &delivery.batches {
-            let texts: Vec<std::borrow::Cow<'_, str>> =
-                batch.events.iter().map(|e| String::from_utf8_lossy(&e.payload)).collect();
-            let lines: Vec<&str> = texts.iter().flat_map(|t| lines_of(t)).collect();
-            let fingerprint = batch_fingerprint(&batch.events);
-            if self.store.append_batch(run, batch.token, fingerprint, &lines).await.map_err(ConsumerError::failed)? {
-                metrics::counter!(telemetry::ARCHIVE_LINES).increment(lines.len() as u64);
-            }
-        }
-        Ok(DeliveryOutcome::Continue)
-    }
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ pub use crate::config::{AuthOptions, EdgeOptions, LogStreamSettings, Scope, Toke
 pub use auth::check_listen;
 pub use frames::{BYTES_MESSAGE, DURATION_MESSAGE, EndReason, IDLE_MESSAGE, TOO_MANY_RUNS, TOO_MANY_VIEWERS};
 
-use crate::archive::RunLogStore;
+use crate::archive::{Archiver, RunLogReader};
 use crate::node::Node;
 use crate::tasks::{STOP_TIMEOUT, Tasks};
 use crate::telemetry;
@@ -99,7 +99,10 @@ async fn render_metrics(State(metrics): State<PrometheusHandle>) -> impl IntoRes
 /// they read from.
 pub struct LogEdge {
     node: Arc<Node>,
-    store: Arc<dyn RunLogStore>,
+    /// The run log store's writer: the edge only registers runs with it.
+    archiver: Arc<Archiver>,
+    /// Everything else the edge does with the store is reading.
+    store: RunLogReader,
     options: EdgeOptions,
     settings: Arc<LogStreamSettings>,
     runs: Arc<tailer::Runs>,
@@ -115,25 +118,23 @@ pub struct LogEdge {
 }
 
 impl LogEdge {
-    /// The log path on `node`, reading and writing runs in `store`. Its
-    /// streams, tailers and heartbeats stop with `stop` (or when a server
-    /// of this edge stops, see [`LogEdge::serve`]).
-    pub fn new(
-        node: Arc<Node>,
-        store: Arc<dyn RunLogStore>,
-        options: EdgeOptions,
-        stop: CancellationToken,
-    ) -> Arc<Self> {
+    /// The log path on `node`, whose runs `archiver` (the implicit
+    /// subscriber of `logs` on `node`) stores. Its streams, tailers and
+    /// heartbeats stop with `stop` (or when a server of this edge stops,
+    /// see [`LogEdge::serve`]).
+    pub fn new(node: Arc<Node>, archiver: Arc<Archiver>, options: EdgeOptions, stop: CancellationToken) -> Arc<Self> {
         let tasks = Tasks::new(stop.child_token());
         let settings = Arc::new(options.log_stream.clone());
         let registry = viewer::Registry::new(settings.max_active_connections, settings.max_pending_bytes_per_client);
         registry
             .spawn_heartbeats(crate::config::secs(settings.heartbeat_seconds).max(Duration::from_millis(1)), &tasks);
+        let store = archiver.reader();
         let runs = tailer::Runs::new(node.clone(), store.clone(), settings.clone(), tasks.clone());
         let id_prefix = format!("{}-{:08x}", node.id(), rand::random::<u32>());
         let auth = auth::Auth::new(&options.auth);
         Arc::new(Self {
             node,
+            archiver,
             store,
             options,
             settings,

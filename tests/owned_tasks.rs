@@ -50,13 +50,14 @@ async fn stopping_the_edge_ends_its_streams_and_leaves_none_of_its_tasks_running
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(FileRunLogStore::open(dir.path().join("runs"), false).unwrap());
     let factory = Arc::new(MemoryAdapterFactory::new(2, MemoryOptions::default()));
-    let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, Archiver::new(store.clone()));
+    let archiver = Archiver::new(store);
+    let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, archiver.clone());
     let node = Arc::new(
         Node::builder(NodeId::new("edge"), factory).config(quick_config()).implicit(implicit).start().await.unwrap(),
     );
     let stop = tokio_util::sync::CancellationToken::new();
     let options = EdgeOptions { log_stream: quick_settings(), ..EdgeOptions::default() };
-    let edge = LogEdge::new(node.clone(), store, options, stop.clone());
+    let edge = LogEdge::new(node.clone(), archiver, options, stop.clone());
     let (bound, server) = edge.serve("127.0.0.1:0".parse().unwrap(), axum::Router::new(), stop.clone()).await.unwrap();
     let base = format!("http://{bound}");
     let client = reqwest::Client::new();

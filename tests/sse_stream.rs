@@ -171,6 +171,43 @@ async fn a_finished_run_that_went_quiet_completes() {
     }
 }
 
+/// A status reaches viewers after every line accepted before it, even
+/// when the queue and the archiver lag far past `finish_grace_seconds`:
+/// the change goes through the run's stream, behind the lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_never_overtakes_the_lines_before_it() {
+    use tailrace::archive::RunLogStore;
+    // An idle queue is read once a second (no long poll), and deliveries
+    // may take as long as the slow archiver needs.
+    let mut config = common::quick_config();
+    config.agent.poll_period = Duration::from_secs(1);
+    config.agent.min_poll_period = Duration::from_secs(1);
+    config.agent.delivery_attempt_timeout = Duration::from_secs(30);
+    config.agent.max_delivery_time = Duration::from_secs(60);
+    let options = tailrace::edge::EdgeOptions { log_stream: quick_settings(), ..Default::default() };
+    let memory = tailrace::adapters::memory::MemoryOptions { read_wait: Duration::ZERO, ..Default::default() };
+    let server = LogServer::start_on(options, config, memory).await;
+    let mut sse = server.open_after_lines("svc.etl", "r-1", &["line 0"]).await;
+    assert_eq!(sse.event().await.unwrap()["logs"], "line 0");
+    // Each archived container now takes 200 ms: 10 of them, 2 s, against a
+    // finish grace of 0.3 s.
+    server.store.append_delay_ms.store(200, std::sync::atomic::Ordering::SeqCst);
+    for i in 1..=10 {
+        server.lines("svc.etl", "r-1", &format!("line {i}")).await;
+    }
+    server.state("svc.etl", "r-1", "success").await;
+    let rest = sse.rest().await;
+    let (lines, last) = rest.split_at(rest.len() - 1);
+    let expected: Vec<String> = (1..=10).map(|i| format!("line {i}")).collect();
+    assert_eq!(text(lines), expected.join("\n"), "every line, in order, before the end");
+    assert_eq!(
+        last[0],
+        serde_json::json!({"eventType": "complete", "runId": "r-1", "after": "11", "reason": "runFinished"})
+    );
+    let info = server.store.info(&tailrace::archive::RunKey::new("svc.etl", "r-1").unwrap()).await.unwrap().unwrap();
+    assert_eq!((info.lines, info.state), (11, Some(tailrace::archive::RunState::Success)), "stored after the lines");
+}
+
 /// 6, 24: a running (or queued) run stays open while quiet, past every
 /// grace period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -85,9 +85,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let adapter = factory.create_adapter().await?;
     let life = tailrace::stream::now_ms();
     let tally = Tally::open(&args.data_dir, life)?;
+    let archiver = Archiver::new(store.clone());
     let implicit = ImplicitSubscriptions::new()
         .bind("demo", Arc::new(CheckerFactory(tally.clone())))
-        .bind(LOGS_NAMESPACE, Archiver::new(store.clone()));
+        .bind(LOGS_NAMESPACE, archiver.clone());
     let cluster = Arc::new(InProcessCluster::new(factory, config.clone()).with_implicit(implicit));
     let names: Vec<String> = (1..=args.nodes.max(1)).map(|i| format!("node-{i}")).collect();
     for name in &names {
@@ -101,13 +102,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     first.subscribe(&streams[0], last_line.clone(), StartPosition::Latest).await?;
     // The log path: simulated pipeline runs, and the edge on the first node
     // (chaos spares it, so viewers stay connected while queues move).
-    let logs = LogEdge::new(first.clone(), store.clone(), config.edge.clone(), stop.clone());
+    let logs = LogEdge::new(first.clone(), archiver, config.edge.clone(), stop.clone());
     let (bound, server) = logs
         .serve(args.listen, tailrace::edge::router(metrics), stop.clone())
         .await
         .context("the demo serves its edge there; pick another --listen")?;
     let epoch = tailrace::stream::now_ms() / 1000;
-    let runs = super::pipelines::spawn(first.clone(), store, epoch, stop.clone());
+    let runs = super::pipelines::spawn(first.clone(), epoch, stop.clone());
 
     println!(
         "tailrace demo: {} nodes, {} queues ({} adapter), {} streams at {} events/s",

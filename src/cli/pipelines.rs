@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::RngExt;
-use tailrace::archive::{RunKey, RunLogStore, RunState};
+use tailrace::archive::{RunKey, RunState, status_event};
 use tailrace::node::Node;
 use tailrace::stream::{Event, EventId};
 use tokio_util::sync::CancellationToken;
@@ -32,29 +32,15 @@ pub fn run_id(pipeline: &str, epoch: u64, n: u64) -> String {
 
 /// Runs every simulated pipeline until `stop`; their first runs are
 /// `run_id(pipeline, epoch, 1)`.
-pub fn spawn(
-    node: Arc<Node>,
-    store: Arc<dyn RunLogStore>,
-    epoch: u64,
-    stop: CancellationToken,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    PIPELINES
-        .iter()
-        .map(|pipeline| tokio::spawn(run_pipeline(node.clone(), store.clone(), pipeline, epoch, stop.clone())))
-        .collect()
+pub fn spawn(node: Arc<Node>, epoch: u64, stop: CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
+    PIPELINES.iter().map(|pipeline| tokio::spawn(run_pipeline(node.clone(), pipeline, epoch, stop.clone()))).collect()
 }
 
-async fn run_pipeline(
-    node: Arc<Node>,
-    store: Arc<dyn RunLogStore>,
-    pipeline: &'static str,
-    epoch: u64,
-    stop: CancellationToken,
-) {
+async fn run_pipeline(node: Arc<Node>, pipeline: &'static str, epoch: u64, stop: CancellationToken) {
     for n in 1u64.. {
         let run = run_id(pipeline, epoch, n);
         let Ok(key) = RunKey::new(pipeline, &run) else { return };
-        if let Err(error) = one_run(&node, store.as_ref(), &key, &stop).await {
+        if let Err(error) = one_run(&node, &key, &stop).await {
             eprintln!("demo pipeline {pipeline}: {error}");
         }
         tokio::select! {
@@ -64,14 +50,15 @@ async fn run_pipeline(
     }
 }
 
-async fn one_run(node: &Node, store: &dyn RunLogStore, key: &RunKey, stop: &CancellationToken) -> anyhow::Result<()> {
-    store.set_state(key, RunState::Running).await?;
+async fn one_run(node: &Node, key: &RunKey, stop: &CancellationToken) -> anyhow::Result<()> {
     let stream = key.stream();
+    // Status changes go through the run's stream, in order with its lines.
+    node.produce(&stream, vec![status_event(RunState::Running)]).await?;
     let lines_total: u64 = rand::rng().random_range(150..400);
     let mut written = 0;
     while written < lines_total {
         if stop.is_cancelled() {
-            store.set_state(key, RunState::Stopped).await?;
+            node.produce(&stream, vec![status_event(RunState::Stopped)]).await?;
             return Ok(());
         }
         let batch = rand::rng().random_range(1..=4u64).min(lines_total - written);
@@ -89,7 +76,7 @@ async fn one_run(node: &Node, store: &dyn RunLogStore, key: &RunKey, stop: &Canc
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
     let state = if rand::rng().random_range(0..10) == 0 { RunState::Failed } else { RunState::Success };
-    store.set_state(key, state).await?;
+    node.produce(&stream, vec![status_event(state)]).await?;
     Ok(())
 }
 

@@ -58,7 +58,8 @@ async fn serve_node(
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     mut signals: super::StopSignal,
 ) -> anyhow::Result<()> {
-    let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, Archiver::new(store.clone()));
+    let archiver = Archiver::new(store.clone());
+    let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, archiver.clone());
     let mut builder =
         Node::builder(NodeId::new(config.node.name.clone()), backend.factory).config(config.clone()).implicit(implicit);
     if let Some(pubsub) = backend.store {
@@ -67,7 +68,7 @@ async fn serve_node(
     let node = Arc::new(builder.start().await?);
     let stop = CancellationToken::new();
     let retention = tailrace::archive::Retention::spawn(store.clone(), config.archive.retention.clone(), stop.clone());
-    let logs = LogEdge::new(node.clone(), store, config.edge.clone(), stop.clone());
+    let logs = LogEdge::new(node.clone(), archiver, config.edge.clone(), stop.clone());
     let (bound, server) = match logs.serve(args.listen, tailrace::edge::router(metrics), stop.clone()).await {
         Ok(served) => served,
         Err(error) => {

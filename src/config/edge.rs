@@ -20,6 +20,10 @@ pub struct EdgeOptions {
     pub max_page_lines: usize,
     /// Most pipelines or runs a listing returns.
     pub max_listing: usize,
+    /// How long `PUT …/status` waits for the archiver to store the change
+    /// (it goes through the run's stream, after the lines before it):
+    /// `200` once stored, `202` if still on its way after this long.
+    pub status_wait_seconds: f64,
     /// Bearer tokens.
     pub auth: AuthOptions,
     /// The SSE log stream.
@@ -33,6 +37,7 @@ impl Default for EdgeOptions {
             max_lines_per_request: 10_000,
             max_page_lines: 10_000,
             max_listing: 200,
+            status_wait_seconds: 5.0,
             auth: AuthOptions::default(),
             log_stream: LogStreamSettings::default(),
         }

@@ -6,9 +6,14 @@
 //! queue adapter has it durably. `text/plain`: one line per line.
 //! `application/x-ndjson`: one JSON object per line, `{"line": "…"}` or
 //! `{"line": "…", "id": "…"}` (the producer's event id, kept end to end).
+//!
+//! A status change goes through the run's stream too (a status event),
+//! answered once the queue adapter has it: it is stored, and reaches
+//! viewers, after every line accepted before it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::rejection::BytesRejection;
@@ -18,11 +23,13 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
+use tokio::time::Instant;
 
 use super::LogEdge;
-use crate::archive::{RunKey, RunState, lines_of};
+use crate::archive::{RunKey, RunState, lines_of, status_event};
+use crate::config::secs;
 use crate::queue::QueueError;
-use crate::stream::{Event, EventId, now_ms};
+use crate::stream::{Event, EventId, SequenceToken, now_ms};
 use crate::telemetry;
 
 /// A clear 4xx/5xx, answered with a JSON body `{"code": …, "message": …}`.
@@ -45,6 +52,13 @@ pub(crate) fn problem(status: StatusCode, message: impl Into<String>) -> ApiErro
 pub(crate) fn run_key(fqn: &str, run: &str) -> Result<RunKey, ApiError> {
     RunKey::new(fqn, run).map_err(|e| problem(StatusCode::BAD_REQUEST, e.to_string()))
 }
+
+/// How often `PUT …/status` looks whether its change was stored.
+const STORED_POLL: Duration = Duration::from_millis(10);
+
+/// Producer ids may not start with this: the run's stream uses such ids
+/// for its own records (status changes).
+const RESERVED_ID_PREFIX: &str = "tailrace:";
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -96,6 +110,10 @@ fn parse_lines(headers: &HeaderMap, body: &[u8], max: usize) -> Result<Vec<(Stri
             if parsed.id.as_ref().is_some_and(|id| id.is_empty() || id.len() > 256) {
                 return Err(problem(StatusCode::BAD_REQUEST, format!("line {}: an id must be 1 to 256 bytes", n + 1)));
             }
+            if parsed.id.as_ref().is_some_and(|id| id.starts_with(RESERVED_ID_PREFIX)) {
+                let message = format!("line {}: ids starting with `{RESERVED_ID_PREFIX}` are reserved", n + 1);
+                return Err(problem(StatusCode::BAD_REQUEST, message));
+            }
             for line in lines_of(&parsed.line) {
                 out.push((line.to_string(), parsed.id.clone()));
             }
@@ -136,7 +154,7 @@ pub(crate) async fn post_lines(
         })
         .collect();
     let count = events.len();
-    edge.store.ensure_run(&key).await.map_err(|e| problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    edge.archiver.register(&key).await.map_err(|e| problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     edge.node.produce(&key.stream(), events).await.map_err(not_accepted)?;
     metrics::counter!(telemetry::EDGE_INGESTED_LINES).increment(count as u64);
     Ok((StatusCode::ACCEPTED, Json(json!({ "accepted": count }))).into_response())
@@ -185,6 +203,28 @@ pub(crate) async fn put_status(
         let message = format!("unknown state `{}` (one of {})", parsed.state, known.join(", "));
         return Err(problem(StatusCode::BAD_REQUEST, message));
     };
-    edge.store.set_state(&key, state).await.map_err(|e| problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
-    Ok(Json(json!({ "runId": key.run(), "state": state })).into_response())
+    // Through the run's stream, like its lines: stored and shown to
+    // viewers after every line accepted before it.
+    edge.archiver.register(&key).await.map_err(|e| problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    let token = edge.node.produce(&key.stream(), vec![status_event(state)]).await.map_err(not_accepted)?;
+    let stored = stored_within(&edge, &key, token, secs(edge.options.status_wait_seconds)).await;
+    let status = if stored { StatusCode::OK } else { StatusCode::ACCEPTED };
+    Ok((status, Json(json!({ "runId": key.run(), "state": state, "stored": stored }))).into_response())
+}
+
+/// Whether the archiver stored the container `token` of `run` within
+/// `wait` (a store that cannot answer counts as not yet).
+async fn stored_within(edge: &LogEdge, run: &RunKey, token: SequenceToken, wait: Duration) -> bool {
+    let deadline = Instant::now() + wait;
+    loop {
+        if let Ok(Some(info)) = edge.store.info(run).await
+            && info.last_token.is_some_and(|last| last >= token)
+        {
+            return true;
+        }
+        if Instant::now() + STORED_POLL > deadline {
+            return false;
+        }
+        tokio::time::sleep(STORED_POLL).await;
+    }
 }

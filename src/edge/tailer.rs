@@ -33,7 +33,7 @@ use tokio::time::Instant;
 
 use super::frames::{self, EndReason};
 use super::viewer::Viewer;
-use crate::archive::{RunKey, RunLogStore, lines_of};
+use crate::archive::{Contents, RunKey, RunLogReader};
 use crate::config::{LogStreamSettings, secs};
 use crate::node::{Node, SubscriptionHandle};
 use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
@@ -116,7 +116,7 @@ struct State {
 /// The node's tailers, bounded by `max_active_runs`.
 pub(crate) struct Runs {
     node: Arc<Node>,
-    store: Arc<dyn RunLogStore>,
+    store: RunLogReader,
     settings: Arc<LogStreamSettings>,
     tailers: Mutex<HashMap<RunKey, Arc<Tailer>>>,
     /// The edge's tasks: tailers and their unsubscribes run there.
@@ -135,7 +135,7 @@ pub(crate) struct Tailer {
 impl Runs {
     pub(crate) fn new(
         node: Arc<Node>,
-        store: Arc<dyn RunLogStore>,
+        store: RunLogReader,
         settings: Arc<LogStreamSettings>,
         tasks: Tasks,
     ) -> Arc<Self> {
@@ -230,9 +230,11 @@ async fn start(runs: Arc<Runs>, tailer: Arc<Tailer>) {
         }
         if tailer.probe_due() {
             // A failed lookup counts as running: it never ends a stream.
+            // A finished status counts once this tailer has every line the
+            // store held with it (the archiver stores the status after them).
             let finished = match runs.store.info(&tailer.key).await {
-                Ok(info) => info.and_then(|i| i.state).map(|s| s.is_finished()),
-                Err(_) => Some(false),
+                Ok(info) => info.and_then(|i| Some((i.state?.is_finished(), i.lines))),
+                Err(_) => Some((false, 0)),
             };
             tailer.probed(finished);
         }
@@ -372,8 +374,16 @@ impl Tailer {
                 continue;
             }
             state.last_token = Some(batch.token);
-            let texts: Vec<_> = batch.events.iter().map(|e| String::from_utf8_lossy(&e.payload)).collect();
-            let lines: Vec<String> = texts.iter().flat_map(|t| lines_of(t)).map(str::to_string).collect();
+            let contents = Contents::of(&batch.events);
+            if let Some(status) = contents.status {
+                // In order with the lines: every line before it was published.
+                state.known = if status.is_finished() { Known::Finished } else { Known::Running };
+                state.last_probe_at = Some(Instant::now());
+            }
+            if contents.texts.is_empty() {
+                continue;
+            }
+            let lines: Vec<String> = contents.lines().map(str::to_string).collect();
             let content = lines.join("\n");
             let chunk = Chunk { start: state.cursor, bytes: content.len(), lines };
             state.cursor = chunk.end();
@@ -413,13 +423,14 @@ impl Tailer {
             && state.last_probe_at.is_none_or(|at| at.elapsed() >= secs(self.settings.run_probe_seconds))
     }
 
-    /// The status lookup's result: finished or not, `None` without status.
-    fn probed(&self, finished: Option<bool>) {
+    /// The status lookup's result: finished or not, with the lines the
+    /// store held then; `None` without status.
+    fn probed(&self, finished: Option<(bool, u64)>) {
         let mut state = self.state.lock();
         state.last_probe_at = Some(Instant::now());
         state.known = match finished {
-            Some(true) => Known::Finished,
-            Some(false) => Known::Running,
+            Some((true, lines)) if state.cursor >= lines => Known::Finished,
+            Some(_) => Known::Running,
             None => Known::Unknown,
         };
     }

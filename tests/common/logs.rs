@@ -37,13 +37,24 @@ pub fn quick_settings() -> LogStreamSettings {
 }
 
 /// Wraps the file store: counts status lookups and reads, and fails the
-/// next `fail_info` lookups / `fail_reads` reads.
+/// next `fail_info` lookups / `fail_reads` reads; each append takes
+/// `append_delay_ms` longer (a slow archiver).
 pub struct ProbeStore {
     inner: FileRunLogStore,
+    pub append_delay_ms: std::sync::atomic::AtomicU64,
     pub infos: AtomicUsize,
     pub reads: AtomicUsize,
     pub fail_info: AtomicUsize,
     pub fail_reads: AtomicUsize,
+}
+
+impl ProbeStore {
+    async fn slow_append(&self) {
+        let delay = self.append_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+    }
 }
 
 fn take(counter: &AtomicUsize) -> bool {
@@ -56,6 +67,7 @@ impl RunLogStore for ProbeStore {
         self.inner.ensure_run(run).await
     }
     async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError> {
+        self.slow_append().await;
         self.inner.append(run, token, lines).await
     }
     async fn append_batch(
@@ -65,6 +77,7 @@ impl RunLogStore for ProbeStore {
         fingerprint: u64,
         lines: &[&str],
     ) -> Result<bool, StoreError> {
+        self.slow_append().await;
         self.inner.append_batch(run, token, fingerprint, lines).await
     }
     async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {
@@ -114,21 +127,28 @@ impl LogServer {
     }
 
     pub async fn start_with(options: EdgeOptions, config: Config) -> Self {
+        Self::start_on(options, config, MemoryOptions::default()).await
+    }
+
+    /// Like [`LogServer::start_with`], on memory queues set up as `memory`.
+    pub async fn start_on(options: EdgeOptions, config: Config, memory: MemoryOptions) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(ProbeStore {
             inner: FileRunLogStore::open(dir.path().join("runs"), false).unwrap(),
+            append_delay_ms: Default::default(),
             infos: AtomicUsize::new(0),
             reads: AtomicUsize::new(0),
             fail_info: AtomicUsize::new(0),
             fail_reads: AtomicUsize::new(0),
         });
-        let factory = Arc::new(MemoryAdapterFactory::new(2, MemoryOptions::default()));
-        let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, Archiver::new(store.clone()));
+        let factory = Arc::new(MemoryAdapterFactory::new(2, memory));
+        let archiver = Archiver::new(store.clone());
+        let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, archiver.clone());
         let node = Arc::new(
             Node::builder(NodeId::new("edge"), factory).config(config).implicit(implicit).start().await.unwrap(),
         );
         let stop = CancellationToken::new();
-        let edge = LogEdge::new(node.clone(), store.clone(), options, stop.clone());
+        let edge = LogEdge::new(node.clone(), archiver, options, stop.clone());
         let (bound, _server) =
             edge.serve("127.0.0.1:0".parse().unwrap(), axum::Router::new(), stop.clone()).await.unwrap();
         Self { base: format!("http://{bound}"), edge, node, store, client: reqwest::Client::new(), stop, _dir: dir }

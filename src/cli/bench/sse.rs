@@ -66,7 +66,8 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let store = Arc::new(FileRunLogStore::open(dir.path().join("runs"), false)?);
     let factory = Arc::new(MemoryAdapterFactory::new(4, MemoryOptions::default()));
-    let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, Archiver::new(store.clone()));
+    let archiver = Archiver::new(store);
+    let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, archiver.clone());
     let node = Arc::new(
         Node::builder(NodeId::new("bench"), factory).config(Config::default()).implicit(implicit).start().await?,
     );
@@ -76,8 +77,12 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
         ..LogStreamSettings::default()
     };
     let stop = CancellationToken::new();
-    let edge =
-        LogEdge::new(node.clone(), store, EdgeOptions { log_stream: settings, ..EdgeOptions::default() }, stop.clone());
+    let edge = LogEdge::new(
+        node.clone(),
+        archiver,
+        EdgeOptions { log_stream: settings, ..EdgeOptions::default() },
+        stop.clone(),
+    );
     let (bound, _server) = edge.serve("127.0.0.1:0".parse()?, axum::Router::new(), stop.clone()).await?;
     let base = format!("http://{bound}");
     let client = reqwest::Client::new();

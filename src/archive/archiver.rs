@@ -1,0 +1,186 @@
+//! The archiver: the run log store's one writer, as the implicit
+//! subscriber of the `logs` namespace; what a run's stream carries (lines
+//! and status changes, in order); and the read-only view the edge gets.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::{InvalidName, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError, batch_fingerprint, lines_of};
+use crate::pubsub::{
+    ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionInfo,
+};
+use crate::stream::{Event, EventId, StreamId};
+use crate::telemetry;
+
+/// Event ids that start with this carry a run's status change, not lines
+/// (producers may not use it for their own ids; ingest refuses them).
+pub const STATUS_ID_PREFIX: &str = "tailrace:status:";
+
+/// The event that sets a run's status to `state`. Produced to the run's
+/// stream like its lines, so the change is stored, and reaches viewers,
+/// after every line produced before it.
+pub fn status_event(state: RunState) -> Event {
+    Event::new(EventId::new(format!("{STATUS_ID_PREFIX}{:016x}", rand::random::<u64>())), state.as_str())
+}
+
+/// Whether `event` is a status change (see [`status_event`]).
+pub fn is_status(event: &Event) -> bool {
+    event.id.as_str().starts_with(STATUS_ID_PREFIX)
+}
+
+/// What a container of a run's stream says: the texts of its line events,
+/// in order, and the last status change it carries (a status event whose
+/// payload is not a state is ignored).
+pub struct Contents<'a> {
+    /// One text per line event (each may hold several lines).
+    pub texts: Vec<std::borrow::Cow<'a, str>>,
+    /// The last status set.
+    pub status: Option<RunState>,
+}
+
+impl<'a> Contents<'a> {
+    /// Reads `events`.
+    pub fn of(events: &'a [Event]) -> Self {
+        let mut contents = Contents { texts: Vec::new(), status: None };
+        for event in events {
+            if is_status(event) {
+                if let Some(state) = std::str::from_utf8(&event.payload).ok().and_then(RunState::parse) {
+                    contents.status = Some(state);
+                }
+            } else {
+                contents.texts.push(String::from_utf8_lossy(&event.payload));
+            }
+        }
+        contents
+    }
+
+    /// The lines, in order (see [`lines_of`]).
+    pub fn lines(&self) -> impl Iterator<Item = &str> {
+        self.texts.iter().flat_map(|t| lines_of(t))
+    }
+}
+
+/// The run log store as the edge sees it: read-only. The archiver is the
+/// store's one writer; a reader comes from [`Archiver::reader`].
+#[derive(Clone)]
+pub struct RunLogReader {
+    store: Arc<dyn RunLogStore>,
+}
+
+impl RunLogReader {
+    /// See [`RunLogStore::info`].
+    pub async fn info(&self, run: &RunKey) -> Result<Option<RunInfo>, StoreError> {
+        self.store.info(run).await
+    }
+
+    /// See [`RunLogStore::read`].
+    pub async fn read(
+        &self,
+        run: &RunKey,
+        from: u64,
+        max_lines: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        self.store.read(run, from, max_lines, max_bytes).await
+    }
+
+    /// See [`RunLogStore::pipeline_exists`].
+    pub async fn pipeline_exists(&self, fqn: &str) -> Result<bool, StoreError> {
+        self.store.pipeline_exists(fqn).await
+    }
+
+    /// See [`RunLogStore::pipelines`].
+    pub async fn pipelines(&self, limit: usize) -> Result<Vec<String>, StoreError> {
+        self.store.pipelines(limit).await
+    }
+
+    /// See [`RunLogStore::runs`].
+    pub async fn runs(&self, fqn: &str, limit: usize) -> Result<Vec<RunSummary>, StoreError> {
+        self.store.runs(fqn, limit).await
+    }
+}
+
+/// The run log store's one writer, and the implicit subscriber of `logs`:
+/// bind it with
+/// `ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, archiver.clone())`.
+/// Lines and status changes reach it through the runs' streams; the edge
+/// only [registers](Archiver::register) a run before its first line is
+/// produced (so its viewers find it at once) and reads through
+/// [`Archiver::reader`].
+pub struct Archiver {
+    store: Arc<dyn RunLogStore>,
+}
+
+impl Archiver {
+    /// Archives into `store`.
+    pub fn new(store: Arc<dyn RunLogStore>) -> Arc<Self> {
+        Arc::new(Self { store })
+    }
+
+    /// Makes `run` (and its pipeline) known before anything of it is
+    /// archived.
+    pub async fn register(&self, run: &RunKey) -> Result<(), StoreError> {
+        self.store.ensure_run(run).await
+    }
+
+    /// A read-only view of the store.
+    pub fn reader(&self) -> RunLogReader {
+        RunLogReader { store: self.store.clone() }
+    }
+}
+
+impl ConsumerFactory for Archiver {
+    fn name(&self) -> &str {
+        "archiver"
+    }
+
+    fn create(&self, stream: &StreamId) -> Arc<dyn StreamConsumer> {
+        Arc::new(ArchiverConsumer { run: RunKey::from_stream(stream), store: self.store.clone() })
+    }
+}
+
+struct ArchiverConsumer {
+    run: Result<RunKey, InvalidName>,
+    store: Arc<dyn RunLogStore>,
+}
+
+impl ArchiverConsumer {
+    fn run(&self) -> Result<&RunKey, ConsumerError> {
+        self.run.as_ref().map_err(ConsumerError::failed)
+    }
+}
+
+#[async_trait]
+impl StreamConsumer for ArchiverConsumer {
+    /// Continue after the last container stored: nothing twice, nothing lost.
+    async fn handshake(&self, _: &SubscriptionInfo) -> Result<Option<StartPosition>, ConsumerError> {
+        let info = self.store.info(self.run()?).await.map_err(ConsumerError::failed)?;
+        Ok(info.and_then(|i| i.last_token).map(StartPosition::After))
+    }
+
+    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        let run = self.run()?;
+        for batch in &delivery.batches {
+            let contents = Contents::of(&batch.events);
+            if let Some(state) = contents.status {
+                // Set before the token moves past the container: a crash in
+                // between repeats the (idempotent) change, never loses it.
+                let info = self.store.info(run).await.map_err(ConsumerError::failed)?;
+                if info.and_then(|i| i.last_token).is_none_or(|last| last < batch.token) {
+                    self.store.set_state(run, state).await.map_err(ConsumerError::failed)?;
+                }
+            }
+            let lines: Vec<&str> = contents.lines().collect();
+            let appended = if contents.texts.is_empty() {
+                self.store.append(run, batch.token, &[]).await
+            } else {
+                self.store.append_batch(run, batch.token, batch_fingerprint(&batch.events), &lines).await
+            };
+            if appended.map_err(ConsumerError::failed)? {
+                metrics::counter!(telemetry::ARCHIVE_LINES).increment(lines.len() as u64);
+            }
+        }
+        Ok(DeliveryOutcome::Continue)
+    }
+}
