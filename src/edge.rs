@@ -5,7 +5,7 @@
 //! protocol.
 //!
 //! Every task the edge spawns (one per accepted connection, one per tailer
-//! and per tailer's unsubscribe, the heartbeat sweep) belongs to its
+//! and per tailer's unsubscribe) belongs to its
 //! [`Tasks`]; the server task returned by [`serve`] and [`LogEdge::serve`]
 //! ends only once they all ended, or [`STOP_TIMEOUT`] after its stop.
 
@@ -17,6 +17,7 @@ mod pages;
 mod sse;
 mod tailer;
 mod viewer;
+mod window;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -111,7 +112,7 @@ pub struct LogEdge {
     id_prefix: String,
     next_id: AtomicU64,
     /// Every task of the edge; its token (a child of the `stop` given to
-    /// [`LogEdge::new`]) ends the streams, tailers and heartbeats.
+    /// [`LogEdge::new`]) ends the streams and tailers.
     tasks: Tasks,
     store_reads: AtomicU64,
     auth: Arc<auth::Auth>,
@@ -120,14 +121,12 @@ pub struct LogEdge {
 impl LogEdge {
     /// The log path on `node`, whose runs `archiver` (the implicit
     /// subscriber of `logs` on `node`) stores. Its streams, tailers and
-    /// heartbeats stop with `stop` (or when a server of this edge stops,
+    /// viewers stop with `stop` (or when a server of this edge stops,
     /// see [`LogEdge::serve`]).
     pub fn new(node: Arc<Node>, archiver: Arc<Archiver>, options: EdgeOptions, stop: CancellationToken) -> Arc<Self> {
         let tasks = Tasks::new(stop.child_token());
         let settings = Arc::new(options.log_stream.clone());
-        let registry = viewer::Registry::new(settings.max_active_connections, settings.max_pending_bytes_per_client);
-        registry
-            .spawn_heartbeats(crate::config::secs(settings.heartbeat_seconds).max(Duration::from_millis(1)), &tasks);
+        let registry = viewer::Registry::new(settings.max_active_connections);
         let store = archiver.reader();
         let runs = tailer::Runs::new(node.clone(), store.clone(), settings.clone(), tasks.clone());
         let id_prefix = format!("{}-{:08x}", node.id(), rand::random::<u32>());
@@ -165,7 +164,7 @@ impl LogEdge {
     }
 
     /// Tasks of the edge running now (connections, tailers and their
-    /// unsubscribes, the heartbeat sweep); none once its server task ended
+    /// unsubscribes); none once its server task ended
     /// in time.
     pub fn tracked_tasks(&self) -> usize {
         self.tasks.len()

@@ -66,12 +66,12 @@ async fn slots_are_freed_as_soon_as_a_stream_ends() {
     }
 }
 
-/// 44: a viewer that stops reading is dropped without `complete` once
-/// `max_pending_bytes_per_client` is waiting, while another viewer of the
-/// same run receives everything.
+/// 44: a viewer whose socket takes nothing for `stall_timeout_seconds`
+/// while it has lines to send is cut without `complete`, while another
+/// viewer of the same run receives everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_viewer_is_dropped_while_another_keeps_streaming() {
-    let settings = LogStreamSettings { max_pending_bytes_per_client: 64 * 1024, ..quick_settings() };
+    let settings = LogStreamSettings { stall_timeout_seconds: 1.0, ..quick_settings() };
     let server = LogServer::start(settings).await;
     server.lines("svc.etl", "r-1", "start").await;
     let mut reader = server.open("svc.etl", "r-1", None).await;

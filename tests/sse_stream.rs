@@ -127,12 +127,14 @@ async fn a_cursor_older_than_the_replay_buffer_resumes_exactly_from_the_store() 
 }
 
 /// 4, 17, 42, A3, A9: a cursor the server cannot place (garbage, another
-/// stream's, beyond the log) gets the truncation notice first, without a
-/// cursor, then the replay it holds; never a 400.
+/// stream's, beyond the log once `resume_wait_seconds` passed) gets the
+/// truncation notice first, without a cursor, then the replay it holds;
+/// never a 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unplaceable_cursor_gets_the_truncation_notice_then_the_replay() {
     let settings = LogStreamSettings { max_replay_bytes: 8, ..quick_settings() };
     let server = LogServer::start(settings).await;
+    server.state("svc.etl", "r-1", "running").await;
     let mut watcher = server.open_after_lines("svc.etl", "r-1", &["a"]).await;
     watcher.event().await.unwrap();
     server.lines("svc.etl", "r-1", "a very long line beyond the replay bytes").await;

@@ -98,10 +98,24 @@ pub struct LogStreamSettings {
     pub unknown_run_grace_seconds: f64,
     /// Least time between two lookups of a run's status.
     pub run_probe_seconds: f64,
-    /// Content kept in memory per run for viewers who join or resume.
+    /// Content kept in memory per run (its window): viewers read it at
+    /// their own pace; one that falls behind it reads from the store.
     pub max_replay_bytes: usize,
-    /// Bytes of frames a viewer may have waiting before it is dropped.
+    /// Ignored: viewers hold no frames of their own any more (they are
+    /// metered by lag, see `stall_timeout_seconds`). Accepted so that
+    /// older configs still load.
     pub max_pending_bytes_per_client: usize,
+    /// How long a viewer's socket may take nothing while it has lines to
+    /// send before its connection is cut (without `complete`; it resumes
+    /// with its cursor).
+    pub stall_timeout_seconds: f64,
+    /// How long a run's tailer stays after its last viewer left, so that
+    /// a viewer reconnecting finds it (0: it ends at once).
+    pub linger_seconds: f64,
+    /// How long a viewer waits for lines it asked for that the stream has
+    /// not reached, or the store has not stored, yet, before it gets the
+    /// truncation notice and the window.
+    pub resume_wait_seconds: f64,
     /// Runs tailed at once on this node.
     pub max_active_runs: usize,
     /// SSE connections at once on this node.
@@ -125,6 +139,9 @@ impl Default for LogStreamSettings {
             run_probe_seconds: 10.0,
             max_replay_bytes: 262_144,
             max_pending_bytes_per_client: 4_194_304,
+            stall_timeout_seconds: 30.0,
+            linger_seconds: 10.0,
+            resume_wait_seconds: 10.0,
             max_active_runs: 200,
             max_active_connections: 500,
             heartbeat_seconds: 25.0,
@@ -145,10 +162,17 @@ impl LogStreamSettings {
             ("heartbeat_seconds", self.heartbeat_seconds),
             ("max_stream_seconds", self.max_stream_seconds),
             ("max_idle_seconds", self.max_idle_seconds),
+            ("stall_timeout_seconds", self.stall_timeout_seconds),
         ];
         for (name, value) in positive {
             if !(value > 0.0 && value.is_finite()) {
                 return Err(format!("edge.log_stream.{name} must be a positive number of seconds (got {value})"));
+            }
+        }
+        let not_negative = [("linger_seconds", self.linger_seconds), ("resume_wait_seconds", self.resume_wait_seconds)];
+        for (name, value) in not_negative {
+            if !(value >= 0.0 && value.is_finite()) {
+                return Err(format!("edge.log_stream.{name} must be 0 or more seconds (got {value})"));
             }
         }
         let counts = [

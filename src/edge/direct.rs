@@ -24,6 +24,7 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use super::LogEdge;
+use super::sse::ConnectionCut;
 use crate::tasks::Tasks;
 
 /// Longest request head read before the route is known.
@@ -72,16 +73,28 @@ pub(crate) async fn accept_loop(
         let (router, edge, builder, watcher) = (router.clone(), edge.clone(), builder.clone(), graceful.watcher());
         let stop = tasks.token().clone();
         tasks.spawn("connection", async move {
+            // Fired by a tailer when this connection's viewer stalled.
+            let cut = CancellationToken::new();
             let (stream, head) = match &edge {
-                Some(edge) => match direct(stream, edge, &stop).await {
+                Some(edge) => match direct(stream, edge, &stop, &cut).await {
                     Some(handed_back) => handed_back,
                     None => return,
                 },
                 None => (stream, Vec::new()),
             };
+            let extension = ConnectionCut(cut.clone());
+            let router =
+                tower::ServiceExt::map_request(router, move |mut request: hyper::Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(extension.clone());
+                    request
+                });
             let service = hyper_util::service::TowerToHyperService::new(router);
             let io = hyper_util::rt::TokioIo::new(Rewind { head, at: 0, inner: stream });
-            let _ = watcher.watch(builder.serve_connection(io, service)).await;
+            tokio::select! {
+                _ = watcher.watch(builder.serve_connection(io, service)) => {}
+                // Dropping the connection closes the socket.
+                _ = cut.cancelled() => {}
+            }
         });
     }
     tasks.token().cancel();
@@ -91,7 +104,12 @@ pub(crate) async fn accept_loop(
 /// Reads the first request head. A log stream request is served here
 /// (`None`); anything else is handed back with the bytes read so far.
 /// Nothing is served once `stop` fired.
-async fn direct(mut stream: TcpStream, edge: &Arc<LogEdge>, stop: &CancellationToken) -> Option<(TcpStream, Vec<u8>)> {
+async fn direct(
+    mut stream: TcpStream,
+    edge: &Arc<LogEdge>,
+    stop: &CancellationToken,
+    cut: &CancellationToken,
+) -> Option<(TcpStream, Vec<u8>)> {
     let mut head = Vec::with_capacity(1024);
     let read_head = tokio::time::timeout(HEAD_TIMEOUT, async {
         loop {
@@ -119,7 +137,7 @@ async fn direct(mut stream: TcpStream, edge: &Arc<LogEdge>, stop: &CancellationT
     };
     let Some(request) = route else { return Some((stream, head)) };
     drop(head);
-    serve_stream(stream, edge, request).await;
+    serve_stream(stream, edge, request, cut).await;
     None
 }
 
@@ -160,12 +178,13 @@ fn route(request: &httparse::Request<'_, '_>) -> Option<StreamRequest> {
     })
 }
 
-async fn serve_stream(mut stream: TcpStream, edge: &Arc<LogEdge>, request: StreamRequest) {
+async fn serve_stream(mut stream: TcpStream, edge: &Arc<LogEdge>, request: StreamRequest, cut: &CancellationToken) {
     if let Err(refusal) = edge.auth.check(true, request.authorization.as_deref()) {
         let challenge = if refusal.status == StatusCode::UNAUTHORIZED { "www-authenticate: Bearer\r\n" } else { "" };
         return plain(&mut stream, refusal.status, challenge, &refusal.message).await;
     }
-    let body = match super::sse::open(edge.clone(), &request.fqn, &request.run, request.after.as_deref()).await {
+    let opened = super::sse::open(edge.clone(), &request.fqn, &request.run, request.after.as_deref(), cut.clone());
+    let body = match opened.await {
         Ok(body) => body,
         Err((status, message)) => return plain(&mut stream, status, "", &message).await,
     };
@@ -190,7 +209,12 @@ async fn serve_stream(mut stream: TcpStream, edge: &Arc<LogEdge>, request: Strea
         };
         match frame {
             Some(Ok(frame)) => {
-                if write_frame(&mut writer, &frame, chunked).await.is_err() {
+                let written = tokio::select! {
+                    written = write_frame(&mut writer, &frame, chunked) => written.is_ok(),
+                    // The viewer stalled: its tailer cut it.
+                    _ = cut.cancelled() => false,
+                };
+                if !written {
                     return;
                 }
             }

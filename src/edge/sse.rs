@@ -3,15 +3,21 @@
 //!
 //! The response (200, `text/event-stream`) commits at once; everything
 //! after is a frame. The session acquires the run's tailer (or gets
-//! `TOO_MANY_RUNS`), a connection slot (or `TOO_MANY_VIEWERS`), then
-//! catches up from the run log store page by page (`replay: true`, paced
-//! by `max_reads_per_tick` and `max_bytes_per_tick`, and by the socket) up
-//! to what the tailer still holds, attaches, and follows the live feed.
-//! Dropping the body (the client left) frees both slots at once.
+//! `TOO_MANY_RUNS`) and a connection slot (or `TOO_MANY_VIEWERS`), then
+//! pulls frames at the pace its socket takes them: from the tailer's window
+//! while its cursor is in it, from the run log store page by page when it
+//! is behind the window (`replay: true` below the head at join; paced by
+//! `max_reads_per_tick` and `max_bytes_per_tick`), and it waits (with
+//! heartbeats) at the head. A cursor past what the stream or the store
+//! reached yet waits up to `resume_wait_seconds`. Dropping the body (the
+//! client left) frees both slots at once; a socket that takes nothing for
+//! `stall_timeout_seconds` is cut by the tailer through the connection's
+//! [`ConnectionCut`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
@@ -19,18 +25,22 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde::Deserialize;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::LogEdge;
 use super::frames;
-use super::tailer::{NotAttached, Phase, StartAt, Tailer};
-use super::viewer::{Next, Viewer};
+use super::tailer::{Phase, Pull, StartAt, Tailer};
+use super::viewer::{HEARTBEAT, Viewer};
 use crate::archive::RunKey;
 use crate::config::secs;
 
 /// How often a session retries when the store has not caught up yet.
 const STORE_LAG_WAIT: Duration = Duration::from_millis(50);
-/// How long a session waits for a lagging store before it resets the view.
-const STORE_LAG_LIMIT: Duration = Duration::from_secs(10);
+
+/// Closes one HTTP connection: the accept loop puts it in each request's
+/// extensions and drops the connection when it fires.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ConnectionCut(pub(crate) CancellationToken);
 
 #[derive(Deserialize)]
 pub(crate) struct StreamQuery {
@@ -41,29 +51,30 @@ pub(crate) async fn stream(
     State(edge): State<Arc<LogEdge>>,
     Path((fqn, run)): Path<(String, String)>,
     Query(query): Query<StreamQuery>,
+    cut: Option<Extension<ConnectionCut>>,
 ) -> Response {
-    match open(edge, &fqn, &run, query.after.as_deref()).await {
-        Ok(body) => (
-            [
-                (header::CONTENT_TYPE, "text/event-stream"),
-                (header::CACHE_CONTROL, "no-cache"),
-                (header::HeaderName::from_static("x-accel-buffering"), "no"),
-            ],
-            Body::from_stream(body),
-        )
-            .into_response(),
+    let connection = cut.map(|Extension(cut)| cut.0).unwrap_or_default();
+    match open(edge, &fqn, &run, query.after.as_deref(), connection).await {
+        Ok(body) => {
+            ([(header::CONTENT_TYPE, "text/event-stream")], SSE_HEADERS, Body::from_stream(body)).into_response()
+        }
         Err((status, message)) => (status, message).into_response(),
     }
 }
 
+/// The headers of every log stream response besides its content type.
+pub(crate) const SSE_HEADERS: [(header::HeaderName, &str); 2] =
+    [(header::CACHE_CONTROL, "no-cache"), (header::HeaderName::from_static("x-accel-buffering"), "no")];
+
 /// The frames of a viewer's stream, or why there is none (404 for an
 /// unknown pipeline, 503 if the store cannot tell). An `Err` item means
-/// "cut the connection".
+/// "cut the connection". `connection` closes the viewer's connection.
 pub(crate) async fn open(
     edge: Arc<LogEdge>,
     fqn: &str,
     run: &str,
     after: Option<&str>,
+    connection: CancellationToken,
 ) -> Result<impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static, (StatusCode, String)> {
     let unknown = || (StatusCode::NOT_FOUND, format!("no pipeline `{fqn}`\n"));
     let key = RunKey::new(fqn, run).map_err(|_| unknown())?;
@@ -77,7 +88,19 @@ pub(crate) async fn open(
         Some(text) => text.parse().map_or(StartAt::Unplaceable, StartAt::Offset),
     };
     let stop = edge.tasks.token().clone();
-    let session = Session { edge, key, start, viewer: None, tailer: None, attached: false, stage: Stage::Setup };
+    let session = Session {
+        edge,
+        key,
+        start,
+        connection,
+        viewer: None,
+        tailer: None,
+        attached: false,
+        at: 0,
+        replay_until: 0,
+        last_sent: Instant::now(),
+        stage: Stage::Setup,
+    };
     let body = futures::stream::unfold(session, |mut session| async move {
         session.next_frame().await.map(|frame| (frame, session))
     });
@@ -87,8 +110,17 @@ pub(crate) async fn open(
 
 enum Stage {
     Setup,
-    CatchUp { at: u64, until: u64, tick: Tick, lag_since: Option<Instant> },
-    Live,
+    /// Reading lines `[at, until)` from the store.
+    CatchUp {
+        until: u64,
+        tick: Tick,
+        lag_since: Option<Instant>,
+    },
+    /// Pulling from the tailer's window; `ahead_since`: since when the
+    /// viewer waits for a cursor past the head.
+    Live {
+        ahead_since: Option<Instant>,
+    },
     Done,
 }
 
@@ -99,13 +131,25 @@ struct Tick {
     bytes: usize,
 }
 
+impl Tick {
+    fn new() -> Self {
+        Tick { started: Instant::now(), reads: 0, bytes: 0 }
+    }
+}
+
 struct Session {
     edge: Arc<LogEdge>,
     key: RunKey,
     start: StartAt,
+    connection: CancellationToken,
     viewer: Option<Arc<Viewer>>,
     tailer: Option<Arc<Tailer>>,
     attached: bool,
+    /// The next line offset this viewer needs.
+    at: u64,
+    /// Lines below this offset are replay for this viewer.
+    replay_until: u64,
+    last_sent: Instant,
     stage: Stage,
 }
 
@@ -115,43 +159,37 @@ impl Session {
         Some(frame)
     }
 
+    /// A frame goes out: the viewer now needs line `self.at`.
+    fn sent(&mut self, frame: Bytes) -> Option<Bytes> {
+        self.last_sent = Instant::now();
+        if let Some(viewer) = &self.viewer {
+            viewer.progressed(self.at);
+        }
+        Some(frame)
+    }
+
     /// The next frame; `None` ends the response, an error cuts the
     /// connection.
     async fn next_frame(&mut self) -> Option<Result<Bytes, std::io::Error>> {
         loop {
-            match &mut self.stage {
+            if self.connection.is_cancelled() {
+                self.stage = Stage::Done;
+                return Some(Err(std::io::Error::other("viewer cut: its socket stalled")));
+            }
+            let frame = match &self.stage {
                 Stage::Done => return None,
-                Stage::Setup => {
-                    if let Some(frame) = self.setup().await {
-                        return Some(Ok(frame));
-                    }
-                }
-                Stage::CatchUp { .. } => {
-                    if let Some(frame) = self.catch_up().await {
-                        return Some(Ok(frame));
-                    }
-                }
-                Stage::Live => {
-                    let viewer = self.viewer.clone()?;
-                    match viewer.next() {
-                        Next::Frame(frame) => return Some(Ok(frame)),
-                        Next::Wait => viewer.woken().await,
-                        Next::End => {
-                            self.stage = Stage::Done;
-                            return None;
-                        }
-                        Next::Abort => {
-                            self.stage = Stage::Done;
-                            return Some(Err(std::io::Error::other("viewer dropped: too far behind")));
-                        }
-                    }
-                }
+                Stage::Setup => self.setup().await,
+                Stage::CatchUp { .. } => self.catch_up().await,
+                Stage::Live { .. } => self.live().await,
+            };
+            if let Some(frame) = frame {
+                return Some(Ok(frame));
             }
         }
     }
 
-    /// Acquires the tailer and a connection slot, then tries to attach.
-    /// Returns a frame only to refuse.
+    /// Acquires the tailer and a connection slot, then attaches. Returns a
+    /// frame to refuse, or the truncation notice.
     async fn setup(&mut self) -> Option<Bytes> {
         let run = self.key.run().to_string();
         // Twice: a tailer may end between the lookup and the attach.
@@ -161,7 +199,7 @@ impl Session {
             };
             self.tailer = Some(tailer.clone());
             if self.viewer.is_none() {
-                match self.edge.registry.register() {
+                match self.edge.registry.register(0, self.connection.clone()) {
                     Some(viewer) => self.viewer = Some(viewer),
                     None => {
                         self.leave();
@@ -169,8 +207,15 @@ impl Session {
                     }
                 }
             }
-            if tailer.started().await == Phase::Live {
-                return self.try_attach(self.start);
+            if tailer.started().await == Phase::Live
+                && let Some(viewer) = &self.viewer
+                && let Some(attached) = tailer.attach(viewer, self.start)
+            {
+                self.attached = true;
+                self.at = attached.at;
+                self.replay_until = attached.replay_until;
+                self.stage = Stage::Live { ahead_since: None };
+                return attached.truncated.then(|| frames::truncated(&run)).and_then(|frame| self.sent(frame));
             }
             self.leave();
             if let Some(failure) = tailer.failure() {
@@ -180,47 +225,85 @@ impl Session {
         self.end_with(frames::error(&run, frames::TOO_MANY_RUNS))
     }
 
-    fn try_attach(&mut self, at: StartAt) -> Option<Bytes> {
-        let (Some(tailer), Some(viewer)) = (self.tailer.clone(), self.viewer.clone()) else {
+    /// The next frame from the window, or the wait for one.
+    async fn live(&mut self) -> Option<Bytes> {
+        let Some(tailer) = self.tailer.clone() else {
             self.stage = Stage::Done;
             return None;
         };
-        match (tailer.attach(&viewer, at), at) {
-            (Ok(()), _) => {
-                self.attached = true;
-                self.stage = Stage::Live;
+        let mut changed = tailer.changed();
+        match tailer.pull(self.at, self.replay_until) {
+            Pull::Frame(frame, next) => {
+                self.at = next;
+                self.stage = Stage::Live { ahead_since: None };
+                return self.sent(frame);
             }
-            (Err(NotAttached::Behind { until }), StartAt::Offset(at)) => {
-                let tick = Tick { started: Instant::now(), reads: 0, bytes: 0 };
-                self.stage = Stage::CatchUp { at, until, tick, lag_since: None };
+            Pull::Behind { until } => {
+                self.stage = Stage::CatchUp { until, tick: Tick::new(), lag_since: None };
+                return None;
             }
-            // Ended meanwhile: the viewer reconnects with its cursor.
-            _ => self.stage = Stage::Done,
+            Pull::End(frame) => {
+                self.stage = Stage::Done;
+                return frame;
+            }
+            Pull::Wait => {}
         }
-        None
+        let settings = self.edge.settings.clone();
+        // A cursor past the head: lines the stream has not delivered here
+        // yet (a new tailer starts at what the store holds). Wait for
+        // them, up to `resume_wait_seconds`.
+        let ahead_until = if self.at > tailer.head() {
+            let Stage::Live { ahead_since } = &mut self.stage else { return None };
+            let since = *ahead_since.get_or_insert_with(Instant::now);
+            let until = since + secs(settings.resume_wait_seconds);
+            if Instant::now() >= until {
+                return self.unplaceable(&tailer);
+            }
+            Some(until)
+        } else {
+            None
+        };
+        let heartbeat = self.last_sent + secs(settings.heartbeat_seconds);
+        tokio::select! {
+            _ = changed.changed() => None,
+            _ = tokio::time::sleep_until(heartbeat) => self.sent(Bytes::from_static(HEARTBEAT)),
+            _ = tokio::time::sleep_until(ahead_until.unwrap_or(heartbeat)), if ahead_until.is_some() => None,
+            _ = self.connection.cancelled() => None,
+        }
     }
 
-    /// One page from the store, or (caught up) the attach.
+    /// The viewer's cursor cannot be served: the truncation notice, then
+    /// the window from its start (all of it replay).
+    fn unplaceable(&mut self, tailer: &Tailer) -> Option<Bytes> {
+        self.at = tailer.front();
+        self.replay_until = tailer.head();
+        self.stage = Stage::Live { ahead_since: None };
+        let frame = frames::truncated(self.key.run());
+        self.sent(frame)
+    }
+
+    /// One page from the store, or (caught up) back to the window.
     async fn catch_up(&mut self) -> Option<Bytes> {
         let settings = self.edge.settings.clone();
-        let Stage::CatchUp { at, until, tick, lag_since } = &mut self.stage else { return None };
-        if *at >= *until {
-            let at = *at;
-            return self.try_attach(StartAt::Offset(at));
+        let at = self.at;
+        let Stage::CatchUp { until, tick, .. } = &mut self.stage else { return None };
+        if at >= *until {
+            self.stage = Stage::Live { ahead_since: None };
+            return None;
         }
         let period = secs(settings.poll_seconds);
         if tick.started.elapsed() >= period {
-            *tick = Tick { started: Instant::now(), reads: 0, bytes: 0 };
+            *tick = Tick::new();
         }
         if tick.reads >= settings.max_reads_per_tick || tick.bytes >= settings.max_bytes_per_tick {
             tokio::time::sleep_until(tick.started + period).await;
             return None;
         }
-        let want = (*until - *at).min(settings.lines_per_read as u64) as usize;
+        let want = (*until - at).min(settings.lines_per_read as u64) as usize;
         let budget = settings.max_bytes_per_tick.saturating_sub(tick.bytes).max(1);
         tick.reads += 1;
         self.edge.count_read();
-        let lines = match self.edge.store.read(&self.key, *at, want, budget).await {
+        let lines = match self.edge.store.read(&self.key, at, want, budget).await {
             Ok(lines) => lines,
             Err(error) => {
                 tracing::debug!(run = %self.key, %error, "store read failed; retrying");
@@ -228,11 +311,13 @@ impl Session {
                 return None;
             }
         };
+        let Stage::CatchUp { tick, lag_since, .. } = &mut self.stage else { return None };
         if lines.is_empty() {
             // The archiver has not stored these lines yet.
             let since = *lag_since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= STORE_LAG_LIMIT {
-                return self.try_attach(StartAt::Unplaceable);
+            if since.elapsed() >= secs(settings.resume_wait_seconds) {
+                let tailer = self.tailer.clone()?;
+                return self.unplaceable(&tailer);
             }
             tokio::time::sleep(STORE_LAG_WAIT).await;
             return None;
@@ -240,8 +325,10 @@ impl Session {
         *lag_since = None;
         let content = lines.join("\n");
         tick.bytes += content.len();
-        *at += lines.len() as u64;
-        Some(frames::logs(self.key.run(), &content, *at, true))
+        let replay = at < self.replay_until;
+        self.at = at + lines.len() as u64;
+        let frame = frames::logs(self.key.run(), &content, self.at, replay);
+        self.sent(frame)
     }
 
     fn leave(&mut self) {

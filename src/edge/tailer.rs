@@ -4,11 +4,13 @@
 //! It subscribes from the oldest cached container of the stream, then reads
 //! from the run log store how many lines and which last token the store
 //! holds: containers at or below that token are already in the store, the
-//! others are new lines at the offsets that follow. So its cursor (a line
-//! offset) always agrees with the store's. It keeps the newest chunks (up
-//! to `max_replay_bytes`) for viewers who join or resume; older lines come
-//! from the store. New lines are pushed to viewers as the subscription
-//! delivers them; a timer only checks the end conditions.
+//! others are new lines at the offsets that follow. So its offsets always
+//! agree with the store's. It keeps the newest chunks in its [`Window`]
+//! (up to `max_replay_bytes`), each rendered once as a frame every viewer
+//! shares; viewers pull from it at their own cursors, and what fell out of
+//! it they read from the store. A timer checks the end conditions, cuts
+//! viewers whose sockets stalled, and ends a tailer nobody watched for
+//! `linger_seconds`.
 //!
 //! A tailer and its unsubscribe are tasks of the edge's [`Tasks`]. When
 //! the edge stops, a tailer ends at once (its viewers' streams end, without
@@ -16,16 +18,16 @@
 //! under way is let finish first (it is bounded by the attach timeout, and
 //! cutting it would leave the subscription behind).
 //!
-//! Its state sits behind a mutex that is never held across an `.await`:
-//! attaching a viewer (replay, then live) and publishing a chunk are each
-//! one critical section, so a viewer never misses a chunk between its
-//! replay and the live feed, and never sees one twice.
+//! Its state sits behind a mutex that is never held across an `.await`.
+//! A viewer's place is its own offset, so it can neither miss a chunk
+//! between its catch-up and the live feed nor see one twice.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use backon::Retryable;
 use bytes::Bytes;
 use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::watch;
@@ -33,18 +35,21 @@ use tokio::time::Instant;
 
 use super::frames::{self, EndReason};
 use super::viewer::Viewer;
+use super::window::{Read, Window};
 use crate::archive::{Contents, RunKey, RunLogReader};
 use crate::config::{LogStreamSettings, secs};
 use crate::node::{Node, SubscriptionHandle};
 use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
+use crate::retry::Backoff;
 use crate::stream::{BatchContainer, SequenceToken};
 use crate::tasks::Tasks;
 use crate::telemetry;
 
 /// Store lookups a starting tailer retries before it gives up.
-const STORE_ATTEMPTS: u32 = 5;
-/// The first retry's wait (then twice, three times… as long).
-const STORE_RETRY: Duration = Duration::from_millis(100);
+const STORE_RETRIES: u32 = 5;
+/// Waits between those retries.
+const STORE_RETRY: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(2), Duration::from_millis(100));
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Phase {
@@ -62,27 +67,18 @@ pub(crate) enum StartAt {
     Unplaceable,
 }
 
-/// Why a viewer could not attach yet.
+/// What a viewer gets next.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum NotAttached {
-    /// Still subscribing.
-    Starting,
-    /// The tailer ended.
-    Ended,
-    /// Lines `[from, until)` must come from the store first.
+pub(crate) enum Pull {
+    /// A frame from the window, and the offset after it.
+    Frame(Bytes, u64),
+    /// Lines up to `until` fell out of the window: read them from the store.
     Behind { until: u64 },
-}
-
-struct Chunk {
-    start: u64,
-    lines: Vec<String>,
-    bytes: usize,
-}
-
-impl Chunk {
-    fn end(&self) -> u64 {
-        self.start + self.lines.len() as u64
-    }
+    /// Nothing new yet: wait for [`Tailer::changed`].
+    Wait,
+    /// The tailer ended and the viewer has every line it published: the
+    /// terminal frame (none when the edge stops), then the end.
+    End(Option<Bytes>),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,14 +90,14 @@ enum Known {
 
 struct State {
     phase: Phase,
-    cursor: u64,
     base_token: Option<SequenceToken>,
     last_token: Option<SequenceToken>,
-    replay: VecDeque<Chunk>,
-    replay_bytes: usize,
+    window: Window,
     viewers: Vec<Arc<Viewer>>,
     /// Sessions that acquired the tailer and have not attached yet.
     joining: usize,
+    /// Since when nobody watches (the tailer lingers, then ends).
+    empty_since: Option<Instant>,
     started_at: Instant,
     last_content_at: Instant,
     last_probe_at: Option<Instant>,
@@ -109,6 +105,8 @@ struct State {
     streamed_bytes: u64,
     bytes_since_tick: u64,
     subscription: Option<SubscriptionHandle>,
+    /// The frame viewers get once they have every line (set at the end).
+    terminal: Option<Bytes>,
     /// The `error` the tailer ended with, for sessions still joining.
     failure: Option<Bytes>,
 }
@@ -130,6 +128,8 @@ pub(crate) struct Tailer {
     settings: Arc<LogStreamSettings>,
     state: Mutex<State>,
     phase: watch::Sender<Phase>,
+    /// Bumped at every new chunk and at the end.
+    version: watch::Sender<u64>,
 }
 
 impl Runs {
@@ -142,14 +142,15 @@ impl Runs {
         Arc::new(Self { node, store, settings, tailers: Mutex::new(HashMap::new()), tasks })
     }
 
-    /// Runs tailed now.
+    /// Runs tailed now (lingering ones included).
     pub(crate) fn len(&self) -> usize {
         self.tailers.lock().len()
     }
 
     /// The run's tailer, created (and started) if there is none and the
-    /// node is under `max_active_runs`; the caller is counted as joining.
-    /// None is started once the edge stops.
+    /// node is under `max_active_runs` (a lingering tailer nobody watches
+    /// gives its slot up first); the caller is counted as joining. None is
+    /// started once the edge stops.
     pub(crate) fn acquire(self: &Arc<Self>, key: &RunKey) -> Option<Arc<Tailer>> {
         if self.tasks.token().is_cancelled() {
             return None;
@@ -161,6 +162,13 @@ impl Runs {
             return Some(tailer.clone());
         }
         tailers.retain(|_, t| t.phase() != Phase::Ended);
+        if tailers.len() >= self.settings.max_active_runs {
+            let idle = tailers.values().filter(|t| t.is_lingering()).min_by_key(|t| t.empty_since()).cloned();
+            if let Some(idle) = idle {
+                tailers.remove(&idle.key);
+                idle.unwatched();
+            }
+        }
         if tailers.len() >= self.settings.max_active_runs {
             return None;
         }
@@ -194,25 +202,21 @@ async fn start(runs: Arc<Runs>, tailer: Arc<Tailer>) {
     };
     // A store hiccup is retried; only a store that stays down ends the
     // stream (with its error).
-    let mut attempt = 0;
-    let info = loop {
-        match runs.store.info(&tailer.key).await {
-            Ok(info) => break info.unwrap_or_default(),
-            Err(error) if attempt < STORE_ATTEMPTS => {
-                attempt += 1;
-                tracing::debug!(run = %tailer.key, %error, attempt, "store lookup failed; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(STORE_RETRY * attempt) => {}
-                    _ = stop.cancelled() => {
-                        tailer.keep_subscription(handle);
-                        return tailer.stop();
-                    }
-                }
-            }
-            Err(error) => {
-                tailer.keep_subscription(handle);
-                return tailer.fail(&error.to_string());
-            }
+    let lookup = (|| runs.store.info(&tailer.key))
+        .retry(STORE_RETRY.schedule(STORE_RETRIES))
+        .notify(|error, wait| tracing::debug!(run = %tailer.key, %error, ?wait, "store lookup failed; retrying"));
+    let info = tokio::select! {
+        info = lookup => info,
+        _ = stop.cancelled() => {
+            tailer.keep_subscription(handle);
+            return tailer.stop();
+        }
+    };
+    let info = match info {
+        Ok(info) => info.unwrap_or_default(),
+        Err(error) => {
+            tailer.keep_subscription(handle);
+            return tailer.fail(&error.to_string());
         }
     };
     if !tailer.go_live(handle, info.lines, info.last_token) {
@@ -227,6 +231,10 @@ async fn start(runs: Arc<Runs>, tailer: Arc<Tailer>) {
         }
         if tailer.phase() == Phase::Ended {
             return;
+        }
+        tailer.cut_stalled();
+        if tailer.linger_over() {
+            return tailer.unwatched();
         }
         if tailer.probe_due() {
             // A failed lookup counts as running: it never ends a stream.
@@ -250,13 +258,12 @@ impl Tailer {
         let now = Instant::now();
         let state = State {
             phase: Phase::Starting,
-            cursor: 0,
             base_token: None,
             last_token: None,
-            replay: VecDeque::new(),
-            replay_bytes: 0,
+            window: Window::new(key.run(), 0, settings.max_replay_bytes),
             viewers: Vec::new(),
             joining: 0,
+            empty_since: None,
             started_at: now,
             last_content_at: now,
             last_probe_at: None,
@@ -264,9 +271,17 @@ impl Tailer {
             streamed_bytes: 0,
             bytes_since_tick: 0,
             subscription: None,
+            terminal: None,
             failure: None,
         };
-        Arc::new(Self { key, runs, settings, state: Mutex::new(state), phase: watch::channel(Phase::Starting).0 })
+        Arc::new(Self {
+            key,
+            runs,
+            settings,
+            state: Mutex::new(state),
+            phase: watch::channel(Phase::Starting).0,
+            version: watch::channel(0).0,
+        })
     }
 
     pub(crate) fn phase(&self) -> Phase {
@@ -282,6 +297,12 @@ impl Tailer {
         }
     }
 
+    /// Resolves at the tailer's next change (a chunk, or its end); take it
+    /// before [`Tailer::pull`] so nothing is missed in between.
+    pub(crate) fn changed(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
     /// The `error` frame if the tailer failed.
     pub(crate) fn failure(&self) -> Option<Bytes> {
         self.state.lock().failure.clone()
@@ -293,6 +314,7 @@ impl Tailer {
             return false;
         }
         state.joining += 1;
+        state.empty_since = None;
         true
     }
 
@@ -305,7 +327,7 @@ impl Tailer {
             return false;
         }
         state.phase = Phase::Live;
-        state.cursor = lines;
+        state.window = Window::new(self.key.run(), lines, self.settings.max_replay_bytes);
         state.base_token = token;
         drop(state);
         self.phase.send_replace(Phase::Live);
@@ -316,40 +338,50 @@ impl Tailer {
         self.state.lock().subscription = Some(handle);
     }
 
-    /// Attaches `viewer` at `from`: the chunks it missed that the tailer
-    /// still holds are queued as replay, then it is live.
-    pub(crate) fn attach(&self, viewer: &Arc<Viewer>, from: StartAt) -> Result<(), NotAttached> {
+    /// Attaches `viewer`, which asks to start at `from`. Returns where it
+    /// starts, whether it must be told its cursor was not placeable
+    /// (`truncated`), and the head at this moment (lines below it are
+    /// replay for this viewer); `None` if the tailer is not live.
+    pub(crate) fn attach(&self, viewer: &Arc<Viewer>, from: StartAt) -> Option<Attached> {
         let mut state = self.state.lock();
-        match state.phase {
-            Phase::Starting => return Err(NotAttached::Starting),
-            Phase::Ended => return Err(NotAttached::Ended),
-            Phase::Live => {}
+        if state.phase != Phase::Live {
+            return None;
         }
-        let run = self.key.run();
-        let front = state.replay.front().map_or(state.cursor, |c| c.start);
-        match from {
-            StartAt::Offset(at) if at == state.cursor => {}
-            StartAt::Offset(at) if at >= front && at < state.cursor => {
-                for chunk in state.replay.iter().filter(|c| c.end() > at) {
-                    let skip = at.saturating_sub(chunk.start) as usize;
-                    viewer.push(frames::logs(run, &chunk.lines[skip..].join("\n"), chunk.end(), true));
-                }
-            }
-            StartAt::Offset(at) if at < front => return Err(NotAttached::Behind { until: front }),
-            _ => {
-                viewer.push(frames::truncated(run));
-                for chunk in &state.replay {
-                    viewer.push(frames::logs(run, &chunk.lines.join("\n"), chunk.end(), true));
-                }
-            }
-        }
+        let (at, truncated) = match from {
+            StartAt::Offset(at) => (at, false),
+            StartAt::Unplaceable => (state.window.front(), true),
+        };
         state.joining = state.joining.saturating_sub(1);
+        state.empty_since = None;
+        viewer.progressed(at);
         state.viewers.push(viewer.clone());
-        Ok(())
+        Some(Attached { at, truncated, replay_until: state.window.head() })
     }
 
-    /// A session leaves (its connection closed), attached or not. The last
-    /// one out stops the tailer.
+    /// The next frame for a viewer that needs line `at` (see [`Pull`]).
+    pub(crate) fn pull(&self, at: u64, replay_until: u64) -> Pull {
+        let state = self.state.lock();
+        match state.window.read(at, replay_until) {
+            Read::Frame(frame, next) => Pull::Frame(frame, next),
+            Read::Behind { until } => Pull::Behind { until },
+            Read::Head if state.phase == Phase::Ended => Pull::End(state.terminal.clone()),
+            Read::Head => Pull::Wait,
+        }
+    }
+
+    /// The offset after the newest line.
+    pub(crate) fn head(&self) -> u64 {
+        self.state.lock().window.head()
+    }
+
+    /// The oldest offset the window holds.
+    pub(crate) fn front(&self) -> u64 {
+        self.state.lock().window.front()
+    }
+
+    /// A session leaves (its connection closed), attached or not. When
+    /// nobody is left the tailer lingers `linger_seconds`, so a viewer
+    /// that reconnects finds it, then ends.
     pub(crate) fn leave(self: &Arc<Self>, viewer: Option<u64>, attached: bool) {
         let mut state = self.state.lock();
         match (attached, viewer) {
@@ -357,17 +389,56 @@ impl Tailer {
             _ => state.joining = state.joining.saturating_sub(1),
         }
         if state.viewers.is_empty() && state.joining == 0 && state.phase != Phase::Ended {
-            self.end(state, None);
+            if self.settings.linger_seconds <= 0.0 {
+                return self.end(state, None);
+            }
+            state.empty_since = Some(Instant::now());
         }
     }
 
-    /// New containers from the subscription: each becomes a chunk at the
-    /// next offsets, broadcast to every viewer.
+    fn is_lingering(&self) -> bool {
+        self.state.lock().empty_since.is_some()
+    }
+
+    fn empty_since(&self) -> Option<Instant> {
+        self.state.lock().empty_since
+    }
+
+    fn linger_over(&self) -> bool {
+        self.empty_since().is_some_and(|since| since.elapsed() >= secs(self.settings.linger_seconds))
+    }
+
+    /// Nobody watches any more: end without a terminal frame.
+    fn unwatched(self: &Arc<Self>) {
+        let state = self.state.lock();
+        self.end(state, None);
+    }
+
+    /// Cuts every viewer whose socket took nothing for
+    /// `stall_timeout_seconds` while it had lines to send.
+    fn cut_stalled(&self) {
+        let limit = secs(self.settings.stall_timeout_seconds);
+        let mut state = self.state.lock();
+        let head = state.window.head();
+        state.viewers.retain(|viewer| {
+            let stalled = viewer.cursor() < head && viewer.stalled_for() >= limit;
+            if stalled {
+                tracing::debug!(run = %self.key, viewer = viewer.id(), "viewer stalled; cutting it");
+                viewer.cut();
+                metrics::counter!(telemetry::EDGE_VIEWERS_DROPPED).increment(1);
+            }
+            !stalled
+        });
+    }
+
+    /// New containers from the subscription: each becomes a chunk of the
+    /// window at the next offsets; viewers pull it.
     fn publish(self: &Arc<Self>, batches: &[Arc<BatchContainer>]) -> Result<(), ConsumerError> {
         let mut state = self.state.lock();
         if state.phase == Phase::Ended {
             return Err(ConsumerError::Unavailable(format!("the tailer of {} ended", self.key)));
         }
+        let mut published = false;
         for batch in batches {
             let stale = |t: Option<SequenceToken>| t.is_some_and(|t| t >= batch.token);
             if stale(state.base_token) || stale(state.last_token) {
@@ -383,35 +454,18 @@ impl Tailer {
             if contents.texts.is_empty() {
                 continue;
             }
-            let lines: Vec<String> = contents.lines().map(str::to_string).collect();
-            let content = lines.join("\n");
-            let chunk = Chunk { start: state.cursor, bytes: content.len(), lines };
-            state.cursor = chunk.end();
-            let frame = frames::logs(self.key.run(), &content, state.cursor, false);
-            state.viewers.retain(|viewer| {
-                let kept = viewer.push(frame.clone());
-                if !kept {
-                    viewer.close();
-                    metrics::counter!(telemetry::EDGE_VIEWERS_DROPPED).increment(1);
-                }
-                kept
-            });
+            let bytes = state.window.push(contents.lines().map(str::to_string).collect()) as u64;
             metrics::counter!(telemetry::EDGE_FRAMES).increment(state.viewers.len() as u64);
-            state.streamed_bytes += chunk.bytes as u64;
-            state.bytes_since_tick += chunk.bytes as u64;
+            state.streamed_bytes += bytes;
+            state.bytes_since_tick += bytes;
             state.last_content_at = Instant::now();
-            state.replay_bytes += chunk.bytes;
-            state.replay.push_back(chunk);
-            // Always keep the newest chunk, however large.
-            while state.replay_bytes > self.settings.max_replay_bytes && state.replay.len() > 1 {
-                let old = state.replay.pop_front().map_or(0, |c| c.bytes);
-                state.replay_bytes -= old;
-            }
+            published = true;
         }
-        if state.viewers.is_empty() && state.joining == 0 {
-            self.end(state, None);
-        } else if state.streamed_bytes >= self.settings.max_stream_bytes {
+        if state.streamed_bytes >= self.settings.max_stream_bytes {
             self.end(state, Some(Ending::Complete(EndReason::MaxBytes)));
+        } else if published {
+            drop(state);
+            self.version.send_modify(|v| *v += 1);
         }
         Ok(())
     }
@@ -429,7 +483,7 @@ impl Tailer {
         let mut state = self.state.lock();
         state.last_probe_at = Some(Instant::now());
         state.known = match finished {
-            Some((true, lines)) if state.cursor >= lines => Known::Finished,
+            Some((true, lines)) if state.window.head() >= lines => Known::Finished,
             Some(_) => Known::Running,
             None => Known::Unknown,
         };
@@ -479,28 +533,27 @@ impl Tailer {
         self.end(state, Some(Ending::Error(message.to_string())));
     }
 
-    /// Ends the tailer: the terminal frame (if any) to every viewer, then
-    /// the run slot and the subscription are released.
+    /// Ends the tailer: viewers get what they have not pulled yet of the
+    /// window, then the terminal frame (if any); the run slot and the
+    /// subscription are released at once.
     fn end(self: &Arc<Self>, mut state: MutexGuard<'_, State>, ending: Option<Ending>) {
         if state.phase == Phase::Ended {
             return;
         }
         state.phase = Phase::Ended;
-        let frame: Option<Bytes> = match &ending {
-            Some(Ending::Complete(reason)) => Some(frames::complete(self.key.run(), Some(state.cursor), *reason)),
+        let head = state.window.head();
+        state.terminal = match &ending {
+            Some(Ending::Complete(reason)) => Some(frames::complete(self.key.run(), Some(head), *reason)),
             Some(Ending::Error(message)) => Some(frames::error(self.key.run(), message)),
             None => None,
         };
-        for viewer in state.viewers.drain(..) {
-            viewer.finish(frame.clone());
-        }
         if let Some(Ending::Error(_)) = &ending {
-            state.failure = frame;
+            state.failure = state.terminal.clone();
         }
-        state.replay.clear();
-        state.replay_bytes = 0;
+        state.viewers.clear();
         drop(state);
         self.phase.send_replace(Phase::Ended);
+        self.version.send_modify(|v| *v += 1);
         if let Some(reason) = &ending {
             tracing::debug!(run = %self.key, ?reason, "tailer ended");
         }
@@ -520,6 +573,18 @@ impl Tailer {
             });
         }
     }
+}
+
+/// Where an attached viewer starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Attached {
+    /// The line offset it needs first.
+    pub(crate) at: u64,
+    /// Its cursor could not be placed: it gets the truncation notice, then
+    /// the window from its start.
+    pub(crate) truncated: bool,
+    /// Lines below this offset are replay for it.
+    pub(crate) replay_until: u64,
 }
 
 #[derive(Debug)]

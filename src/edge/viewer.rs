@@ -1,54 +1,36 @@
-//! One SSE connection's mailbox, the registry of connections and the
-//! heartbeat sweep.
+//! One SSE connection's place in its run, and the registry of connections.
 //!
-//! A tailer hands each viewer frames that were rendered once for all of
-//! them (`Bytes` are shared, not copied). A viewer's waiting frames are
-//! bounded by `max_pending_bytes_per_client`: a push made while more than
-//! that is waiting is refused and the tailer drops the viewer (OpenMetadata
-//! checks before sending, so the frame that crosses the ceiling still goes
-//! out). The HTTP body takes frames as the socket accepts them.
+//! A viewer holds no frames. Its session pulls them from the run's tailer
+//! (the shared window of frames rendered once for every viewer) or, when
+//! it fell behind the window, from the run log store, at the pace its
+//! socket takes them. What a viewer costs is its cursor, whatever the
+//! bursts: it is metered by lag, never dropped for being fast. Only a
+//! viewer whose socket takes nothing for `stall_timeout_seconds` while it
+//! has lines to send is cut ([`Viewer::cut`] closes the connection).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crate::tasks::Tasks;
-use crate::telemetry;
-use bytes::Bytes;
 use parking_lot::Mutex;
-use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::telemetry;
 
 /// The heartbeat comment.
 pub(crate) const HEARTBEAT: &[u8] = b": heartbeat\n\n";
 
-#[derive(Default)]
-struct Mailbox {
-    frames: VecDeque<Bytes>,
-    pending: usize,
-    /// Dropped: nothing more goes out, waiting frames included.
-    closed: bool,
-    /// Ended: the waiting frames go out, then the stream ends.
-    ended: bool,
-}
-
 /// See the module documentation.
 pub(crate) struct Viewer {
     id: u64,
-    max_pending: usize,
-    mailbox: Mutex<Mailbox>,
-    wake: Notify,
-}
-
-/// What the body should do next.
-pub(crate) enum Next {
-    Frame(Bytes),
-    Wait,
-    /// The stream is over: end the response normally.
-    End,
-    /// The viewer was dropped: cut the connection (a stalled client must
-    /// not keep it open waiting for the end of the response).
-    Abort,
+    /// The next line offset this viewer needs.
+    cursor: AtomicU64,
+    /// When its socket last took a frame.
+    progress: Mutex<Instant>,
+    /// Closes the viewer's connection.
+    connection: CancellationToken,
 }
 
 impl Viewer {
@@ -56,99 +38,60 @@ impl Viewer {
         self.id
     }
 
-    /// Queues a frame; false if the viewer is gone or too far behind (the
-    /// caller drops it).
-    pub(crate) fn push(&self, frame: Bytes) -> bool {
-        let mut mailbox = self.mailbox.lock();
-        if mailbox.closed || mailbox.ended || mailbox.pending > self.max_pending {
-            return false;
-        }
-        mailbox.pending += frame.len();
-        mailbox.frames.push_back(frame);
-        drop(mailbox);
-        self.wake.notify_one();
-        true
+    /// The next line offset this viewer needs.
+    pub(crate) fn cursor(&self) -> u64 {
+        self.cursor.load(Ordering::Relaxed)
     }
 
-    /// Queues a last frame (if the viewer can still take it) and ends the
-    /// stream after it.
-    pub(crate) fn finish(&self, frame: Option<Bytes>) {
-        let mut mailbox = self.mailbox.lock();
-        if let Some(frame) = frame
-            && !mailbox.closed
-            && !mailbox.ended
-            && mailbox.pending <= self.max_pending
-        {
-            mailbox.pending += frame.len();
-            mailbox.frames.push_back(frame);
-        }
-        mailbox.ended = true;
-        drop(mailbox);
-        self.wake.notify_one();
+    /// The socket took a frame; the viewer now needs line `cursor`.
+    pub(crate) fn progressed(&self, cursor: u64) {
+        self.cursor.store(cursor, Ordering::Relaxed);
+        *self.progress.lock() = Instant::now();
     }
 
-    /// Drops the viewer at once, without a terminal frame: it should
-    /// reconnect with its last cursor.
-    pub(crate) fn close(&self) {
-        let mut mailbox = self.mailbox.lock();
-        mailbox.closed = true;
-        mailbox.frames.clear();
-        mailbox.pending = 0;
-        drop(mailbox);
-        self.wake.notify_one();
+    /// How long since the socket last took a frame.
+    pub(crate) fn stalled_for(&self) -> Duration {
+        self.progress.lock().elapsed()
     }
 
-    pub(crate) fn next(&self) -> Next {
-        let mut mailbox = self.mailbox.lock();
-        if mailbox.closed {
-            return Next::Abort;
-        }
-        match mailbox.frames.pop_front() {
-            Some(frame) => {
-                mailbox.pending -= frame.len();
-                Next::Frame(frame)
-            }
-            None if mailbox.ended => Next::End,
-            None => Next::Wait,
-        }
+    /// Cuts the connection, without a terminal frame (the client
+    /// reconnects with its last cursor).
+    pub(crate) fn cut(&self) {
+        self.connection.cancel();
     }
 
-    fn is_closed(&self) -> bool {
-        self.mailbox.lock().closed
-    }
-
-    /// Resolves when a frame may be waiting.
-    pub(crate) async fn woken(&self) {
-        self.wake.notified().await;
+    /// Whether the connection was cut.
+    pub(crate) fn is_cut(&self) -> bool {
+        self.connection.is_cancelled()
     }
 }
 
 /// The node's SSE connections, bounded by `max_active_connections`.
 pub(crate) struct Registry {
     max: usize,
-    max_pending: usize,
     next_id: AtomicU64,
     viewers: Mutex<HashMap<u64, Weak<Viewer>>>,
 }
 
 impl Registry {
-    pub(crate) fn new(max: usize, max_pending: usize) -> Arc<Self> {
-        Arc::new(Self { max, max_pending, next_id: AtomicU64::new(1), viewers: Mutex::new(HashMap::new()) })
+    pub(crate) fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self { max, next_id: AtomicU64::new(1), viewers: Mutex::new(HashMap::new()) })
     }
 
-    /// A new viewer, or `None` at the limit. A dropped viewer's slot is
-    /// free at once, even while its connection is being cut.
-    pub(crate) fn register(&self) -> Option<Arc<Viewer>> {
+    /// A new viewer starting at `cursor`, whose connection `connection`
+    /// closes, or `None` at the limit. A cut viewer's slot is free at once,
+    /// even while its connection is being closed.
+    pub(crate) fn register(&self, cursor: u64, connection: CancellationToken) -> Option<Arc<Viewer>> {
         let mut viewers = self.viewers.lock();
         if viewers.len() >= self.max {
-            viewers.retain(|_, v| v.upgrade().is_some_and(|v| !v.is_closed()));
+            viewers.retain(|_, v| v.upgrade().is_some_and(|v| !v.is_cut()));
         }
         if viewers.len() >= self.max {
             return None;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let viewer =
-            Arc::new(Viewer { id, max_pending: self.max_pending, mailbox: Mutex::default(), wake: Notify::new() });
+            Arc::new(Viewer { id, cursor: AtomicU64::new(cursor), progress: Mutex::new(Instant::now()), connection });
         viewers.insert(id, Arc::downgrade(&viewer));
         metrics::gauge!(telemetry::EDGE_CONNECTIONS).set(viewers.len() as f64);
         Some(viewer)
@@ -161,34 +104,9 @@ impl Registry {
         metrics::gauge!(telemetry::EDGE_CONNECTIONS).set(viewers.len() as f64);
     }
 
-    /// Connections open now (dropped viewers not counted).
+    /// Connections open now (cut ones not counted).
     pub(crate) fn len(&self) -> usize {
-        self.viewers.lock().values().filter(|v| v.upgrade().is_some_and(|v| !v.is_closed())).count()
-    }
-
-    /// Every `every`, queues a heartbeat to every connection; one that
-    /// cannot take it (gone, or too far behind) is dropped. A task of
-    /// `tasks`, until their token fires.
-    pub(crate) fn spawn_heartbeats(self: &Arc<Self>, every: Duration, tasks: &Tasks) {
-        let registry = Arc::downgrade(self);
-        let stop = tasks.token().clone();
-        tasks.spawn("heartbeats", async move {
-            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = ticks.tick() => {}
-                }
-                let Some(registry) = registry.upgrade() else { return };
-                let viewers: Vec<Arc<Viewer>> = registry.viewers.lock().values().filter_map(Weak::upgrade).collect();
-                for viewer in viewers {
-                    if !viewer.push(Bytes::from_static(HEARTBEAT)) {
-                        viewer.close();
-                    }
-                }
-            }
-        });
+        self.viewers.lock().values().filter(|v| v.upgrade().is_some_and(|v| !v.is_cut())).count()
     }
 }
 
@@ -197,38 +115,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_frame_that_crosses_the_ceiling_goes_out_the_next_is_refused() {
-        let registry = Registry::new(2, 400);
-        let viewer = registry.register().unwrap();
-        assert!(viewer.push(Bytes::from(vec![b'a'; 300])));
-        assert!(viewer.push(Bytes::from(vec![b'b'; 300])), "300 waiting is under the ceiling");
-        assert!(!viewer.push(Bytes::from_static(b"c")), "600 waiting is over it");
-        assert!(matches!(viewer.next(), Next::Frame(f) if f.len() == 300));
-        assert!(viewer.push(Bytes::from_static(b"c")), "drained below the ceiling again");
-    }
-
-    #[test]
     fn connections_are_bounded_and_freed_at_once() {
-        let registry = Registry::new(2, 10);
-        let (a, _b) = (registry.register().unwrap(), registry.register().unwrap());
-        assert!(registry.register().is_none());
+        let registry = Registry::new(2);
+        let (a, b) = (registry.register(0, CancellationToken::new()), registry.register(0, CancellationToken::new()));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!(registry.register(0, CancellationToken::new()).is_none());
         registry.unregister(a.id());
-        assert!(registry.register().is_some());
+        let c = registry.register(0, CancellationToken::new()).unwrap();
+        b.cut();
+        assert_eq!(registry.len(), 1, "a cut viewer is not counted");
+        assert!(!c.is_cut());
+        assert!(registry.register(0, CancellationToken::new()).is_some(), "its slot is free at once");
     }
 
-    #[test]
-    fn a_finished_viewer_drains_then_ends_a_closed_one_ends_now() {
-        let registry = Registry::new(2, 100);
-        let viewer = registry.register().unwrap();
-        viewer.push(Bytes::from_static(b"one"));
-        viewer.finish(Some(Bytes::from_static(b"last")));
-        assert!(!viewer.push(Bytes::from_static(b"late")));
-        assert!(matches!(viewer.next(), Next::Frame(f) if &f[..] == b"one"));
-        assert!(matches!(viewer.next(), Next::Frame(f) if &f[..] == b"last"));
-        assert!(matches!(viewer.next(), Next::End));
-        let dropped = registry.register().unwrap();
-        dropped.push(Bytes::from_static(b"x"));
-        dropped.close();
-        assert!(matches!(dropped.next(), Next::Abort));
+    #[tokio::test(start_paused = true)]
+    async fn progress_moves_the_cursor_and_resets_the_stall_clock() {
+        let registry = Registry::new(1);
+        let viewer = registry.register(5, CancellationToken::new()).unwrap();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!((viewer.cursor(), viewer.stalled_for()), (5, Duration::from_secs(3)));
+        viewer.progressed(9);
+        assert_eq!((viewer.cursor(), viewer.stalled_for()), (9, Duration::ZERO));
     }
 }

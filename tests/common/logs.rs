@@ -32,6 +32,7 @@ pub fn quick_settings() -> LogStreamSettings {
         run_probe_seconds: 0.1,
         max_idle_seconds: 30.0,
         heartbeat_seconds: 30.0,
+        resume_wait_seconds: 0.5,
         ..LogStreamSettings::default()
     }
 }
