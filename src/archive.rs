@@ -17,6 +17,7 @@
 //! Finished runs are removed by [`Retention`] once they are old or the
 //! store is too big (`[archive.retention]`, see [`RetentionPolicy`]).
 
+mod file_names;
 mod file_store;
 mod redis_store;
 mod retention;
