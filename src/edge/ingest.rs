@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Json;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -20,6 +19,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::LogEdge;
+use super::body::IngestBody;
+use super::incident::{self, store_unavailable};
 use crate::archive::{RunKey, RunState, lines_of};
 use crate::queue::QueueError;
 use crate::stream::{Event, EventId, now_ms};
@@ -119,10 +120,9 @@ pub(crate) async fn post_lines(
     State(edge): State<Arc<LogEdge>>,
     Path((fqn, run)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: IngestBody,
 ) -> Result<Response, ApiError> {
     let key = run_key(&fqn, &run)?;
-    let body = body.map_err(|e| body_refused(&e, edge.options.max_body_bytes))?;
     let lines = parse_lines(&headers, &body, edge.options.max_lines_per_request)?;
     let now = now_ms();
     let events: Vec<Event> = lines
@@ -136,20 +136,10 @@ pub(crate) async fn post_lines(
         })
         .collect();
     let count = events.len();
-    edge.store.ensure_run(&key).await.map_err(|e| problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    edge.store.ensure_run(&key).await.map_err(store_unavailable)?;
     edge.node.produce(&key.stream(), events).await.map_err(not_accepted)?;
     metrics::counter!(telemetry::EDGE_INGESTED_LINES).increment(count as u64);
     Ok((StatusCode::ACCEPTED, Json(json!({ "accepted": count }))).into_response())
-}
-
-/// A body that could not be read as the JSON answer every refusal gets:
-/// `413` past `edge.max_body_bytes`, the extractor's own status otherwise.
-fn body_refused(rejection: &BytesRejection, max: usize) -> ApiError {
-    let status = rejection.status();
-    if status == StatusCode::PAYLOAD_TOO_LARGE {
-        return problem(status, format!("the body is larger than {max} bytes (setting edge.max_body_bytes)"));
-    }
-    problem(status, rejection.body_text())
 }
 
 /// A queue's refusal as an answer: too large (413), full or down for now
@@ -162,7 +152,13 @@ fn not_accepted(error: QueueError) -> ApiError {
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
     let retry = if status == StatusCode::SERVICE_UNAVAILABLE { ", retry later" } else { "" };
-    problem(status, format!("{error}; nothing was accepted{retry}"))
+    // Capacity refusals say what was refused; any other failure may carry
+    // paths or OS errors: the client gets an incident id instead.
+    let told = match &error {
+        QueueError::BatchTooLarge { .. } | QueueError::Refused { .. } | QueueError::Full { .. } => error.to_string(),
+        _ => incident::report("the queue failed", &error),
+    };
+    problem(status, format!("{told}; nothing was accepted{retry}"))
 }
 
 #[derive(Deserialize)]
@@ -174,10 +170,9 @@ struct StatusBody {
 pub(crate) async fn put_status(
     State(edge): State<Arc<LogEdge>>,
     Path((fqn, run)): Path<(String, String)>,
-    body: Result<Bytes, BytesRejection>,
+    body: IngestBody,
 ) -> Result<Response, ApiError> {
     let key = run_key(&fqn, &run)?;
-    let body = body.map_err(|e| body_refused(&e, edge.options.max_body_bytes))?;
     let parsed: StatusBody = serde_json::from_slice(&body)
         .map_err(|e| problem(StatusCode::BAD_REQUEST, format!("expected {{\"state\": …}}: {e}")))?;
     let Some(state) = RunState::parse(&parsed.state) else {
@@ -185,6 +180,6 @@ pub(crate) async fn put_status(
         let message = format!("unknown state `{}` (one of {})", parsed.state, known.join(", "));
         return Err(problem(StatusCode::BAD_REQUEST, message));
     };
-    edge.store.set_state(&key, state).await.map_err(|e| problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    edge.store.set_state(&key, state).await.map_err(store_unavailable)?;
     Ok(Json(json!({ "runId": key.run(), "state": state })).into_response())
 }

@@ -32,10 +32,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::frames::{self, EndReason};
+use super::incident;
 use super::viewer::Viewer;
 use crate::archive::{RunKey, RunLogStore, lines_of};
 use crate::config::{LogStreamSettings, secs};
-use crate::node::{Node, SubscriptionHandle};
+use crate::node::{Node, SubscribeError, SubscriptionHandle};
 use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use crate::stream::{BatchContainer, SequenceToken};
 use crate::tasks::Tasks;
@@ -190,7 +191,12 @@ async fn start(runs: Arc<Runs>, tailer: Arc<Tailer>) {
     let consumer = Arc::new(TailerConsumer { tailer: Arc::downgrade(&tailer) });
     let handle = match runs.node.subscribe(&tailer.key.stream(), consumer, StartPosition::EarliestAvailable).await {
         Ok(handle) => handle,
-        Err(error) => return tailer.fail(&format!("cannot follow run {}: {error}", tailer.key)),
+        // Not attached in time says what to check; any other failure may
+        // carry backend errors: the viewer gets an incident id instead.
+        Err(error @ SubscribeError::NotAttached { .. }) => {
+            return tailer.fail(&format!("cannot follow run {}: {error}", tailer.key));
+        }
+        Err(error) => return tailer.fail(&incident::report(&format!("cannot follow run {}", tailer.key), &error)),
     };
     // A store hiccup is retried; only a store that stays down ends the
     // stream (with its error).
@@ -211,7 +217,7 @@ async fn start(runs: Arc<Runs>, tailer: Arc<Tailer>) {
             }
             Err(error) => {
                 tailer.keep_subscription(handle);
-                return tailer.fail(&error.to_string());
+                return tailer.fail(&incident::report("the run log store failed", &error));
             }
         }
     };
