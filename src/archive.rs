@@ -20,6 +20,7 @@
 //! store is too big (`[archive.retention]`, see [`RetentionPolicy`]).
 
 mod archiver;
+mod file_names;
 mod file_store;
 mod redis_store;
 mod retention;

@@ -159,7 +159,7 @@ impl Config {
                 crate::balancer::MIN_VIRTUAL_NODES
             )));
         }
-        self.edge.log_stream.check().map_err(invalid)?;
+        self.edge.check().map_err(invalid)?;
         if self.node.name.is_empty() {
             return Err(invalid("node.name must not be empty".into()));
         }
@@ -214,6 +214,12 @@ mod tests {
         assert!(err.contains("at least 64"), "{err}");
         let err = Config::from_toml("[agent]\npoll_period = \"soon\"\n", "x.toml").unwrap_err().to_string();
         assert!(err.contains("poll_period"), "{err}");
+        let err = Config::from_toml("[edge]\nbody_timeout_seconds = 0\n", "x.toml").unwrap_err().to_string();
+        assert!(err.contains("edge.body_timeout_seconds must be a positive"), "{err}");
+        let err = Config::from_toml("[edge]\nmax_body_bytes = 2048\nmax_total_body_bytes = 1024\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("must not be more than edge.max_total_body_bytes"), "{err}");
     }
 
     #[test]

@@ -10,8 +10,10 @@
 //! ends only once they all ended, or [`STOP_TIMEOUT`] after its stop.
 
 mod auth;
+mod body;
 mod direct;
 mod frames;
+mod incident;
 mod ingest;
 mod pages;
 mod sse;
@@ -116,6 +118,8 @@ pub struct LogEdge {
     tasks: Tasks,
     store_reads: AtomicU64,
     auth: Arc<auth::Auth>,
+    /// Bytes of ingest bodies held now (`edge.max_total_body_bytes`).
+    bodies: body::Budget,
 }
 
 impl LogEdge {
@@ -131,6 +135,7 @@ impl LogEdge {
         let runs = tailer::Runs::new(node.clone(), store.clone(), settings.clone(), tasks.clone());
         let id_prefix = format!("{}-{:08x}", node.id(), rand::random::<u32>());
         let auth = auth::Auth::new(&options.auth);
+        let bodies = body::Budget::new(options.max_total_body_bytes);
         Arc::new(Self {
             node,
             archiver,
@@ -144,6 +149,7 @@ impl LogEdge {
             tasks,
             store_reads: AtomicU64::new(0),
             auth,
+            bodies,
         })
     }
 

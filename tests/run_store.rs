@@ -76,6 +76,75 @@ async fn contract(store: Arc<dyn RunLogStore>) {
     assert_eq!((info.lines, info.last_token), (5, Some(token(u64::MAX, 0))));
 }
 
+/// Names of any valid length: a 256-byte run id whose encoding would be
+/// 768 bytes, and 29-character CJK pipeline names (261 bytes encoded)
+/// that differ only in their last character.
+async fn long_names(store: Arc<dyn RunLogStore>) {
+    let base = "数据管道".repeat(7);
+    let (first, second) = (format!("{base}甲"), format!("{base}乙"));
+    assert_eq!(first.chars().count(), 29);
+    let long_id = format!("scheduled__{}", ":".repeat(245));
+    assert_eq!(long_id.len(), 256);
+    let runs = [
+        RunKey::new(&first, &long_id).unwrap(),
+        RunKey::new(&first, &"r".repeat(256)).unwrap(),
+        RunKey::new(&second, &long_id).unwrap(),
+    ];
+    for (n, run) in runs.iter().enumerate() {
+        let line = format!("line of {n}");
+        assert!(store.append(run, token(1, n as u64), &[&line]).await.unwrap(), "{run}");
+        store.set_state(run, RunState::Success).await.unwrap();
+    }
+    for (n, run) in runs.iter().enumerate() {
+        assert_eq!(store.read(run, 0, 10, usize::MAX).await.unwrap(), [format!("line of {n}")], "{run}");
+        let info = store.info(run).await.unwrap().unwrap();
+        assert_eq!((info.lines, info.state), (1, Some(RunState::Success)));
+    }
+    let pipelines = store.pipelines(100).await.unwrap();
+    assert!(pipelines.contains(&first) && pipelines.contains(&second), "full names listed: {pipelines:?}");
+    assert!(store.pipeline_exists(&first).await.unwrap());
+    let mut ids: Vec<String> = store.runs(&first, 10).await.unwrap().into_iter().map(|r| r.run).collect();
+    ids.sort();
+    assert_eq!(ids, ["r".repeat(256), long_id.clone()]);
+    let ids: Vec<String> = store.runs(&second, 10).await.unwrap().into_iter().map(|r| r.run).collect();
+    assert_eq!(ids, [long_id]);
+    // Retention finds them by their full names and removes them whole.
+    let policy = tailrace::archive::RetentionPolicy {
+        max_total_bytes: 1,
+        min_age: std::time::Duration::ZERO,
+        ..Default::default()
+    };
+    let mut removed = Vec::new();
+    loop {
+        let report = store.prune(&policy, u64::MAX).await.unwrap();
+        removed.extend(report.removed);
+        if !report.more {
+            break;
+        }
+    }
+    for run in &runs {
+        assert!(removed.contains(run), "{run} not removed: {removed:?}");
+        assert_eq!(store.info(run).await.unwrap(), None);
+    }
+    assert!(!store.pipeline_exists(&first).await.unwrap() && !store.pipeline_exists(&second).await.unwrap());
+}
+
+#[tokio::test]
+async fn the_file_store_takes_names_of_any_valid_length() {
+    let dir = tempfile::tempdir().unwrap();
+    long_names(Arc::new(FileRunLogStore::open(dir.path(), false).unwrap())).await;
+    // Short names keep the folders they always had.
+    let store = FileRunLogStore::open(dir.path(), false).unwrap();
+    store.ensure_run(&RunKey::new("svc.etl", "scheduled__2026-08-10T00:00:00").unwrap()).await.unwrap();
+    assert!(dir.path().join("svc.etl").join("scheduled__2026-08-10T00%3A00%3A00").join("meta.json").is_file());
+}
+
+#[tokio::test]
+async fn the_redis_store_takes_names_of_any_valid_length() {
+    let server = RedisServer::start();
+    long_names(Arc::new(RedisRunLogStore::connect(&server.url(), "test").await.unwrap())).await;
+}
+
 #[tokio::test]
 async fn the_file_store_keeps_the_contract() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,11 +3,13 @@
 //! ```text
 //! {root}/{fqn}/{runId}/log.txt     the lines, each ending in \n
 //! {root}/{fqn}/{runId}/log.idx     byte offset of every 1024th line (u64 LE)
-//! {root}/{fqn}/{runId}/meta.json   lines, bytes, last token, status (atomic replace)
+//! {root}/{fqn}/{runId}/meta.json   lines, bytes, last token, status, full names (atomic replace)
 //! ```
 //!
 //! Names are percent-encoded (anything but `A-Za-z0-9._-`, and a leading
-//! `.`), so no name can leave the root. `meta.json` is the truth: an append
+//! `.`), so no name can leave the root; a name whose encoding would pass
+//! 255 bytes gets a readable prefix and a hash instead, and its full name
+//! is read from the meta (see `file_names`). `meta.json` is the truth: an append
 //! writes the lines, then replaces the meta; bytes past the meta's length
 //! (a crash between the two) are cut off by the next append and never read.
 //! The index is rebuilt from the log whenever it is shorter than the meta
@@ -31,6 +33,7 @@ use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
+use super::file_names::{decode, folder, is_hashed};
 use super::retention::{Candidate, Planner};
 use super::{Clock, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError};
 use crate::atomic_file::{self, Durability};
@@ -73,37 +76,6 @@ fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
     move |source| StoreError::Io { context, source }
 }
 
-/// `A-Za-z0-9._-` kept, a leading `.` and everything else as `%XX`.
-fn encode(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for (i, byte) in name.bytes().enumerate() {
-        let keep = byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-' || (byte == b'.' && i > 0);
-        if keep {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
-}
-
-fn decode(name: &str) -> Option<String> {
-    let bytes = name.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 impl FileRunLogStore {
     /// A store under `root` (created if missing). With `fsync`, an append
     /// is on disk before it returns (the archiver acks only then).
@@ -132,7 +104,24 @@ impl FileRunLogStore {
 
 impl Inner {
     fn dir(&self, run: &RunKey) -> PathBuf {
-        self.root.join(encode(run.fqn())).join(encode(run.run()))
+        self.root.join(folder(run.fqn())).join(folder(run.run()))
+    }
+
+    /// The meta of `run` in its folder `dir`. A meta of another run there
+    /// (two long names with the same hash) is refused, never mixed in.
+    fn run_meta(&self, run: &RunKey, dir: &Path) -> Result<Option<Meta>, StoreError> {
+        let meta = self.read_meta(dir)?;
+        if let Some(meta) = &meta
+            && (meta.fqn != run.fqn() || meta.run != run.run())
+        {
+            return Err(StoreError::Corrupt(format!(
+                "{} (it holds run {}/{}, not {run})",
+                dir.display(),
+                meta.fqn,
+                meta.run
+            )));
+        }
+        Ok(meta)
     }
 
     fn lock(&self, run: &RunKey) -> MutexGuard<'_, ()> {
@@ -160,7 +149,7 @@ impl Inner {
 
     /// The run's meta, creating the run if it is new.
     fn meta_or_new(&self, run: &RunKey, dir: &Path) -> Result<Meta, StoreError> {
-        if let Some(meta) = self.read_meta(dir)? {
+        if let Some(meta) = self.run_meta(run, dir)? {
             return Ok(meta);
         }
         // A prune may remove the pipeline's directory, emptied of its last
@@ -295,7 +284,7 @@ impl Inner {
 
     fn read(&self, run: &RunKey, from: u64, max_lines: usize, max_bytes: usize) -> Result<Vec<String>, StoreError> {
         let dir = self.dir(run);
-        let Some(meta) = self.read_meta(&dir)? else { return Ok(Vec::new()) };
+        let Some(meta) = self.run_meta(run, &dir)? else { return Ok(Vec::new()) };
         if from >= meta.info.lines || max_lines == 0 {
             return Ok(Vec::new());
         }
@@ -338,7 +327,7 @@ impl Inner {
     }
 
     fn runs(&self, fqn: &str, limit: usize) -> Result<Vec<RunSummary>, StoreError> {
-        let dir = self.root.join(encode(fqn));
+        let dir = self.root.join(folder(fqn));
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -346,7 +335,9 @@ impl Inner {
         };
         let mut runs = Vec::new();
         for entry in entries.flatten() {
-            if let Some(meta) = self.read_meta(&entry.path())? {
+            if let Some(meta) = self.read_meta(&entry.path())?
+                && meta.fqn == fqn
+            {
                 runs.push(RunSummary { run: meta.run, info: meta.info });
             }
         }
@@ -357,13 +348,37 @@ impl Inner {
 
     fn pipelines(&self, limit: usize) -> Result<Vec<String>, StoreError> {
         let entries = std::fs::read_dir(&self.root).map_err(io(format!("listing {}", self.root.display())))?;
-        let mut names: Vec<String> = entries
-            .flatten()
-            .filter_map(|e| e.file_name().to_str().filter(|n| !n.starts_with('.')).and_then(decode))
-            .collect();
+        let mut names = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str().filter(|n| !n.starts_with('.')) else { continue };
+            if is_hashed(name) {
+                names.extend(self.hashed_pipeline(&entry.path(), name)?);
+            } else {
+                names.extend(decode(name));
+            }
+        }
         names.sort();
         names.truncate(limit);
         Ok(names)
+    }
+
+    /// The full name of the pipeline in the hashed folder `dir` (`name`):
+    /// the one its runs' metas hold. `None` while it holds no run.
+    fn hashed_pipeline(&self, dir: &Path, name: &str) -> Result<Option<String>, StoreError> {
+        let runs = match std::fs::read_dir(dir) {
+            Ok(runs) => runs,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(format!("listing {}", dir.display()))(e)),
+        };
+        for run in runs.flatten() {
+            if let Some(meta) = self.read_meta(&run.path())?
+                && folder(&meta.fqn) == name
+            {
+                return Ok(Some(meta.fqn));
+            }
+        }
+        Ok(None)
     }
 
     /// Lists every run once (its meta only), then removes what the policy
@@ -378,7 +393,9 @@ impl Inner {
                 self.empty_trash(&entry.path());
                 continue;
             }
-            let Some(fqn) = decode(name).filter(|fqn| encode(fqn) == name) else { continue };
+            if name.starts_with('.') {
+                continue;
+            }
             let runs = match std::fs::read_dir(entry.path()) {
                 Ok(runs) => runs,
                 Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => continue,
@@ -386,13 +403,17 @@ impl Inner {
                 Err(e) => return Err(io(format!("listing {}", entry.path().display()))(e)),
             };
             for run in runs.flatten() {
-                let name = run.file_name();
-                let Some(id) = name.to_str().and_then(|n| decode(n).filter(|id| encode(id) == n)) else { continue };
-                let Ok(key) = RunKey::new(&fqn, &id) else { continue };
                 match self.read_meta(&run.path()) {
-                    Ok(Some(meta)) => planner.offer(&key, &meta.info),
+                    // Only a run in the folder its names make (the meta
+                    // holds them whole; a folder name may be hashed).
+                    Ok(Some(meta)) => match RunKey::new(&meta.fqn, &meta.run) {
+                        Ok(key) if self.dir(&key) == run.path() => planner.offer(&key, &meta.info),
+                        _ => {}
+                    },
                     Ok(None) => {}
-                    Err(e) => tracing::warn!(run = %key, error = %e, "retention skips a run it cannot read"),
+                    Err(e) => {
+                        tracing::warn!(path = %run.path().display(), error = %e, "retention skips a run it cannot read")
+                    }
                 }
             }
         }
@@ -412,7 +433,7 @@ impl Inner {
         let trash = self.root.join(format!("{TRASH}{}-{seq}", (self.clock)()));
         {
             let _guard = self.lock(&candidate.run);
-            match self.read_meta(&dir)? {
+            match self.run_meta(&candidate.run, &dir)? {
                 Some(meta) if meta.info == candidate.info => {}
                 _ => return Ok(false),
             }
@@ -470,7 +491,7 @@ impl RunLogStore for FileRunLogStore {
 
     async fn info(&self, run: &RunKey) -> Result<Option<RunInfo>, StoreError> {
         let run = run.clone();
-        self.blocking(move |inner| Ok(inner.read_meta(&inner.dir(&run))?.map(|m| m.info))).await
+        self.blocking(move |inner| Ok(inner.run_meta(&run, &inner.dir(&run))?.map(|m| m.info))).await
     }
 
     async fn read(
@@ -485,7 +506,7 @@ impl RunLogStore for FileRunLogStore {
     }
 
     async fn pipeline_exists(&self, fqn: &str) -> Result<bool, StoreError> {
-        let dir = self.inner.root.join(encode(fqn));
+        let dir = self.inner.root.join(folder(fqn));
         self.blocking(move |_| Ok(dir.is_dir())).await
     }
 
@@ -533,14 +554,5 @@ mod tests {
         let candidate = chosen(&store.info(&run).await.unwrap().unwrap());
         assert!(store.inner.remove_if_unchanged(&candidate).unwrap());
         assert_eq!(store.info(&run).await.unwrap(), None);
-    }
-
-    #[test]
-    fn names_are_encoded_reversibly_and_never_escape() {
-        for name in ["svc.pipe", ".hidden", "..", "a b/c", "scheduled__2026-08-10T00:00:00", "例"] {
-            let encoded = encode(name);
-            assert!(!encoded.starts_with('.') && !encoded.contains('/'), "{encoded}");
-            assert_eq!(decode(&encoded).as_deref(), Some(name));
-        }
     }
 }

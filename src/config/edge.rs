@@ -12,8 +12,17 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EdgeOptions {
-    /// Largest ingest request body, in bytes (larger: 413).
+    /// Largest ingest request body, in bytes (larger: 413). At most
+    /// `max_total_body_bytes`, and below 4 GiB.
     pub max_body_bytes: usize,
+    /// Longest time an ingest request's body may take to arrive, from the
+    /// end of its head (longer: 408). Seconds, may be fractional.
+    pub body_timeout_seconds: f64,
+    /// Bytes of ingest request bodies held in memory at once by the whole
+    /// edge; a body that would pass it is refused at once with 503 and
+    /// `Retry-After`. A declared `Content-Length` counts in full from the
+    /// start, a chunked body as it arrives.
+    pub max_total_body_bytes: usize,
     /// Most lines one ingest request may carry (more: 413).
     pub max_lines_per_request: usize,
     /// Most lines one page of `…/last` returns (`limit` is capped to it).
@@ -34,6 +43,8 @@ impl Default for EdgeOptions {
     fn default() -> Self {
         Self {
             max_body_bytes: 4 * 1024 * 1024,
+            body_timeout_seconds: 30.0,
+            max_total_body_bytes: 64 * 1024 * 1024,
             max_lines_per_request: 10_000,
             max_page_lines: 10_000,
             max_listing: 200,
@@ -41,6 +52,26 @@ impl Default for EdgeOptions {
             auth: AuthOptions::default(),
             log_stream: LogStreamSettings::default(),
         }
+    }
+}
+
+impl EdgeOptions {
+    /// Problems with these settings, if any.
+    pub fn check(&self) -> Result<(), String> {
+        let timeout = self.body_timeout_seconds;
+        if !(timeout > 0.0 && timeout.is_finite()) {
+            return Err(format!("edge.body_timeout_seconds must be a positive number of seconds (got {timeout})"));
+        }
+        if u32::try_from(self.max_body_bytes).is_err() {
+            return Err(format!("edge.max_body_bytes must be below 4 GiB (got {})", self.max_body_bytes));
+        }
+        if self.max_body_bytes > self.max_total_body_bytes {
+            return Err(format!(
+                "edge.max_body_bytes ({}) must not be more than edge.max_total_body_bytes ({})",
+                self.max_body_bytes, self.max_total_body_bytes
+            ));
+        }
+        self.log_stream.check()
     }
 }
 

@@ -16,7 +16,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -26,6 +25,8 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::LogEdge;
+use super::body::IngestBody;
+use super::incident::{self, store_unavailable};
 use crate::archive::{RunKey, RunState, lines_of, status_event};
 use crate::config::secs;
 use crate::queue::QueueError;
@@ -137,10 +138,9 @@ pub(crate) async fn post_lines(
     State(edge): State<Arc<LogEdge>>,
     Path((fqn, run)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: IngestBody,
 ) -> Result<Response, ApiError> {
     let key = run_key(&fqn, &run)?;
-    let body = body.map_err(|e| body_refused(&e, edge.options.max_body_bytes))?;
     let lines = parse_lines(&headers, &body, edge.options.max_lines_per_request)?;
     let now = now_ms();
     let events: Vec<Event> = lines
@@ -154,20 +154,10 @@ pub(crate) async fn post_lines(
         })
         .collect();
     let count = events.len();
-    edge.archiver.register(&key).await.map_err(|e| problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    edge.archiver.register(&key).await.map_err(store_unavailable)?;
     edge.node.produce(&key.stream(), events).await.map_err(not_accepted)?;
     metrics::counter!(telemetry::EDGE_INGESTED_LINES).increment(count as u64);
     Ok((StatusCode::ACCEPTED, Json(json!({ "accepted": count }))).into_response())
-}
-
-/// A body that could not be read as the JSON answer every refusal gets:
-/// `413` past `edge.max_body_bytes`, the extractor's own status otherwise.
-fn body_refused(rejection: &BytesRejection, max: usize) -> ApiError {
-    let status = rejection.status();
-    if status == StatusCode::PAYLOAD_TOO_LARGE {
-        return problem(status, format!("the body is larger than {max} bytes (setting edge.max_body_bytes)"));
-    }
-    problem(status, rejection.body_text())
 }
 
 /// A queue's refusal as an answer: too large (413), full or down for now
@@ -180,7 +170,13 @@ fn not_accepted(error: QueueError) -> ApiError {
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
     let retry = if status == StatusCode::SERVICE_UNAVAILABLE { ", retry later" } else { "" };
-    problem(status, format!("{error}; nothing was accepted{retry}"))
+    // Capacity refusals say what was refused; any other failure may carry
+    // paths or OS errors: the client gets an incident id instead.
+    let told = match &error {
+        QueueError::BatchTooLarge { .. } | QueueError::Refused { .. } | QueueError::Full { .. } => error.to_string(),
+        _ => incident::report("the queue failed", &error),
+    };
+    problem(status, format!("{told}; nothing was accepted{retry}"))
 }
 
 #[derive(Deserialize)]
@@ -192,10 +188,9 @@ struct StatusBody {
 pub(crate) async fn put_status(
     State(edge): State<Arc<LogEdge>>,
     Path((fqn, run)): Path<(String, String)>,
-    body: Result<Bytes, BytesRejection>,
+    body: IngestBody,
 ) -> Result<Response, ApiError> {
     let key = run_key(&fqn, &run)?;
-    let body = body.map_err(|e| body_refused(&e, edge.options.max_body_bytes))?;
     let parsed: StatusBody = serde_json::from_slice(&body)
         .map_err(|e| problem(StatusCode::BAD_REQUEST, format!("expected {{\"state\": …}}: {e}")))?;
     let Some(state) = RunState::parse(&parsed.state) else {
@@ -205,7 +200,7 @@ pub(crate) async fn put_status(
     };
     // Through the run's stream, like its lines: stored and shown to
     // viewers after every line accepted before it.
-    edge.archiver.register(&key).await.map_err(|e| problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    edge.archiver.register(&key).await.map_err(store_unavailable)?;
     let token = edge.node.produce(&key.stream(), vec![status_event(state)]).await.map_err(not_accepted)?;
     let stored = stored_within(&edge, &key, token, secs(edge.options.status_wait_seconds)).await;
     let status = if stored { StatusCode::OK } else { StatusCode::ACCEPTED };

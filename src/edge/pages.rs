@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::LogEdge;
+use super::incident::store_unavailable;
 use super::ingest::{ApiError, problem};
 use crate::archive::RunKey;
 
@@ -36,7 +37,7 @@ async fn resolve(edge: &LogEdge, fqn: &str, run: Option<&str>) -> Result<RunKey,
     match edge.store.pipeline_exists(fqn).await {
         Ok(true) => {}
         Ok(false) => return Err(unknown()),
-        Err(error) => return Err(problem(StatusCode::SERVICE_UNAVAILABLE, error.to_string())),
+        Err(error) => return Err(store_unavailable(error)),
     }
     let run = match run {
         Some(run) => run.to_string(),
@@ -45,14 +46,14 @@ async fn resolve(edge: &LogEdge, fqn: &str, run: Option<&str>) -> Result<RunKey,
                 Some(newest) => newest.run,
                 None => return Err(problem(StatusCode::NOT_FOUND, format!("pipeline `{fqn}` has no run"))),
             },
-            Err(error) => return Err(problem(StatusCode::SERVICE_UNAVAILABLE, error.to_string())),
+            Err(error) => return Err(store_unavailable(error)),
         },
     };
     let key = RunKey::new(fqn, &run).map_err(|e| problem(StatusCode::BAD_REQUEST, e.to_string()))?;
     match edge.store.info(&key).await {
         Ok(Some(_)) => Ok(key),
         Ok(None) => Err(problem(StatusCode::NOT_FOUND, format!("pipeline `{fqn}` has no run `{run}`"))),
-        Err(error) => Err(problem(StatusCode::SERVICE_UNAVAILABLE, error.to_string())),
+        Err(error) => Err(store_unavailable(error)),
     }
 }
 
@@ -74,9 +75,7 @@ pub(crate) async fn last(
     let (lines, info) =
         match (edge.store.read(&key, from, limit, edge.options.max_body_bytes).await, edge.store.info(&key).await) {
             (Ok(lines), Ok(info)) => (lines, info.unwrap_or_default()),
-            (Err(error), _) | (_, Err(error)) => {
-                return Err(problem(StatusCode::SERVICE_UNAVAILABLE, error.to_string()));
-            }
+            (Err(error), _) | (_, Err(error)) => return Err(store_unavailable(error)),
         };
     let next = from + lines.len() as u64;
     let mut body = json!({ "logs": lines.join("\n"), "total": info.lines.to_string() });
@@ -132,17 +131,13 @@ pub(crate) async fn download(
 
 /// `{"pipelines": [...]}`
 pub(crate) async fn pipelines(State(edge): State<Arc<LogEdge>>) -> Result<Response, ApiError> {
-    let names = edge.store.pipelines(edge.options.max_listing).await.map_err(unavailable)?;
+    let names = edge.store.pipelines(edge.options.max_listing).await.map_err(store_unavailable)?;
     Ok(Json(json!({ "pipelines": names })).into_response())
-}
-
-fn unavailable(error: crate::archive::StoreError) -> ApiError {
-    problem(StatusCode::SERVICE_UNAVAILABLE, error.to_string())
 }
 
 /// `{"runs": [{"runId", "state", "lines", "createdMs"}]}`, newest first.
 pub(crate) async fn runs(State(edge): State<Arc<LogEdge>>, Path(fqn): Path<String>) -> Result<Response, ApiError> {
-    let runs = edge.store.runs(&fqn, edge.options.max_listing).await.map_err(unavailable)?;
+    let runs = edge.store.runs(&fqn, edge.options.max_listing).await.map_err(store_unavailable)?;
     let runs: Vec<_> = runs
         .into_iter()
         .map(

@@ -81,7 +81,10 @@ pub(crate) async fn open(
     match edge.store.pipeline_exists(key.fqn()).await {
         Ok(true) => {}
         Ok(false) => return Err(unknown()),
-        Err(error) => return Err((StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n"))),
+        Err(error) => {
+            let told = super::incident::report("the run log store failed", &error);
+            return Err((StatusCode::SERVICE_UNAVAILABLE, format!("{told}; retry later\n")));
+        }
     }
     let start = match after {
         None => StartAt::Offset(0),

@@ -34,11 +34,12 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::frames::{self, EndReason};
+use super::incident;
 use super::viewer::Viewer;
 use super::window::{Read, Window};
 use crate::archive::{Contents, RunKey, RunLogReader};
 use crate::config::{LogStreamSettings, secs};
-use crate::node::{Node, SubscriptionHandle};
+use crate::node::{Node, SubscribeError, SubscriptionHandle};
 use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use crate::retry::Backoff;
 use crate::stream::{BatchContainer, SequenceToken};
@@ -198,7 +199,12 @@ async fn start(runs: Arc<Runs>, tailer: Arc<Tailer>) {
     let consumer = Arc::new(TailerConsumer { tailer: Arc::downgrade(&tailer) });
     let handle = match runs.node.subscribe(&tailer.key.stream(), consumer, StartPosition::EarliestAvailable).await {
         Ok(handle) => handle,
-        Err(error) => return tailer.fail(&format!("cannot follow run {}: {error}", tailer.key)),
+        // Not attached in time says what to check; any other failure may
+        // carry backend errors: the viewer gets an incident id instead.
+        Err(error @ SubscribeError::NotAttached { .. }) => {
+            return tailer.fail(&format!("cannot follow run {}: {error}", tailer.key));
+        }
+        Err(error) => return tailer.fail(&incident::report(&format!("cannot follow run {}", tailer.key), &error)),
     };
     // A store hiccup is retried; only a store that stays down ends the
     // stream (with its error).
@@ -216,7 +222,7 @@ async fn start(runs: Arc<Runs>, tailer: Arc<Tailer>) {
         Ok(info) => info.unwrap_or_default(),
         Err(error) => {
             tailer.keep_subscription(handle);
-            return tailer.fail(&error.to_string());
+            return tailer.fail(&incident::report("the run log store failed", &error));
         }
     };
     if !tailer.go_live(handle, info.lines, info.last_token) {

@@ -165,6 +165,11 @@ impl ServeNode {
         self.child.is_some()
     }
 
+    /// The running life's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The last lines the node logged.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
