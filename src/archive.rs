@@ -98,7 +98,7 @@ pub fn batch_fingerprint(events: &[Event]) -> u64 {
 pub const LOGS_NAMESPACE: &str = "logs";
 
 /// Longest pipeline name or run id, in bytes.
-pub const MAX_NAME_BYTES: usize = 256;
+pub const MAX_NAME_BYTES: usize = 1024;
 
 /// A pipeline run: (pipeline fully qualified name, run id).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -125,7 +125,7 @@ fn check(what: &'static str, value: &str) -> Result<(), InvalidName> {
         return Err(invalid("it is empty"));
     }
     if value.len() > MAX_NAME_BYTES {
-        return Err(invalid("it is longer than 256 bytes"));
+        return Err(invalid("it is longer than 1024 bytes"));
     }
     if value == "." || value == ".." {
         return Err(invalid("`.` and `..` are not names"));
@@ -140,7 +140,7 @@ fn check(what: &'static str, value: &str) -> Result<(), InvalidName> {
 }
 
 impl RunKey {
-    /// Validates both parts: 1–256 bytes, no slash, backslash or control
+    /// Validates both parts: 1–1024 bytes, no slash, backslash or control
     /// character, not `.` or `..`.
     pub fn new(fqn: &str, run: &str) -> Result<Self, InvalidName> {
         check("pipeline fqn", fqn)?;
@@ -385,8 +385,8 @@ mod tests {
         for (fqn, run) in [("", "r"), ("..", "r"), ("a", "."), ("a/b", "r"), ("a", "r\\x"), ("a", "r\n"), ("a", "")] {
             assert!(RunKey::new(fqn, run).is_err(), "{fqn:?} {run:?}");
         }
-        let long = "x".repeat(257);
-        assert!(RunKey::new(&long, "r").unwrap_err().to_string().contains("longer than 256 bytes"));
+        let long = "x".repeat(1025);
+        assert!(RunKey::new(&long, "r").unwrap_err().to_string().contains("longer than 1024 bytes"));
     }
 
     #[test]

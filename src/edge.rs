@@ -16,6 +16,7 @@ mod frames;
 mod incident;
 mod ingest;
 mod pages;
+mod problem;
 mod sse;
 mod tailer;
 mod viewer;

@@ -20,16 +20,21 @@ async fn json(response: reqwest::Response) -> (u16, Value) {
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
-/// A 29-character CJK pipeline name (261 bytes once percent-encoded) and
-/// the longest run ids there are (256 bytes, one of them 768 encoded).
+/// A 29-character CJK pipeline name (261 bytes once percent-encoded), a
+/// 300-character run id, and the longest run ids there are (1024 bytes,
+/// one of them 3072 once percent-encoded).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_longest_names_round_trip_through_ingest_sse_and_download() {
     let server = LogServer::start(quick_settings()).await;
     let fqn = format!("{}甲", "数据管道".repeat(7));
     assert_eq!(fqn.chars().count(), 29);
-    let colons = format!("scheduled__{}", ":".repeat(245));
-    for run in [colons.as_str(), &"r".repeat(256)] {
-        assert_eq!(run.len(), 256);
+    let colons = format!("scheduled__{}", ":".repeat(1013));
+    let three_hundred = format!("run-{}", "é".repeat(148));
+    assert_eq!(three_hundred.chars().count(), 152);
+    let three_hundred = format!("{three_hundred}{}", "x".repeat(148));
+    assert_eq!(three_hundred.chars().count(), 300);
+    for run in [colons.as_str(), &"r".repeat(1024), &three_hundred] {
+        assert!(run.len() == 1024 || run.chars().count() == 300);
         let (f, r) = (escaped(&fqn), escaped(run));
         server.lines(&f, &r, "one\ntwo\n").await;
         server.state(&f, &r, "success").await;
@@ -55,11 +60,13 @@ async fn the_longest_names_round_trip_through_ingest_sse_and_download() {
     assert_eq!(status, 200);
     let mut ids: Vec<&str> = runs["runs"].as_array().unwrap().iter().filter_map(|r| r["runId"].as_str()).collect();
     ids.sort();
-    assert_eq!(ids, ["r".repeat(256), colons.clone()]);
-    // Past 256 bytes a name is invalid: a clear 400, not a 503.
-    let (status, problem) = json(server.post("svc.etl", &"r".repeat(300), "x").await).await;
+    let mut expected = vec!["r".repeat(1024), colons.clone(), three_hundred.clone()];
+    expected.sort();
+    assert_eq!(ids, expected);
+    // Past 1024 bytes a name is invalid: a clear 400, not a 503.
+    let (status, problem) = json(server.post("svc.etl", &"r".repeat(1025), "x").await).await;
     assert_eq!(status, 400, "{problem}");
-    assert!(problem["message"].as_str().unwrap().contains("longer than 256 bytes"), "{problem}");
+    assert!(problem["message"].as_str().unwrap().contains("longer than 1024 bytes"), "{problem}");
 }
 
 /// The store fails: the paginated endpoint answers 503 and the stream an

@@ -11,6 +11,7 @@ use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::problem::{ApiError, problem};
 use crate::config::{AuthOptions, Scope};
 
 /// The accepted tokens.
@@ -43,21 +44,15 @@ pub fn check_listen(addr: SocketAddr, options: &AuthOptions) -> Result<(), Strin
     Ok(())
 }
 
-/// Why a request was refused.
-pub(crate) struct Refusal {
-    pub(crate) status: StatusCode,
-    pub(crate) message: String,
-}
-
 impl Auth {
     /// Whether a request (a read, or a write) with this `Authorization`
     /// header may go on.
-    pub(crate) fn check(&self, read: bool, authorization: Option<&str>) -> Result<(), Refusal> {
+    pub(crate) fn check(&self, read: bool, authorization: Option<&str>) -> Result<(), ApiError> {
         if self.tokens.is_empty() {
             return Ok(());
         }
         let needed = if read { Scope::Read } else { Scope::Write };
-        let refuse = |status, message: &str| Err(Refusal { status, message: format!("{message}\n") });
+        let refuse = |status, message: &str| Err(problem(status, message));
         // The scheme is case-insensitive (RFC 9110 §11.1).
         let bearer = authorization
             .and_then(|v| v.trim_start().split_once(' '))
@@ -82,9 +77,6 @@ pub(crate) async fn require(State(auth): State<Arc<Auth>>, request: Request, nex
     let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     match auth.check(read, authorization) {
         Ok(()) => next.run(request).await,
-        Err(Refusal { status, message }) if status == StatusCode::UNAUTHORIZED => {
-            (status, [(header::WWW_AUTHENTICATE, "Bearer")], message).into_response()
-        }
-        Err(Refusal { status, message }) => (status, message).into_response(),
+        Err(refusal) => refusal.into_response(),
     }
 }

@@ -37,7 +37,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::LogEdge;
-use super::ingest::problem;
+use super::problem::problem;
 use crate::config::secs;
 
 /// What a client refused for lack of room is told to wait, in seconds.

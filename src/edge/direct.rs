@@ -13,10 +13,10 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
-use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::StreamExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -32,6 +32,8 @@ const MAX_HEAD: usize = 8 * 1024;
 /// How long a client may take to send its request head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const STREAM_PREFIX: &str = "/api/v1/services/ingestionPipelines/logs/";
+/// Largest refusal body this path writes.
+const MAX_ANSWER: usize = 64 * 1024;
 
 /// Serves `listener` until `shutdown`; stream requests go straight to
 /// `edge` when there is one. Each connection is a task of `tasks`. On
@@ -113,7 +115,12 @@ async fn direct(
     let mut head = Vec::with_capacity(1024);
     let read_head = tokio::time::timeout(HEAD_TIMEOUT, async {
         loop {
-            if head.len() >= MAX_HEAD || stream.read_buf(&mut head).await.ok()? == 0 {
+            // A longer head is hyper's to read (up to its own limit, then
+            // it answers 431).
+            if head.len() >= MAX_HEAD {
+                return Some(None);
+            }
+            if stream.read_buf(&mut head).await.ok()? == 0 {
                 return None;
             }
             let mut headers = [httparse::EMPTY_HEADER; 32];
@@ -132,7 +139,7 @@ async fn direct(
     };
     let route = match parsed {
         Ok(Some(route)) => route,
-        // Closed, too slow or too long: nothing to serve.
+        // Closed or too slow: nothing to serve.
         Ok(None) | Err(_) => return None,
     };
     let Some(request) = route else { return Some((stream, head)) };
@@ -179,23 +186,19 @@ fn route(request: &httparse::Request<'_, '_>) -> Option<StreamRequest> {
 }
 
 async fn serve_stream(mut stream: TcpStream, edge: &Arc<LogEdge>, request: StreamRequest, cut: &CancellationToken) {
+    // The same decisions and answers as the router's: auth, then `open`.
     if let Err(refusal) = edge.auth.check(true, request.authorization.as_deref()) {
-        let challenge = if refusal.status == StatusCode::UNAUTHORIZED { "www-authenticate: Bearer\r\n" } else { "" };
-        return plain(&mut stream, refusal.status, challenge, &refusal.message).await;
+        return answer(&mut stream, refusal.into_response()).await;
     }
     let opened = super::sse::open(edge.clone(), &request.fqn, &request.run, request.after.as_deref(), cut.clone());
     let body = match opened.await {
         Ok(body) => body,
-        Err((status, message)) => return plain(&mut stream, status, "", &message).await,
+        Err(refusal) => return answer(&mut stream, refusal.into_response()).await,
     };
     let chunked = !request.http10;
-    // This connection ends with the stream: say so, or a client would pool
-    // it and send its next request into a closed socket.
-    let head = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nx-accel-buffering: no\r\n{}connection: close\r\n\r\n",
-        if chunked { "transfer-encoding: chunked\r\n" } else { "" }
-    );
-    if stream.write_all(head.as_bytes()).await.is_err() {
+    let (parts, _) = super::sse::response_head().into_parts();
+    let framing = if chunked { "transfer-encoding: chunked\r\n" } else { "" };
+    if stream.write_all(head(&parts, framing).as_bytes()).await.is_err() {
         return;
     }
     let (mut reader, mut writer) = stream.split();
@@ -242,15 +245,28 @@ async fn write_frame(writer: &mut (impl AsyncWrite + Unpin), frame: &Bytes, chun
     writer.write_all(&chunk).await
 }
 
-async fn plain(stream: &mut TcpStream, status: StatusCode, extra: &str, message: &str) {
-    let response = format!(
-        "HTTP/1.1 {} {}\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\n{extra}connection: close\r\n\r\n{message}",
-        status.as_u16(),
-        status.canonical_reason().unwrap_or(""),
-        message.len()
-    );
-    let _ = stream.write_all(response.as_bytes()).await;
+/// Writes `response` (a refusal: small, fully buffered) and closes.
+async fn answer(stream: &mut TcpStream, response: Response) {
+    let (parts, body) = response.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, MAX_ANSWER).await else { return };
+    let mut bytes = head(&parts, &format!("content-length: {}\r\n", body.len())).into_bytes();
+    bytes.extend_from_slice(&body);
+    let _ = stream.write_all(&bytes).await;
     let _ = stream.shutdown().await;
+}
+
+/// A response head as this path writes it: the status line, the
+/// response's own headers, then `framing`, `date` and `connection: close`
+/// (the connection ends with the response: a client must not pool it).
+fn head(parts: &axum::http::response::Parts, framing: &str) -> String {
+    let status = parts.status;
+    let mut head = format!("HTTP/1.1 {} {}\r\n", status.as_u16(), status.canonical_reason().unwrap_or(""));
+    for (name, value) in &parts.headers {
+        head.push_str(&format!("{name}: {}\r\n", String::from_utf8_lossy(value.as_bytes())));
+    }
+    head.push_str(framing);
+    head.push_str(&format!("date: {}\r\nconnection: close\r\n\r\n", httpdate::fmt_http_date(SystemTime::now())));
+    head
 }
 
 /// A socket whose first bytes were already read: they are read again first.

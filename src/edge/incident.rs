@@ -5,7 +5,7 @@
 
 use axum::http::StatusCode;
 
-use super::ingest::{ApiError, problem};
+use super::problem::{ApiError, problem};
 
 /// Logs `error` under a new id as a failure to do `what`; returns what a
 /// client is told: `{what} (incident {id})`.

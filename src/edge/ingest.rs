@@ -27,32 +27,12 @@ use tokio::time::Instant;
 use super::LogEdge;
 use super::body::IngestBody;
 use super::incident::{self, store_unavailable};
+use super::problem::{ApiError, problem, run_key};
 use crate::archive::{RunKey, RunState, lines_of, status_event};
 use crate::config::secs;
 use crate::queue::QueueError;
 use crate::stream::{Event, EventId, SequenceToken, now_ms};
 use crate::telemetry;
-
-/// A clear 4xx/5xx, answered with a JSON body `{"code": …, "message": …}`.
-#[derive(Debug)]
-pub(crate) struct ApiError {
-    status: StatusCode,
-    message: String,
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, Json(json!({ "code": self.status.as_u16(), "message": self.message }))).into_response()
-    }
-}
-
-pub(crate) fn problem(status: StatusCode, message: impl Into<String>) -> ApiError {
-    ApiError { status, message: message.into() }
-}
-
-pub(crate) fn run_key(fqn: &str, run: &str) -> Result<RunKey, ApiError> {
-    RunKey::new(fqn, run).map_err(|e| problem(StatusCode::BAD_REQUEST, e.to_string()))
-}
 
 /// How often `PUT …/status` looks whether its change was stored.
 const STORED_POLL: Duration = Duration::from_millis(10);

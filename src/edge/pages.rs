@@ -17,7 +17,7 @@ use serde_json::json;
 
 use super::LogEdge;
 use super::incident::store_unavailable;
-use super::ingest::{ApiError, problem};
+use super::problem::{ApiError, problem};
 use crate::archive::RunKey;
 
 /// Bytes of one page of the download.

@@ -29,6 +29,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::LogEdge;
 use super::frames;
+use super::incident::store_unavailable;
+use super::problem::{ApiError, problem};
 use super::tailer::{Phase, Pull, StartAt, Tailer};
 use super::viewer::{HEARTBEAT, Viewer};
 use crate::archive::RunKey;
@@ -56,15 +58,22 @@ pub(crate) async fn stream(
     let connection = cut.map(|Extension(cut)| cut.0).unwrap_or_default();
     match open(edge, &fqn, &run, query.after.as_deref(), connection).await {
         Ok(body) => {
-            ([(header::CONTENT_TYPE, "text/event-stream")], SSE_HEADERS, Body::from_stream(body)).into_response()
+            let (parts, _) = response_head().into_parts();
+            Response::from_parts(parts, Body::from_stream(body))
         }
-        Err((status, message)) => (status, message).into_response(),
+        Err(refusal) => refusal.into_response(),
     }
 }
 
-/// The headers of every log stream response besides its content type.
-pub(crate) const SSE_HEADERS: [(header::HeaderName, &str); 2] =
-    [(header::CACHE_CONTROL, "no-cache"), (header::HeaderName::from_static("x-accel-buffering"), "no")];
+/// A log stream's status and headers (its body follows), on either path.
+pub(crate) fn response_head() -> Response {
+    let headers = [
+        (header::CONTENT_TYPE, "text/event-stream"),
+        (header::CACHE_CONTROL, "no-cache"),
+        (header::HeaderName::from_static("x-accel-buffering"), "no"),
+    ];
+    (StatusCode::OK, headers).into_response()
+}
 
 /// The frames of a viewer's stream, or why there is none (404 for an
 /// unknown pipeline, 503 if the store cannot tell). An `Err` item means
@@ -75,16 +84,13 @@ pub(crate) async fn open(
     run: &str,
     after: Option<&str>,
     connection: CancellationToken,
-) -> Result<impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static, (StatusCode, String)> {
-    let unknown = || (StatusCode::NOT_FOUND, format!("no pipeline `{fqn}`\n"));
+) -> Result<impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static, ApiError> {
+    let unknown = || problem(StatusCode::NOT_FOUND, format!("no pipeline `{fqn}`"));
     let key = RunKey::new(fqn, run).map_err(|_| unknown())?;
     match edge.store.pipeline_exists(key.fqn()).await {
         Ok(true) => {}
         Ok(false) => return Err(unknown()),
-        Err(error) => {
-            let told = super::incident::report("the run log store failed", &error);
-            return Err((StatusCode::SERVICE_UNAVAILABLE, format!("{told}; retry later\n")));
-        }
+        Err(error) => return Err(store_unavailable(error)),
     }
     let start = match after {
         None => StartAt::Offset(0),
