@@ -27,8 +27,11 @@ use super::LogEdge;
 use super::sse::ConnectionCut;
 use crate::tasks::Tasks;
 
-/// Longest request head read before the route is known.
+/// Longest request head read before the route is known (a longer one is
+/// hyper's to read).
 const MAX_HEAD: usize = 8 * 1024;
+/// Longest request head hyper reads; past it, `431`.
+const MAX_HEAD_HYPER: usize = 64 * 1024;
 /// How long a client may take to send its request head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const STREAM_PREFIX: &str = "/api/v1/services/ingestionPipelines/logs/";
@@ -50,7 +53,12 @@ pub(crate) async fn accept_loop(
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
-    builder.max_buf_size(64 * 1024).header_read_timeout(HEAD_TIMEOUT).timer(hyper_util::rt::TokioTimer::new());
+    // A request head may be up to `MAX_HEAD_HYPER` (431 past it).
+    builder
+        .max_buf_size(MAX_HEAD_HYPER)
+        .max_header_size(MAX_HEAD_HYPER)
+        .header_read_timeout(HEAD_TIMEOUT)
+        .timer(hyper_util::rt::TokioTimer::new());
     let builder = Arc::new(builder);
     let mut upkeep =
         tokio::time::interval_at(tokio::time::Instant::now() + super::METRICS_UPKEEP, super::METRICS_UPKEEP);
