@@ -8,8 +8,10 @@
 //! same binary), so the server's RSS can be measured alone and each
 //! process stays under the open-files limit. Reported: store reads per
 //! second for both, SSE tailers per run (the target is 1 whatever N),
-//! frames per second, the server's RSS per viewer, and the p99 delay from
-//! ingest to client (every line carries its send time).
+//! frames per second, the server's RSS per viewer (idle, and at the end of
+//! the producer's run while lines flow), whether every viewer received
+//! every line posted, viewers dropped, and the p99 delay from ingest to
+//! client (every line carries its send time).
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -49,6 +51,10 @@ struct Phase {
     store_reads_per_s: f64,
     tailers: usize,
     rss_per_viewer: Option<f64>,
+    /// The same, measured at the end of the producer's run.
+    rss_flowing_per_viewer: Option<f64>,
+    /// Lines posted while measuring.
+    posted: u64,
 }
 
 pub async fn run(quick: bool) -> anyhow::Result<()> {
@@ -111,7 +117,19 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
         );
     }
     let rss_kib = tailrace.rss_per_viewer.unwrap_or(0.0) / 1024.0;
-    println!("  SSE tailers for the run: {}   server RSS per viewer: {rss_kib:.2} KiB", tailrace.tailers);
+    let flowing_kib = tailrace.rss_flowing_per_viewer.unwrap_or(0.0) / 1024.0;
+    let every_line = tailrace.report.min_lines == tailrace.posted;
+    println!(
+        "  SSE tailers for the run: {}   server RSS per viewer: {rss_kib:.2} KiB idle, {flowing_kib:.2} KiB while lines flow",
+        tailrace.tailers
+    );
+    println!(
+        "  every viewer got every line: {} ({} posted, fewest received {})   viewers dropped: {}",
+        if every_line { "yes" } else { "NO" },
+        tailrace.posted,
+        tailrace.report.min_lines,
+        tailrace.report.dropped
+    );
     let extra = [
         ("viewers", viewers.to_string()),
         ("readers_per_run", tailrace.tailers.to_string()),
@@ -119,6 +137,9 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
         ("baseline_store_reads_per_s", format!("{:.1}", baseline.store_reads_per_s)),
         ("frames_per_s", format!("{:.0}", tailrace.report.frames_per_s())),
         ("rss_per_viewer_kib", format!("{rss_kib:.2}")),
+        ("rss_flowing_per_viewer_kib", format!("{flowing_kib:.2}")),
+        ("every_viewer_every_line", every_line.to_string()),
+        ("viewers_dropped", tailrace.report.dropped.to_string()),
         ("p99_ms", format!("{:.0}", tailrace.report.p99_ms())),
         ("baseline_p99_ms", format!("{:.0}", baseline.report.p99_ms())),
     ];
@@ -192,6 +213,11 @@ async fn phase(
         post(client, base, batch, LINES_PER_POST).await?;
         batch += 1;
     }
+    let posted = (batch - 1) * LINES_PER_POST as u64;
+    let rss_flowing_per_viewer = match mode {
+        Mode::Stream => Some(rss().saturating_sub(before_rss) as f64 / clients.max(1) as f64),
+        Mode::Poll => None,
+    };
     let store_reads_per_s = (edge.store_reads() - reads_before) as f64 / started.elapsed().as_secs_f64();
     let mut report = None;
     while let Some(line) = lines.next_line().await? {
@@ -202,5 +228,5 @@ async fn phase(
     let status = child.wait().await?;
     anyhow::ensure!(status.success(), "the client process failed: {status}");
     let report = report.context("the client process sent no report")?;
-    Ok(Phase { report, store_reads_per_s, tailers, rss_per_viewer })
+    Ok(Phase { report, store_reads_per_s, tailers, rss_per_viewer, rss_flowing_per_viewer, posted })
 }

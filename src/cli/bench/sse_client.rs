@@ -67,6 +67,13 @@ pub struct ClientReport {
     /// The 99th percentile of the sampled lines' delays, in microseconds.
     pub p99_us: u64,
     pub samples: usize,
+    /// The fewest measured lines one client received (SSE: every viewer
+    /// should have every line).
+    #[serde(default)]
+    pub min_lines: u64,
+    /// Clients whose stream ended or failed after they connected.
+    #[serde(default)]
+    pub dropped: usize,
 }
 
 impl ClientReport {
@@ -87,6 +94,10 @@ impl ClientReport {
 struct Totals {
     connected: AtomicUsize,
     failed: AtomicUsize,
+    /// Clients that connected, then lost their stream.
+    dropped: AtomicUsize,
+    /// Measured lines per client.
+    per_client: Vec<AtomicU64>,
     frames: AtomicU64,
     lines: AtomicU64,
     delays: Mutex<Vec<u64>>,
@@ -128,7 +139,7 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
         base: args.url.clone(),
         fqn: args.fqn.clone(),
         run: args.run.clone(),
-        totals: Totals::default(),
+        totals: Totals { per_client: (0..args.clients).map(|_| AtomicU64::new(0)).collect(), ..Totals::default() },
         measuring: AtomicU64::new(u64::MAX),
         gate: Semaphore::new(CONNECT_AT_ONCE),
     });
@@ -177,6 +188,8 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
         lines: totals.lines.load(Ordering::Relaxed),
         samples: delays.len(),
         p99_us,
+        min_lines: totals.per_client.iter().map(|n| n.load(Ordering::Relaxed)).min().unwrap_or(0),
+        dropped: totals.dropped.load(Ordering::Relaxed),
     };
     println!("REPORT {}", serde_json::to_string(&report)?);
     Ok(())
@@ -191,16 +204,20 @@ async fn viewer(i: usize, shared: &Shared) -> anyhow::Result<()> {
     totals.connected.fetch_add(1, Ordering::Relaxed);
     drop(permit);
     let sampled = i.is_multiple_of(10);
+    let mine = &totals.per_client[i];
     let mut body = response.bytes_stream();
     let mut buffer: Vec<u8> = Vec::new();
     while let Some(chunk) = body.next().await {
         let arrived = now_us();
-        buffer.extend_from_slice(&chunk?);
+        let Ok(chunk) = chunk else { break };
+        buffer.extend_from_slice(&chunk);
         while let Some(end) = memchr::memmem::find(&buffer, b"\n\n") {
             let frame: Vec<u8> = buffer.drain(..end + 2).collect();
             if !frame.starts_with(b"data: ") || memchr::memmem::find(&frame, b"\"replay\":false").is_none() {
                 continue;
             }
+            let measured = measuring.load(Ordering::Relaxed);
+            mine.fetch_add(count_measured(&frame, measured), Ordering::Relaxed);
             if sampled {
                 let event: serde_json::Value = serde_json::from_slice(&frame[6..end])?;
                 let logs = event["logs"].as_str().unwrap_or_default();
@@ -217,7 +234,19 @@ async fn viewer(i: usize, shared: &Shared) -> anyhow::Result<()> {
             }
         }
     }
+    totals.dropped.fetch_add(1, Ordering::Relaxed);
     anyhow::bail!("the stream ended")
+}
+
+/// Lines in `frame` sent at or after `measured` (their `t=` stamps).
+fn count_measured(frame: &[u8], measured: u64) -> u64 {
+    memchr::memmem::find_iter(frame, b"t=")
+        .filter(|at| {
+            let digits = frame[at + 2..].iter().take_while(|b| b.is_ascii_digit()).count();
+            std::str::from_utf8(&frame[at + 2..at + 2 + digits]).ok().and_then(|d| d.parse::<u64>().ok())
+                >= Some(measured)
+        })
+        .count() as u64
 }
 
 #[derive(Deserialize)]
