@@ -12,5 +12,5 @@ mod lease;
 mod membership;
 
 pub use crate::stream::NodeId;
-pub use lease::{LeaseError, MemoryLeases, QueueLeases};
+pub use lease::{Lease, LeaseError, MemoryLeases, QueueLeases};
 pub use membership::Membership;

@@ -200,6 +200,7 @@ impl NodeBuilder {
             dead_letters: self.dead_letters,
             kill: self.kill.clone(),
             tasks: tasks.clone(),
+            lease_token: None,
         });
         let membership = self.membership.unwrap_or_default();
         let leases = self.leases.unwrap_or_else(|| Arc::new(MemoryLeases::new()));
@@ -207,7 +208,13 @@ impl NodeBuilder {
         let (manager, manager_task) = Actor::spawn(
             None,
             PullingManager,
-            ManagerArgs { services, leases, agents: agents.clone(), options: config.manager.clone() },
+            ManagerArgs {
+                services,
+                leases,
+                agents: agents.clone(),
+                options: config.manager.clone(),
+                lease: config.lease.clone(),
+            },
         )
         .await
         .map_err(|e| NodeError::Spawn(e.to_string()))?;
