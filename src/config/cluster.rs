@@ -234,6 +234,38 @@ mod tests {
     }
 
     #[test]
+    fn the_sections_parse_from_toml_and_errors_name_the_file_and_key() {
+        let text = r#"
+            [balancer]
+            kind = "lease"
+            [cluster]
+            listen = "0.0.0.0:9000"
+            advertise = "node-a.internal:9000"
+            call_timeout = "2s"
+            [cluster.tls]
+            cert = "a.pem"
+            key = "a.key"
+            ca = "ca.pem"
+            [membership]
+            heartbeat = "500ms"
+            ttl = "3s"
+            [lease]
+            ttl = "30s"
+            renew = "10s"
+            acquire = "5s"
+        "#;
+        let config = crate::config::Config::from_toml(text, "<test>").unwrap();
+        assert_eq!(config.balancer, crate::balancer::BalancerKind::Lease);
+        assert_eq!(config.cluster.advertised(), "node-a.internal:9000");
+        assert_eq!(config.membership.heartbeat, Duration::from_millis(500));
+        assert_eq!(config.lease.ttl, Duration::from_secs(30));
+        let err = crate::config::Config::from_toml("[lease]\nttl = \"3s\"\n", "x.toml").unwrap_err().to_string();
+        assert!(err.contains("x.toml") && err.contains("lease.ttl"), "{err}");
+        let err = crate::config::Config::from_toml("[lease]\nttl_ms = 3\n", "x.toml").unwrap_err().to_string();
+        assert!(err.contains("ttl_ms"), "{err}");
+    }
+
+    #[test]
     fn the_environment_wins_and_a_cookie_file_is_trimmed() {
         let long = "k".repeat(MIN_COOKIE_LEN);
         let config = ClusterSection { cookie: Some(long.clone()), ..Default::default() };
