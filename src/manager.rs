@@ -158,7 +158,8 @@ impl Actor for PullingManager {
             options: args.lease.clone(),
             manager: myself.clone(),
         };
-        args.services.tasks.spawn("lease keeper", keeper.run(keeper_stop.clone()));
+        let keeper_span = tracing::info_span!("lease_keeper", %node);
+        args.services.tasks.spawn("lease keeper", keeper.run(keeper_stop.clone()).instrument(keeper_span));
         Ok(Manager {
             held,
             keeper_stop,
@@ -358,6 +359,13 @@ impl Manager {
         match internal {
             Internal::Lease(queue, result) => {
                 if !matches!(self.slots.get(&queue), Some(Slot::Acquiring)) {
+                    // Nobody waits for this grant: give it back, not leave
+                    // it to expire.
+                    if let Ok(Some(lease)) = result
+                        && self.held.token(queue) != Some(lease.token)
+                    {
+                        let _ = self.args.leases.release(&lease).await;
+                    }
                     return;
                 }
                 self.slots.remove(&queue);

@@ -23,6 +23,7 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::agent::{AgentMsg, AgentServices, AttachError};
 use crate::balancer::BalancerKind;
@@ -230,7 +231,8 @@ impl NodeBuilder {
                     manager: manager.clone(),
                     period: config.lease.acquire,
                     stop: tasks.token().clone(),
-                }),
+                })
+                .instrument(tracing::info_span!("lease_balancer", node = %self.id)),
             ),
             balancer => tasks.spawn(
                 "ownership driver",

@@ -174,3 +174,25 @@ async fn a_crashed_agent_restarts_only_under_a_fresh_lease() {
     assert!(after.token > before.token, "the restart took the lease again");
     assert_eq!(after.holder, before.holder);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_stays_held_through_an_ordered_shutdown_longer_than_its_ttl() {
+    let leases = Arc::new(MemoryLeases::new());
+    let factory = ScriptedFactory::new();
+    let mut config = quick_config();
+    // The receiver's shutdown hangs until this bound: 20 s, over the 8 s ttl.
+    config.agent.init_timeout = Duration::from_secs(20);
+    let node =
+        TestNode::start_with(factory.clone(), config, ImplicitSubscriptions::new(), |b| b.leases(leases.clone())).await;
+    wait_status(&node, "running", running).await;
+    let lease = leases.holder(Q).await.unwrap().unwrap();
+    factory.script.hang.store(true, Ordering::SeqCst);
+    node.node.manager().cast(tailrace::manager::ManagerMsg::StopAgents(None)).unwrap();
+    wait_status(&node, "stopping", |s| s.stopping == [Q]).await;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(node.node.status().await.unwrap().stopping, [Q], "still handing over");
+    let still = leases.holder(Q).await.unwrap().expect("renewed while the agent stops");
+    assert_eq!(still.token, lease.token);
+    wait_status(&node, "stopped", |s| s.stopping.is_empty() && s.running.is_empty()).await;
+    assert_eq!(leases.holder(Q).await.unwrap(), None, "released once the handoff ended");
+}
