@@ -13,9 +13,11 @@ mod lease;
 mod membership;
 mod redis_leases;
 mod redis_membership;
+mod settings;
 
 pub use crate::stream::NodeId;
 pub use lease::{Lease, LeaseError, MemoryLeases, QueueLeases};
 pub use membership::Membership;
 pub use redis_leases::{RedisLeases, queue_tag};
 pub use redis_membership::{Member, MembershipError, RedisMembership};
+pub use settings::{LeaseOptions, MembershipOptions};

@@ -31,8 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::agent::{AgentArgs, AgentMsg, AgentServices, PullingAgent};
-use crate::cluster::{NodeId, QueueLeases};
-use crate::config::LeaseOptions;
+use crate::cluster::{LeaseOptions, NodeId, QueueLeases};
 use crate::queue::QueueId;
 use crate::telemetry;
 pub use directory::AgentDirectory;

@@ -13,7 +13,6 @@ use std::time::Duration;
 use common::redis_server::RedisServer;
 use common::*;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-use tailrace::adapters::redis::RedisOptions;
 use tailrace::balancer::BalancerKind;
 use tailrace::cluster::{Membership, NodeId, QueueLeases, RedisLeases};
 use tailrace::config::Config;
@@ -60,10 +59,9 @@ async fn a_crashed_nodes_leases_expire_in_redis_and_are_claimed_under_higher_tok
     let mut config = config();
     config.lease.ttl = Duration::from_millis(900);
     config.lease.renew = Duration::from_millis(300);
-    let options = RedisOptions { url: server.url(), ..RedisOptions::default() };
     let mut nodes = Vec::new();
     for name in ["a", "b"] {
-        let leases = Arc::new(RedisLeases::connect(&options).await.unwrap());
+        let leases = Arc::new(RedisLeases::connect(&server.url(), "tailrace", Duration::from_secs(5)).await.unwrap());
         let node = Node::builder(NodeId::new(name), factory.clone())
             .config(config.clone())
             .membership(membership.clone())
@@ -73,7 +71,7 @@ async fn a_crashed_nodes_leases_expire_in_redis_and_are_claimed_under_higher_tok
             .unwrap();
         nodes.push(node);
     }
-    let observer = RedisLeases::connect(&options).await.unwrap();
+    let observer = RedisLeases::connect(&server.url(), "tailrace", Duration::from_secs(5)).await.unwrap();
     let all: Vec<QueueId> = (0..4).map(QueueId).collect();
     let split = |held: &[tailrace::cluster::Lease]| {
         let mut by: BTreeMap<String, usize> = BTreeMap::new();

@@ -9,7 +9,6 @@ mod common;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
-use tailrace::adapters::redis::RedisOptions;
 use tailrace::cluster::{NodeId, QueueLeases, RedisLeases};
 use tailrace::queue::QueueId;
 
@@ -17,7 +16,7 @@ const LONG: Duration = Duration::from_secs(60);
 const WAIT: Duration = Duration::from_secs(20);
 
 async fn leases(server: &RedisServer) -> RedisLeases {
-    RedisLeases::connect(&RedisOptions { url: server.url(), ..RedisOptions::default() }).await.unwrap()
+    RedisLeases::connect(&server.url(), "tailrace", Duration::from_secs(5)).await.unwrap()
 }
 
 #[tokio::test]

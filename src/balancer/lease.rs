@@ -19,7 +19,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
 
-use crate::cluster::Lease;
 use crate::stream::{NodeId, QueueId};
 
 /// How many of `queue_count` queues `me` should hold among `nodes` (sorted,
@@ -58,13 +57,19 @@ impl LeasePlanner {
     }
 
     /// The queues this node wants now, sorted. `wanted` is what it wanted
-    /// last round; `leases` are the live leases of `queues`.
-    pub fn plan(&mut self, nodes: &[NodeId], queues: &[QueueId], leases: &[Lease], wanted: &[QueueId]) -> Vec<QueueId> {
+    /// last round; `holders` are the holders of the live leases of `queues`.
+    pub fn plan(
+        &mut self,
+        nodes: &[NodeId],
+        queues: &[QueueId],
+        holders: &[(QueueId, NodeId)],
+        wanted: &[QueueId],
+    ) -> Vec<QueueId> {
         let mut queues = queues.to_vec();
         queues.sort();
         queues.dedup();
         let share = responsibility(&self.me, nodes, queues.len());
-        let holder: BTreeMap<QueueId, &NodeId> = leases.iter().map(|l| (l.queue, &l.holder)).collect();
+        let holder: BTreeMap<QueueId, &NodeId> = holders.iter().map(|(q, h)| (*q, h)).collect();
         let wanted: BTreeSet<QueueId> = wanted.iter().copied().collect();
         // Mine: leases held, and wanted queues nobody holds yet (being taken).
         let mut mine: Vec<QueueId> = queues
@@ -111,16 +116,9 @@ impl LeasePlanner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-    use tokio::time::Instant;
 
-    fn lease(q: u32, holder: &str) -> Lease {
-        Lease {
-            queue: QueueId(q),
-            holder: NodeId::new(holder),
-            token: 1,
-            expires_at: Instant::now() + Duration::from_secs(8),
-        }
+    fn lease(q: u32, holder: &str) -> (QueueId, NodeId) {
+        (QueueId(q), NodeId::new(holder))
     }
 
     fn ids(qs: &[u32]) -> Vec<QueueId> {
@@ -151,9 +149,9 @@ mod tests {
         assert!(!plan.contains(&QueueId(1)) && !plan.contains(&QueueId(2)));
         // Being taken: still wanted while free, dropped once another holds it.
         let taken_by_b = lease(plan[1].0, "b");
-        let next = a.plan(&n, &all, &[lease(0, "a"), lease(1, "b"), lease(2, "b"), taken_by_b.clone()], &plan);
+        let next = a.plan(&n, &all, &[lease(0, "a"), lease(1, "b"), lease(2, "b"), taken_by_b], &plan);
         assert_eq!(next.len(), 4);
-        assert!(!next.contains(&taken_by_b.queue));
+        assert!(!next.contains(&QueueId(plan[1].0)));
     }
 
     #[test]
@@ -164,7 +162,7 @@ mod tests {
         let alone = nodes(&["a"]);
         let first = a.plan(&alone, &all, &[lease(2, "a"), lease(0, "a"), lease(1, "a")], &[]);
         assert_eq!(first, ids(&[0, 1, 2, 3]));
-        let held: Vec<Lease> = [0, 1, 2, 3].iter().map(|q| lease(*q, "a")).collect();
+        let held: Vec<(QueueId, NodeId)> = [0, 1, 2, 3].iter().map(|q| lease(*q, "a")).collect();
         assert_eq!(a.plan(&alone, &all, &held, &first), first);
         // b joins: a keeps 2, giving up the two it took first (0, 1, 2 in
         // the first round, ordered by queue; 3 after them).

@@ -22,6 +22,14 @@ use crate::stream::{NodeId, QueueId};
 /// A lease store could not answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LeaseError {
+    /// The store could not be reached at all.
+    #[error("queue lease store at {url}: cannot connect: {message}")]
+    Connect {
+        /// Where it was looked for.
+        url: String,
+        /// Why it failed.
+        message: String,
+    },
     /// The store failed or could not be reached (a retry may help).
     #[error("queue lease store: {operation} of {queue}: {message}")]
     Backend {

@@ -22,8 +22,6 @@ use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use super::lease::{Lease, LeaseError, QueueLeases};
-use crate::adapters::redis::RedisOptions;
-use crate::queue::QueueError;
 use crate::stream::{NodeId, QueueId};
 
 /// Takes the lease (KEYS[1]) if free or already ARGV[1]'s, with a new token
@@ -92,10 +90,19 @@ impl RedisLeases {
         }
     }
 
-    /// Connects to the server of the Redis adapter's settings (its
-    /// `url`, `key_prefix` and `response_timeout`).
-    pub async fn connect(options: &RedisOptions) -> Result<Self, QueueError> {
-        Ok(Self::new(crate::adapters::redis::connect(options).await?, &options.key_prefix))
+    /// Connects to `url` (`redis://host:port/db`), reconnecting with
+    /// backoff when the connection drops; every command is bounded by
+    /// `response_timeout`. Keys start with `prefix`.
+    pub async fn connect(url: &str, prefix: &str, response_timeout: Duration) -> Result<Self, LeaseError> {
+        let connect = |e: redis::RedisError| LeaseError::Connect { url: url.to_string(), message: e.to_string() };
+        let client = redis::Client::open(url).map_err(connect)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(response_timeout))
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_max_delay(Duration::from_secs(5))
+            .set_number_of_retries(6);
+        let conn = client.get_connection_manager_with_config(config).await.map_err(connect)?;
+        Ok(Self::new(conn, prefix))
     }
 
     /// The lease key of `queue`.

@@ -23,8 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 
-use super::Membership;
-use crate::config::MembershipOptions;
+use super::{Membership, MembershipOptions};
 use crate::stream::NodeId;
 
 /// Membership in Redis failed.

@@ -21,8 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Internal, ManagerInternal, ManagerMsg};
-use crate::cluster::{Lease, NodeId, QueueLeases};
-use crate::config::LeaseOptions;
+use crate::cluster::{Lease, LeaseOptions, NodeId, QueueLeases};
 use crate::queue::QueueId;
 use crate::telemetry;
 

@@ -78,7 +78,8 @@ pub(super) async fn drive_leases(driver: LeaseDriver) {
                 continue;
             }
         };
-        let plan = planner.plan(&nodes, &all, &held, &wanted);
+        let holders: Vec<(QueueId, NodeId)> = held.into_iter().map(|l| (l.queue, l.holder)).collect();
+        let plan = planner.plan(&nodes, &all, &holders, &wanted);
         if seq == 0 || plan != wanted {
             seq += 1;
             tracing::debug!(node = %me, seq, ?plan, "lease balancer: new plan");
