@@ -7,7 +7,10 @@
 //! every node runs the same balancer over it; a queue lease makes sure one
 //! node at a time pulls a queue and that a new owner starts only after the old
 //! one finished its ordered shutdown (or died). Leases live in memory
-//! ([`MemoryLeases`], the in-process cluster) or in Redis ([`RedisLeases`]).
+//! ([`MemoryLeases`], the in-process cluster) or in Redis ([`RedisLeases`]);
+//! the live set is fed by the nodes of one process or, across processes, by
+//! [`RedisMembership`]. Their settings (`[lease]`, `[membership]`) are
+//! [`LeaseOptions`] and [`MembershipOptions`].
 
 mod lease;
 mod membership;
