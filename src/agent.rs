@@ -69,6 +69,12 @@ use subscription::Handshaken;
 
 pub use settings::{AgentOptions, AgentServices};
 pub(crate) use shutdown::HANDED_OVER;
+
+/// Whether an agent failed because a newer receiver took its queue (its
+/// lease is gone: not a crash to restart).
+pub(crate) fn is_fenced(error: &ActorProcessingErr) -> bool {
+    matches!(error.downcast_ref::<PumpError>(), Some(PumpError::Fenced(_)))
+}
 pub use status::AgentStatus;
 pub use subscription::AttachError;
 

@@ -7,6 +7,11 @@
 //!   get one queue more);
 //! - [`BalancerKind::Ring`]: consistent hashing on a `hashring` ring with
 //!   virtual nodes, which moves fewer queues when a node joins or leaves.
+//!
+//! [`BalancerKind::Lease`] is not a function of the membership alone: each
+//! node claims free queue leases until it holds its fair share (the same
+//! counts as best-fit), see [`LeasePlanner`]. All three are gated by the
+//! same queue leases.
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -15,6 +20,10 @@ use hashring::HashRing;
 use serde::{Deserialize, Serialize};
 
 use crate::stream::{NodeId, QueueId};
+
+mod lease;
+
+pub use lease::{LeasePlanner, responsibility};
 
 /// Which balancer a node runs (every node of a cluster must run the same).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +37,10 @@ pub enum BalancerKind {
         /// Virtual nodes per node.
         virtual_nodes: u32,
     },
+    /// Each node claims free queue leases until it holds `Q/N` (+1 for the
+    /// first `Q mod N` nodes) and gives up its oldest extras (Orleans'
+    /// `LeaseBasedQueueBalancer`); rounds every `lease.acquire`.
+    Lease,
 }
 
 /// The minimum virtual nodes per node on the ring (fewer balance poorly).
@@ -35,7 +48,9 @@ pub const MIN_VIRTUAL_NODES: u32 = 64;
 
 impl BalancerKind {
     /// Assigns every queue to exactly one live node. Input order and
-    /// duplicates do not matter. No nodes: nothing is assigned.
+    /// duplicates do not matter. No nodes: nothing is assigned. For
+    /// [`BalancerKind::Lease`] this is best-fit's split: how many queues each
+    /// node converges to, not which.
     pub fn assign(self, nodes: &[NodeId], queues: &[QueueId]) -> BTreeMap<NodeId, Vec<QueueId>> {
         let mut nodes = nodes.to_vec();
         nodes.sort();
@@ -48,7 +63,7 @@ impl BalancerKind {
             return out;
         }
         match self {
-            BalancerKind::BestFit => {
+            BalancerKind::BestFit | BalancerKind::Lease => {
                 let (per, extra) = (queues.len() / nodes.len(), queues.len() % nodes.len());
                 let mut next = queues.into_iter();
                 for (i, node) in nodes.iter().enumerate() {

@@ -6,11 +6,21 @@
 //! single process (tests, the demo). Membership says which nodes are live;
 //! every node runs the same balancer over it; a queue lease makes sure one
 //! node at a time pulls a queue and that a new owner starts only after the old
-//! one finished its ordered shutdown (or died).
+//! one finished its ordered shutdown (or died). Leases live in memory
+//! ([`MemoryLeases`], the in-process cluster) or in Redis ([`RedisLeases`]);
+//! the live set is fed by the nodes of one process or, across processes, by
+//! [`RedisMembership`]. Their settings (`[lease]`, `[membership]`) are
+//! [`LeaseOptions`] and [`MembershipOptions`].
 
 mod lease;
 mod membership;
+mod redis_leases;
+mod redis_membership;
+mod settings;
 
 pub use crate::stream::NodeId;
-pub use lease::{LeaseError, MemoryLeases, QueueLeases};
+pub use lease::{Lease, LeaseError, MemoryLeases, QueueLeases};
 pub use membership::Membership;
+pub use redis_leases::{RedisLeases, queue_tag};
+pub use redis_membership::{Member, MembershipError, RedisMembership};
+pub use settings::{LeaseOptions, MembershipOptions};

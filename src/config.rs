@@ -2,6 +2,7 @@
 //! documented default; unknown keys are errors (a typo never passes
 //! silently). `docs/operations.md` lists every section.
 
+mod cluster;
 mod edge;
 
 use std::path::Path;
@@ -17,6 +18,7 @@ use crate::cache::CacheOptions;
 use crate::checkpoint::CheckpointOptions;
 use crate::manager::ManagerOptions;
 use crate::pubsub::PubSubOptions;
+pub use cluster::{COOKIE_ENV, ClusterSection, ClusterTls, LeaseOptions, MIN_COOKIE_LEN, MembershipOptions};
 pub(crate) use edge::secs;
 pub use edge::{AuthOptions, EdgeOptions, LogStreamSettings, Scope, TokenEntry};
 
@@ -48,6 +50,12 @@ pub struct Config {
     pub edge: EdgeOptions,
     /// Where run logs are archived.
     pub archive: crate::archive::ArchiveOptions,
+    /// How the nodes of a multi-process cluster reach each other.
+    pub cluster: ClusterSection,
+    /// Membership heartbeats (multi-process cluster).
+    pub membership: MembershipOptions,
+    /// Queue leases.
+    pub lease: LeaseOptions,
 }
 
 /// `[node]`
@@ -163,6 +171,9 @@ impl Config {
         if self.node.name.is_empty() {
             return Err(invalid("node.name must not be empty".into()));
         }
+        self.cluster.check(std::env::var(COOKIE_ENV).ok()).map_err(invalid)?;
+        self.membership.check().map_err(invalid)?;
+        self.lease.check().map_err(invalid)?;
         Ok(())
     }
 }

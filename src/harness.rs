@@ -200,7 +200,8 @@ impl InProcessCluster {
     }
 
     /// Waits until every queue runs on exactly one live node, as the
-    /// balancer says; returns the assignment, or what it last saw.
+    /// balancer says (for the lease balancer: in its fair split); returns
+    /// the assignment, or what it last saw.
     pub async fn wait_balanced(&self, timeout: Duration) -> Result<BTreeMap<NodeId, Vec<QueueId>>, String> {
         let deadline = tokio::time::Instant::now() + timeout;
         let all = self.factory.queue_mapper().all_queues();
@@ -208,7 +209,18 @@ impl InProcessCluster {
             let running = self.running().await.map_err(|e| e.to_string())?;
             let live: Vec<NodeId> = running.keys().cloned().collect();
             let want = self.config.balancer.assign(&live, &all);
-            if running == want {
+            let balanced = match self.config.balancer {
+                // Which queues a node claims is not computed: check the
+                // split, and that every queue runs exactly once.
+                crate::balancer::BalancerKind::Lease => {
+                    let mut ran: Vec<QueueId> = running.values().flatten().copied().collect();
+                    ran.sort();
+                    let sizes = |m: &BTreeMap<NodeId, Vec<QueueId>>| m.values().map(Vec::len).collect::<Vec<_>>();
+                    ran == all && sizes(&running) == sizes(&want)
+                }
+                _ => running == want,
+            };
+            if balanced {
                 return Ok(running);
             }
             if tokio::time::Instant::now() >= deadline {

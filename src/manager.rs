@@ -12,87 +12,31 @@
 //!   being recorded but starts nothing until `StartAgents` (Orleans starts
 //!   agents anyway, their bug #10093).
 //! - A crashed agent is restarted with backoff while its queue is still owned
-//!   (ractor's default would stop the manager; supervision is overridden).
+//!   (ractor's default would stop the manager; supervision is overridden),
+//!   and only once its lease was taken again (a fresh token, which fences
+//!   what the crashed agent left behind).
+//! - Leases are renewed by the keeper (`keeper.rs`). A lost lease, or a read
+//!   fenced by a newer receiver, kills the queue's agent at once (no ack, no
+//!   checkpoint, no restart) and the queue waits for its lease again.
 
 mod directory;
+mod keeper;
+mod options;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::agent::{AgentArgs, AgentMsg, AgentServices, PullingAgent};
-use crate::cluster::{NodeId, QueueLeases};
+use crate::cluster::{LeaseOptions, NodeId, QueueLeases};
 use crate::queue::QueueId;
-use crate::retry::Backoff;
 use crate::telemetry;
 pub use directory::AgentDirectory;
-
-/// Whether the manager runs agents (Orleans' `RunState`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunState {
-    /// Created; waits for `StartAgents`.
-    Initialized,
-    /// Runs an agent per owned queue.
-    AgentsStarted,
-    /// Runs none, whatever it owns.
-    AgentsStopped,
-}
-
-/// Manager settings.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ManagerOptions {
-    /// Start agents as soon as the node starts (Orleans' default), or wait
-    /// for `agents start`.
-    pub start_agents: bool,
-    /// Backoff between restarts of a crashed agent.
-    pub restart_backoff: Backoff,
-    /// How often to retry a queue lease another node still holds.
-    #[serde(with = "humantime_serde")]
-    pub lease_poll: Duration,
-    /// An agent whose ordered shutdown takes longer is killed (its queue is
-    /// then replayed from the last checkpoint by the next owner).
-    #[serde(with = "humantime_serde")]
-    pub agent_shutdown_timeout: Duration,
-}
-
-impl Default for ManagerOptions {
-    fn default() -> Self {
-        Self {
-            start_agents: true,
-            restart_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(30), Duration::from_secs(1)),
-            lease_poll: Duration::from_millis(250),
-            agent_shutdown_timeout: Duration::from_secs(90),
-        }
-    }
-}
-
-/// What the manager reports about its queues.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ManagerStatus {
-    /// Queues the balancer gave this node.
-    pub owned: Vec<QueueId>,
-    /// Queues with a running agent.
-    pub running: Vec<QueueId>,
-    /// Queues waiting for their lease.
-    pub waiting: Vec<QueueId>,
-    /// Queues whose agent is shutting down.
-    pub stopping: Vec<QueueId>,
-    /// Queues whose crashed agent waits to restart.
-    pub restarting: Vec<QueueId>,
-    /// The last applied notification.
-    pub last_seq: u64,
-    /// Stale notifications dropped.
-    pub stale_dropped: u64,
-    /// Agent restarts after crashes.
-    pub restarts: u64,
-}
+use keeper::{HeldLeases, Keeper};
+pub use options::{ManagerOptions, ManagerStatus, RunState};
 
 /// Messages of the pulling manager.
 pub enum ManagerMsg {
@@ -125,19 +69,34 @@ impl ractor::Message for ManagerMsg {}
 pub struct ManagerInternal(Internal);
 
 enum Internal {
-    Lease(QueueId, Result<bool, String>),
+    Lease(QueueId, Result<Option<crate::cluster::Lease>, String>),
     RetryLease(QueueId),
     Spawned(QueueId, Result<(ActorRef<AgentMsg>, CancellationToken), String>),
     Restart(QueueId),
     ShutdownTimeout(QueueId, ractor::ActorId),
+    /// The keeper gave up the lease with this token.
+    LeaseLost(QueueId, u64),
+}
+
+/// How an agent ended.
+enum Exit {
+    /// It stopped, with this reason.
+    Stopped(Option<String>),
+    /// Its queue was taken over by a newer receiver.
+    Fenced(String),
+    /// It failed.
+    Failed(String),
 }
 
 enum Slot {
     Acquiring,
     WaitingLease,
-    Spawning,
+    /// Starting an agent under the lease with this token.
+    Spawning(u64),
     Running(ActorRef<AgentMsg>, CancellationToken),
     Stopping(ActorRef<AgentMsg>, CancellationToken),
+    /// Killed because its lease was lost; waits for its exit.
+    Killed(ActorRef<AgentMsg>),
     Backoff,
 }
 
@@ -151,6 +110,8 @@ pub struct ManagerArgs {
     pub agents: Arc<AgentDirectory>,
     /// Settings.
     pub options: ManagerOptions,
+    /// Lease durations.
+    pub lease: LeaseOptions,
 }
 
 /// The manager's state.
@@ -166,6 +127,10 @@ pub struct Manager {
     stop_waiters: Vec<RpcReplyPort<()>>,
     exit_waiters: Vec<RpcReplyPort<()>>,
     running_gauge: metrics::Gauge,
+    /// The leases this node holds (renewed by the keeper).
+    held: Arc<HeldLeases>,
+    /// Stops the keeper once the manager stopped.
+    keeper_stop: CancellationToken,
     /// The lifecycle span (`pulling_manager{node}`).
     span: tracing::Span,
 }
@@ -182,7 +147,21 @@ impl Actor for PullingManager {
         let node = args.services.node.clone();
         let state = if args.options.start_agents { RunState::AgentsStarted } else { RunState::Initialized };
         tracing::info!(%node, ?state, "pulling manager started");
+        let held = Arc::new(HeldLeases::default());
+        // A child of the kill switch: a crashed node renews nothing.
+        let keeper_stop = args.services.kill.child_token();
+        let keeper = Keeper {
+            node: node.clone(),
+            leases: args.leases.clone(),
+            held: held.clone(),
+            options: args.lease.clone(),
+            manager: myself.clone(),
+        };
+        let keeper_span = tracing::info_span!("lease_keeper", %node);
+        args.services.tasks.spawn("lease keeper", keeper.run(keeper_stop.clone()).instrument(keeper_span));
         Ok(Manager {
+            held,
+            keeper_stop,
             span: tracing::info_span!("pulling_manager", %node),
             running_gauge: metrics::gauge!(telemetry::AGENTS_RUNNING, "node" => node.to_string()),
             node,
@@ -206,6 +185,11 @@ impl Actor for PullingManager {
     ) -> Result<(), ActorProcessingErr> {
         let span = m.span.clone();
         m.on_message(msg).instrument(span).await;
+        Ok(())
+    }
+
+    async fn post_stop(&self, _: ActorRef<ManagerMsg>, m: &mut Manager) -> Result<(), ActorProcessingErr> {
+        m.keeper_stop.cancel();
         Ok(())
     }
 
@@ -259,9 +243,14 @@ impl Manager {
 
     async fn on_supervision(&mut self, event: SupervisionEvent) {
         match event {
-            SupervisionEvent::ActorTerminated(cell, _, reason) => self.on_agent_exit(cell.get_id(), None, reason).await,
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                self.on_agent_exit(cell.get_id(), Exit::Stopped(reason)).await
+            }
+            SupervisionEvent::ActorFailed(cell, error) if crate::agent::is_fenced(&error) => {
+                self.on_agent_exit(cell.get_id(), Exit::Fenced(error.to_string())).await
+            }
             SupervisionEvent::ActorFailed(cell, error) => {
-                self.on_agent_exit(cell.get_id(), Some(error.to_string()), None).await
+                self.on_agent_exit(cell.get_id(), Exit::Failed(error.to_string())).await
             }
             _ => {}
         }
@@ -310,7 +299,7 @@ impl Manager {
                 }
                 Some(Slot::WaitingLease | Slot::Backoff) => self.release(queue).await,
                 // Finishes first; its completion looks at `desired` again.
-                Some(slot @ (Slot::Acquiring | Slot::Spawning | Slot::Stopping(..))) => {
+                Some(slot @ (Slot::Acquiring | Slot::Spawning(_) | Slot::Stopping(..) | Slot::Killed(_))) => {
                     self.slots.insert(queue, slot);
                 }
                 None => {}
@@ -322,8 +311,9 @@ impl Manager {
     fn acquire(&mut self, queue: QueueId) {
         self.slots.insert(queue, Slot::Acquiring);
         let (leases, node, myself) = (self.args.leases.clone(), self.node.clone(), self.myself.clone());
+        let ttl = self.args.lease.ttl;
         self.args.services.tasks.spawn("lease acquire", async move {
-            let result = leases.try_acquire(queue, &node).await.map_err(|e| e.to_string());
+            let result = leases.acquire(queue, &node, ttl).await.map_err(|e| e.to_string());
             let _ = myself.cast(ManagerMsg::Internal(ManagerInternal(Internal::Lease(queue, result))));
         });
     }
@@ -332,15 +322,30 @@ impl Manager {
     /// of the same queue can never overtake it.
     async fn release(&mut self, queue: QueueId) {
         self.restart_attempts.remove(&queue);
-        if let Err(error) = self.args.leases.release(queue, &self.node).await {
-            tracing::warn!(node = %self.node, %queue, %error, "lease release failed; it will expire");
+        let Some(lease) = self.held.remove(queue) else {
+            return;
+        };
+        match self.args.leases.release(&lease).await {
+            Ok(true) => tracing::info!(node = %self.node, %queue, token = lease.token, "queue lease released"),
+            Ok(false) => tracing::warn!(node = %self.node, %queue, token = lease.token, "queue lease was already lost"),
+            Err(error) => tracing::warn!(node = %self.node, %queue, %error, "lease release failed; it will expire"),
         }
     }
 
-    fn spawn_agent(&mut self, queue: QueueId) {
-        self.slots.insert(queue, Slot::Spawning);
+    /// Starts an agent under the lease held for `queue`, or takes the lease
+    /// again first if it is gone.
+    fn start_agent(&mut self, queue: QueueId) {
+        match self.held.token(queue) {
+            Some(token) => self.spawn_agent(queue, token),
+            None => self.acquire(queue),
+        }
+    }
+
+    fn spawn_agent(&mut self, queue: QueueId, token: u64) {
+        self.slots.insert(queue, Slot::Spawning(token));
         let kill = self.args.services.kill.child_token();
-        let services = Arc::new(AgentServices { kill: kill.clone(), ..(*self.args.services).clone() });
+        let services =
+            Arc::new(AgentServices { kill: kill.clone(), lease_token: Some(token), ..(*self.args.services).clone() });
         let (myself, supervisor) = (self.myself.clone(), self.myself.get_cell());
         self.args.services.tasks.spawn("agent start", async move {
             let spawned = Actor::spawn_linked(None, PullingAgent, AgentArgs { queue, services }, supervisor).await;
@@ -353,13 +358,26 @@ impl Manager {
         match internal {
             Internal::Lease(queue, result) => {
                 if !matches!(self.slots.get(&queue), Some(Slot::Acquiring)) {
+                    // Nobody waits for this grant: give it back, not leave
+                    // it to expire.
+                    if let Ok(Some(lease)) = result
+                        && self.held.token(queue) != Some(lease.token)
+                    {
+                        let _ = self.args.leases.release(&lease).await;
+                    }
                     return;
                 }
                 self.slots.remove(&queue);
+                if let Ok(Some(lease)) = &result {
+                    tracing::info!(node = %self.node, %queue, token = lease.token, "queue lease acquired");
+                    self.held.insert(lease.clone());
+                } else if let Ok(None) = &result {
+                    // Another node holds it: any older grant of ours is gone.
+                    self.held.remove(queue);
+                }
                 match result {
-                    Ok(true) if self.desired(queue) => self.spawn_agent(queue),
-                    Ok(true) => self.release(queue).await,
-                    Ok(false) | Err(_) if !self.desired(queue) => {}
+                    Ok(Some(lease)) if self.desired(queue) => self.spawn_agent(queue, lease.token),
+                    _ if !self.desired(queue) => self.release(queue).await,
                     outcome => {
                         if let Err(error) = outcome {
                             tracing::warn!(node = %self.node, %queue, %error, "lease store failed; retrying");
@@ -377,11 +395,18 @@ impl Manager {
                 }
             }
             Internal::Spawned(queue, result) => {
-                if !matches!(self.slots.get(&queue), Some(Slot::Spawning)) {
+                let Some(Slot::Spawning(token)) = self.slots.get(&queue) else {
                     return;
-                }
+                };
+                let lease_kept = self.held.token(queue) == Some(*token);
                 self.slots.remove(&queue);
                 match result {
+                    // Its lease was lost while it started.
+                    Ok((agent, kill)) if !lease_kept => {
+                        kill.cancel();
+                        agent.kill();
+                        self.slots.insert(queue, Slot::Killed(agent));
+                    }
                     // Its exit may have been handled before this message (the
                     // supervision port is separate): then it is a crash.
                     Ok((agent, kill)) if agent.get_status() >= ractor::ActorStatus::Stopping => {
@@ -402,7 +427,9 @@ impl Manager {
             Internal::Restart(queue) => {
                 if matches!(self.slots.get(&queue), Some(Slot::Backoff)) {
                     if self.desired(queue) {
-                        self.spawn_agent(queue);
+                        // Still ours? A fresh grant also fences whatever the
+                        // crashed agent left running.
+                        self.acquire(queue);
                     } else {
                         self.slots.remove(&queue);
                         self.release(queue).await;
@@ -418,13 +445,38 @@ impl Manager {
                     agent.kill();
                 }
             }
+            Internal::LeaseLost(queue, token) => self.on_lease_lost(queue, token),
         }
         self.reconcile().await;
     }
 
-    async fn on_agent_exit(&mut self, id: ractor::ActorId, failure: Option<String>, reason: Option<String>) {
+    /// The keeper gave up `queue`'s lease: its agent dies at once, with no
+    /// ack and no checkpoint, as another node may take the queue now.
+    fn on_lease_lost(&mut self, queue: QueueId, token: u64) {
+        match self.slots.remove(&queue) {
+            Some(Slot::Running(agent, kill) | Slot::Stopping(agent, kill)) => {
+                tracing::warn!(node = %self.node, %queue, token, "lease lost: killing the agent (no ack, no checkpoint)");
+                kill.cancel();
+                agent.kill();
+                self.args.agents.unregister(queue, &agent);
+                self.slots.insert(queue, Slot::Killed(agent));
+            }
+            // Nothing runs; the queue waits for its lease again.
+            Some(Slot::Backoff) => {
+                self.restart_attempts.remove(&queue);
+            }
+            // An acquire decides by its answer; a spawn checks the lease
+            // when it completes.
+            Some(slot) => {
+                self.slots.insert(queue, slot);
+            }
+            None => {}
+        }
+    }
+
+    async fn on_agent_exit(&mut self, id: ractor::ActorId, exit: Exit) {
         let Some(queue) = self.slots.iter().find_map(|(q, s)| match s {
-            Slot::Running(a, _) | Slot::Stopping(a, _) if a.get_id() == id => Some(*q),
+            Slot::Running(a, _) | Slot::Stopping(a, _) | Slot::Killed(a) if a.get_id() == id => Some(*q),
             _ => None,
         }) else {
             return;
@@ -435,11 +487,26 @@ impl Manager {
         let (agent, kill, was_running) = match slot {
             Slot::Running(agent, kill) => (agent, kill, true),
             Slot::Stopping(agent, kill) => (agent, kill, false),
+            // Its lease is gone: nothing to release; the queue waits for it.
+            Slot::Killed(_) => return self.reconcile().await,
             _ => return,
         };
         // Whatever the agent left running must not outlive it.
         kill.cancel();
         self.args.agents.unregister(queue, &agent);
+        if let Exit::Fenced(error) = &exit {
+            // Not a crash: a newer receiver has the queue, so its lease is
+            // gone. Forget it (no release) and wait for the lease again.
+            tracing::warn!(node = %self.node, %queue, %error, "pulling agent fenced: its lease is gone");
+            self.held.remove(queue);
+            self.restart_attempts.remove(&queue);
+            return self.reconcile().await;
+        }
+        let (failure, reason) = match exit {
+            Exit::Failed(error) => (Some(error), None),
+            Exit::Stopped(reason) => (None, reason),
+            Exit::Fenced(_) => (None, None),
+        };
         let crashed = failure.is_some() || (was_running && reason.as_deref() != Some(crate::agent::HANDED_OVER));
         if crashed && self.desired(queue) {
             tracing::error!(node = %self.node, %queue, error = ?failure, ?reason, "pulling agent crashed; restarting with backoff");
@@ -449,7 +516,7 @@ impl Manager {
         } else if self.desired(queue) {
             // Moved off and back: a fresh agent, now that the old one is gone.
             self.restart_attempts.remove(&queue);
-            self.spawn_agent(queue);
+            self.start_agent(queue);
         } else {
             self.release(queue).await;
         }
@@ -486,8 +553,8 @@ impl Manager {
         ManagerStatus {
             owned: self.owned.iter().copied().collect(),
             running: pick(|s| matches!(s, Slot::Running(..))),
-            waiting: pick(|s| matches!(s, Slot::Acquiring | Slot::WaitingLease | Slot::Spawning)),
-            stopping: pick(|s| matches!(s, Slot::Stopping(..))),
+            waiting: pick(|s| matches!(s, Slot::Acquiring | Slot::WaitingLease | Slot::Spawning(_))),
+            stopping: pick(|s| matches!(s, Slot::Stopping(..) | Slot::Killed(_))),
             restarting: pick(|s| matches!(s, Slot::Backoff)),
             ..self.status.clone()
         }

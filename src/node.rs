@@ -11,6 +11,7 @@
 //! (the in-process cluster, the demo): they share the adapter's store, the
 //! membership, the leases and the agent directory they are given.
 
+mod ownership;
 mod tracked;
 
 use std::collections::HashMap;
@@ -22,6 +23,7 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::agent::{AgentMsg, AgentServices, AttachError};
 use crate::balancer::BalancerKind;
@@ -200,6 +202,7 @@ impl NodeBuilder {
             dead_letters: self.dead_letters,
             kill: self.kill.clone(),
             tasks: tasks.clone(),
+            lease_token: None,
         });
         let membership = self.membership.unwrap_or_default();
         let leases = self.leases.unwrap_or_else(|| Arc::new(MemoryLeases::new()));
@@ -207,21 +210,42 @@ impl NodeBuilder {
         let (manager, manager_task) = Actor::spawn(
             None,
             PullingManager,
-            ManagerArgs { services, leases, agents: agents.clone(), options: config.manager.clone() },
+            ManagerArgs {
+                services,
+                leases: leases.clone(),
+                agents: agents.clone(),
+                options: config.manager.clone(),
+                lease: config.lease.clone(),
+            },
         )
         .await
         .map_err(|e| NodeError::Spawn(e.to_string()))?;
-        let driver = tasks.spawn(
-            "ownership driver",
-            drive_ownership(
-                self.id.clone(),
-                config.balancer,
-                mapper,
-                membership.clone(),
-                manager.clone(),
-                tasks.token().clone(),
+        let driver = match config.balancer {
+            BalancerKind::Lease => tasks.spawn(
+                "ownership driver",
+                ownership::drive_leases(ownership::LeaseDriver {
+                    me: self.id.clone(),
+                    mapper,
+                    membership: membership.clone(),
+                    leases: leases.clone(),
+                    manager: manager.clone(),
+                    period: config.lease.acquire,
+                    stop: tasks.token().clone(),
+                })
+                .instrument(tracing::info_span!("lease_balancer", node = %self.id)),
             ),
-        );
+            balancer => tasks.spawn(
+                "ownership driver",
+                ownership::drive_ownership(
+                    self.id.clone(),
+                    balancer,
+                    mapper,
+                    membership.clone(),
+                    manager.clone(),
+                    tasks.token().clone(),
+                ),
+            ),
+        };
         membership.join(self.id.clone());
         Ok(Node {
             id: self.id,
@@ -499,34 +523,5 @@ impl Node {
         self.driver.abort();
         self.manager.kill();
         self.membership.leave(&self.id);
-    }
-}
-
-/// Follows membership and tells the manager which queues are this node's,
-/// each time with a higher sequence number.
-async fn drive_ownership(
-    me: NodeId,
-    balancer: BalancerKind,
-    mapper: QueueMapper,
-    membership: Membership,
-    manager: ActorRef<ManagerMsg>,
-    stop: CancellationToken,
-) {
-    let mut live = membership.subscribe();
-    let all = mapper.all_queues();
-    let mut seq = 0;
-    loop {
-        let nodes: Vec<NodeId> = live.borrow_and_update().iter().cloned().collect();
-        if nodes.contains(&me) {
-            seq += 1;
-            let queues = balancer.queues_for(&me, &nodes, &all);
-            if manager.cast(ManagerMsg::Ownership { seq, queues }).is_err() {
-                return;
-            }
-        }
-        tokio::select! {
-            changed = live.changed() => if changed.is_err() { return },
-            _ = stop.cancelled() => return,
-        }
     }
 }

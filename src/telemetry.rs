@@ -30,6 +30,10 @@ pub const CACHE_UNDER_PRESSURE: &str = "tailrace_cache_under_pressure";
 pub const AGENTS_RUNNING: &str = "tailrace_agents_running";
 /// Crashed agents restarted by their manager (label `node`).
 pub const AGENT_RESTARTS: &str = "tailrace_agent_restarts_total";
+/// Queue leases a node holds now (label `node`).
+pub const LEASES_HELD: &str = "tailrace_leases_held";
+/// Queue leases a node lost before releasing them: its agent was killed (label `node`).
+pub const LEASES_LOST: &str = "tailrace_leases_lost_total";
 /// Checkpoints written (label `queue`).
 pub const CHECKPOINT_WRITES: &str = "tailrace_checkpoint_writes_total";
 /// Log lines the archiver stored in the run log store.
@@ -69,6 +73,7 @@ pub fn describe() {
         (AGENT_READ_ERRORS, Unit::Count, "Queue reads that failed."),
         (AGENT_CACHE_MISSES, Unit::Count, "Cursors that asked for positions the cache had already purged."),
         (AGENT_RESTARTS, Unit::Count, "Crashed pulling agents restarted by their manager."),
+        (LEASES_LOST, Unit::Count, "Queue leases lost before being released (their agent was killed)."),
         (CHECKPOINT_WRITES, Unit::Count, "Checkpoints written."),
         (ARCHIVE_LINES, Unit::Count, "Log lines the archiver stored in the run log store."),
         (ARCHIVE_RUNS_PRUNED, Unit::Count, "Runs removed from the run log store by retention."),
@@ -88,6 +93,7 @@ pub fn describe() {
         (CACHE_CONTAINERS, "Containers held in a queue's cache."),
         (CACHE_UNDER_PRESSURE, "1 while a queue's cache is under pressure and its agent does not read."),
         (AGENTS_RUNNING, "Pulling agents running on the node."),
+        (LEASES_HELD, "Queue leases the node holds."),
         (EDGE_RUNS, "Runs with a tailer on this node (someone watches them)."),
         (EDGE_CONNECTIONS, "SSE viewers connected."),
     ];
@@ -97,7 +103,7 @@ pub fn describe() {
 }
 
 /// Every name above, for tests that check each one is described.
-pub const ALL: [&str; 24] = [
+pub const ALL: [&str; 26] = [
     AGENT_EVENTS_READ,
     AGENT_EVENTS_DELIVERED,
     AGENT_EVENTS_UNSUBSCRIBED,
@@ -109,6 +115,8 @@ pub const ALL: [&str; 24] = [
     CACHE_UNDER_PRESSURE,
     AGENTS_RUNNING,
     AGENT_RESTARTS,
+    LEASES_HELD,
+    LEASES_LOST,
     CHECKPOINT_WRITES,
     ARCHIVE_LINES,
     ARCHIVE_RUNS_PRUNED,

@@ -114,4 +114,8 @@ pub struct AgentServices {
     /// agent's pump and work lane end with the agent, which waits for its
     /// in-flight work; the node waits for them all when it shuts down).
     pub tasks: Tasks,
+    /// The fencing token of the queue lease the agent runs under (`None`
+    /// in the node's template, before an agent got its lease). Nothing
+    /// writes with it yet; fenced writes will.
+    pub lease_token: Option<u64>,
 }

@@ -1,9 +1,10 @@
 //! Which nodes are live. Every node follows the same view through a watch
-//! channel. There is one source today: each [`Node`](crate::node::Node)
-//! joins the membership it was given when it starts and leaves it when it
-//! stops or is killed; the nodes of one process (the in-process harness, the
-//! demo) share one. Nodes in separate processes do not see each other: one
-//! node per process, or per Redis.
+//! channel. Two sources feed it: each [`Node`](crate::node::Node) joins the
+//! membership it was given when it starts and leaves it when it stops or is
+//! killed (the nodes of one process, the in-process harness and the demo,
+//! share one); and [`RedisMembership`](super::RedisMembership) replaces the
+//! view with the live members it reads from Redis (nodes in separate
+//! processes).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -38,6 +39,15 @@ impl Membership {
     /// Marks `node` gone (it left or died).
     pub fn leave(&self, node: &NodeId) {
         self.live.send_if_modified(|live| live.remove(node));
+    }
+
+    /// Replaces the whole view (a source that reads every member at once).
+    pub fn replace(&self, nodes: BTreeSet<NodeId>) {
+        self.live.send_if_modified(|live| {
+            let changed = *live != nodes;
+            *live = nodes;
+            changed
+        });
     }
 
     /// The live nodes, sorted.

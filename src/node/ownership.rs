@@ -1,0 +1,92 @@
+//! The balancer drivers: they follow membership (and, for the lease
+//! balancer, who holds which lease) and tell the manager which queues are
+//! this node's, each time with a higher sequence number.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::ActorRef;
+use tokio_util::sync::CancellationToken;
+
+use crate::balancer::{BalancerKind, LeasePlanner};
+use crate::cluster::{Membership, NodeId, QueueLeases};
+use crate::manager::ManagerMsg;
+use crate::queue::{QueueId, QueueMapper};
+
+/// Follows membership and tells the manager which queues are this node's,
+/// each time with a higher sequence number.
+pub(super) async fn drive_ownership(
+    me: NodeId,
+    balancer: BalancerKind,
+    mapper: QueueMapper,
+    membership: Membership,
+    manager: ActorRef<ManagerMsg>,
+    stop: CancellationToken,
+) {
+    let mut live = membership.subscribe();
+    let all = mapper.all_queues();
+    let mut seq = 0;
+    loop {
+        let nodes: Vec<NodeId> = live.borrow_and_update().iter().cloned().collect();
+        if nodes.contains(&me) {
+            seq += 1;
+            let queues = balancer.queues_for(&me, &nodes, &all);
+            if manager.cast(ManagerMsg::Ownership { seq, queues }).is_err() {
+                return;
+            }
+        }
+        tokio::select! {
+            changed = live.changed() => if changed.is_err() { return },
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// What the lease balancer's driver works with.
+pub(super) struct LeaseDriver {
+    pub(super) me: NodeId,
+    pub(super) mapper: QueueMapper,
+    pub(super) membership: Membership,
+    pub(super) leases: Arc<dyn QueueLeases>,
+    pub(super) manager: ActorRef<ManagerMsg>,
+    /// `lease.acquire`: how often a round runs.
+    pub(super) period: Duration,
+    pub(super) stop: CancellationToken,
+}
+
+/// The lease balancer: a round every `period` and on every membership
+/// change; a new plan goes to the manager when it differs from the last.
+pub(super) async fn drive_leases(driver: LeaseDriver) {
+    let LeaseDriver { me, mapper, membership, leases, manager, period, stop } = driver;
+    let mut live = membership.subscribe();
+    let all = mapper.all_queues();
+    let mut planner = LeasePlanner::new(me.clone());
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut seq, mut wanted): (u64, Vec<QueueId>) = (0, Vec::new());
+    loop {
+        tokio::select! {
+            changed = live.changed() => if changed.is_err() { return },
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let nodes: Vec<NodeId> = live.borrow_and_update().iter().cloned().collect();
+        let held = match leases.holders(&all).await {
+            Ok(held) => held,
+            Err(error) => {
+                tracing::warn!(node = %me, %error, "lease balancer: cannot read the leases; next round");
+                continue;
+            }
+        };
+        let holders: Vec<(QueueId, NodeId)> = held.into_iter().map(|l| (l.queue, l.holder)).collect();
+        let plan = planner.plan(&nodes, &all, &holders, &wanted);
+        if seq == 0 || plan != wanted {
+            seq += 1;
+            tracing::debug!(node = %me, seq, ?plan, "lease balancer: new plan");
+            wanted = plan.clone();
+            if manager.cast(ManagerMsg::Ownership { seq, queues: plan }).is_err() {
+                return;
+            }
+        }
+    }
+}
