@@ -303,6 +303,12 @@ pub enum StoreError {
     /// The backend (Redis) failed.
     #[error("run log store: {0}")]
     Backend(String),
+    /// A run's metadata could not be encoded.
+    #[error("run log store: cannot encode a run's metadata: {0}")]
+    Encode(#[source] serde_json::Error),
+    /// The blocking task doing the file work failed (panicked).
+    #[error("run log store: a store task failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
 }
 
 /// Where run logs and statuses are kept. Lines are addressed by their

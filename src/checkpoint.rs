@@ -48,6 +48,12 @@ pub enum CheckpointError {
     /// The backing store failed.
     #[error("checkpoint store: {0}")]
     Backend(String),
+    /// A checkpoint could not be encoded.
+    #[error("checkpoint could not be encoded: {0}")]
+    Encode(#[source] serde_json::Error),
+    /// The blocking task doing the file work failed (panicked).
+    #[error("checkpoint {0} task failed: {1}")]
+    Task(&'static str, #[source] tokio::task::JoinError),
 }
 
 /// Stores one checkpoint per queue.
@@ -171,8 +177,7 @@ fn write_checkpoint(
         let path = path.to_path_buf();
         move |source| CheckpointError::Io { path, source }
     };
-    let body = serde_json::to_vec(&CheckpointFile::V1 { queue, token })
-        .map_err(|e| CheckpointError::Backend(e.to_string()))?;
+    let body = serde_json::to_vec(&CheckpointFile::V1 { queue, token }).map_err(CheckpointError::Encode)?;
     atomic_file::replace(path, &body, Durability::Synced).map_err(io(path))?;
     // A temp file an older release left behind would shadow this one on load.
     match std::fs::remove_file(temp) {
@@ -187,14 +192,14 @@ impl Checkpointer for FileCheckpointer {
         let (temp, path) = (self.temp_path(queue), self.path(queue));
         tokio::task::spawn_blocking(move || load_file(&temp, &path, queue))
             .await
-            .map_err(|e| CheckpointError::Backend(format!("checkpoint reader task failed: {e}")))?
+            .map_err(|e| CheckpointError::Task("reader", e))?
     }
 
     async fn save(&self, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError> {
         let (dir, temp, path) = (self.dir.clone(), self.temp_path(queue), self.path(queue));
         tokio::task::spawn_blocking(move || write_checkpoint(&dir, &temp, &path, queue, token))
             .await
-            .map_err(|e| CheckpointError::Backend(format!("checkpoint writer task failed: {e}")))?
+            .map_err(|e| CheckpointError::Task("writer", e))?
     }
 }
 

@@ -61,7 +61,7 @@ pub enum EdgeError {
     Serve(#[source] std::io::Error),
     /// The metrics recorder could not be installed.
     #[error("cannot install the metrics recorder: {0}")]
-    Metrics(String),
+    Metrics(#[source] metrics_exporter_prometheus::BuildError),
 }
 
 static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -77,7 +77,7 @@ pub fn install_metrics() -> Result<PrometheusHandle, EdgeError> {
     if let Some(handle) = METRICS.get() {
         return Ok(handle.clone());
     }
-    let handle = PrometheusBuilder::new().install_recorder().map_err(|e| EdgeError::Metrics(e.to_string()))?;
+    let handle = PrometheusBuilder::new().install_recorder().map_err(EdgeError::Metrics)?;
     let handle = METRICS.get_or_init(|| handle).clone();
     telemetry::describe();
     Ok(handle)

@@ -41,6 +41,9 @@ use crate::stream::{Event, SequenceToken, StreamId};
 use crate::tasks::{STOP_TIMEOUT, Tasks};
 use tracked::TrackedConsumer;
 
+/// How long a call to the pulling manager may take.
+const MANAGER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A node could not start or answer.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -49,10 +52,16 @@ pub enum NodeError {
     Queue(#[from] QueueError),
     /// The manager actor could not start.
     #[error("could not start the pulling manager: {0}")]
-    Spawn(String),
-    /// The manager did not answer.
-    #[error("the pulling manager did not answer: {0}")]
-    Manager(String),
+    Spawn(#[source] ractor::SpawnErr),
+    /// The manager did not answer in time.
+    #[error("the pulling manager did not answer within {0:?}")]
+    ManagerTimeout(Duration),
+    /// The manager stopped before it answered.
+    #[error("the pulling manager stopped before it answered")]
+    ManagerGone,
+    /// The message could not reach the manager.
+    #[error("the pulling manager could not be reached: {0}")]
+    Manager(#[source] ractor::MessagingErr<ManagerMsg>),
 }
 
 /// `subscribe`, `resume` or `unsubscribe` failed; nothing is left behind.
@@ -219,7 +228,7 @@ impl NodeBuilder {
             },
         )
         .await
-        .map_err(|e| NodeError::Spawn(e.to_string()))?;
+        .map_err(NodeError::Spawn)?;
         let driver = match config.balancer {
             BalancerKind::Lease => tasks.spawn(
                 "ownership driver",
@@ -456,11 +465,11 @@ impl Node {
         &self,
         msg: impl FnOnce(ractor::RpcReplyPort<T>) -> ManagerMsg,
     ) -> Result<T, NodeError> {
-        match self.manager.call(msg, Some(Duration::from_secs(30))).await {
+        match self.manager.call(msg, Some(MANAGER_CALL_TIMEOUT)).await {
             Ok(CallResult::Success(value)) => Ok(value),
-            Ok(CallResult::Timeout) => Err(NodeError::Manager("timed out after 30 s".into())),
-            Ok(CallResult::SenderError) => Err(NodeError::Manager("it stopped before replying".into())),
-            Err(e) => Err(NodeError::Manager(e.to_string())),
+            Ok(CallResult::Timeout) => Err(NodeError::ManagerTimeout(MANAGER_CALL_TIMEOUT)),
+            Ok(CallResult::SenderError) => Err(NodeError::ManagerGone),
+            Err(e) => Err(NodeError::Manager(e)),
         }
     }
 

@@ -83,7 +83,11 @@ pub fn describe() {
         (RECOVERED_TAIL_BYTES, Unit::Bytes, "Bytes of truncated tails set aside while recovering after a crash."),
         (EDGE_INGESTED_LINES, Unit::Count, "Log lines accepted by POST .../lines."),
         (EDGE_FRAMES, Unit::Count, "Live chunks published to SSE viewers (one per attached viewer per chunk)."),
-        (EDGE_VIEWERS_DROPPED, Unit::Count, "SSE viewers cut because their socket took nothing for stall_timeout_seconds."),
+        (
+            EDGE_VIEWERS_DROPPED,
+            Unit::Count,
+            "SSE viewers cut because their socket took nothing for stall_timeout_seconds.",
+        ),
         (EDGE_STORE_READS, Unit::Count, "Reads the edge made from the run log store."),
     ];
     for (name, unit, help) in counters {

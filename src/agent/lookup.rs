@@ -7,6 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::Retryable;
 use tokio_util::sync::CancellationToken;
 
 use super::settings::AgentOptions;
@@ -50,22 +51,19 @@ async fn lookup_with_retries(
     attempt_timeout: Duration,
     stop: &CancellationToken,
 ) -> Result<Vec<Subscription>, PubSubError> {
-    let mut attempt = 0;
-    loop {
-        let error = match tokio::time::timeout(attempt_timeout, store.subscriptions(stream)).await {
-            Ok(Ok(subs)) => return Ok(subs),
-            Ok(Err(error)) => error,
-            Err(_) => PubSubError::Store(format!("no answer within {attempt_timeout:?}")),
-        };
-        if stop.is_cancelled() {
-            return Err(error);
+    let attempt = || async {
+        match tokio::time::timeout(attempt_timeout, store.subscriptions(stream)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(PubSubError::Store(format!("no answer within {attempt_timeout:?}"))),
         }
-        let wait: Duration = backoff.delay(attempt);
-        tracing::warn!(%stream, %error, ?wait, "pub-sub lookup failed; retrying");
-        attempt += 1;
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.cancelled() => return Err(error),
-        }
+    };
+    // Until it answers, or the agent stops (the last error is the answer).
+    let lookup = attempt
+        .retry(backoff.schedule(u32::MAX))
+        .when(|_| !stop.is_cancelled())
+        .notify(|error, wait| tracing::warn!(%stream, %error, ?wait, "pub-sub lookup failed; retrying"));
+    tokio::select! {
+        answer = lookup => answer,
+        _ = stop.cancelled() => Err(PubSubError::Store("the agent stopped before the lookup answered".into())),
     }
 }

@@ -96,9 +96,7 @@ impl FileRunLogStore {
         work: impl FnOnce(&Inner) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || work(&inner))
-            .await
-            .map_err(|e| StoreError::Backend(format!("a store task failed: {e}")))?
+        tokio::task::spawn_blocking(move || work(&inner)).await.map_err(StoreError::Task)?
     }
 }
 
@@ -142,7 +140,7 @@ impl Inner {
 
     fn write_meta(&self, dir: &Path, meta: &Meta) -> Result<(), StoreError> {
         let path = dir.join("meta.json");
-        let json = serde_json::to_vec(meta).map_err(|e| StoreError::Backend(e.to_string()))?;
+        let json = serde_json::to_vec(meta).map_err(StoreError::Encode)?;
         let durability = if self.fsync { Durability::Synced } else { Durability::Unsynced };
         atomic_file::replace(&path, &json, durability).map_err(io(format!("writing {}", path.display())))
     }

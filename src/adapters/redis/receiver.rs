@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use backon::RetryableWithContext;
 use redis::aio::ConnectionManager;
 use redis::streams::{StreamAutoClaimReply, StreamRangeReply, StreamReadReply};
 
@@ -11,6 +12,7 @@ use super::entry::decode_entry;
 use super::{NAME, RedisCheckpointer, RedisOptions, TrimPolicy, backend};
 use crate::checkpoint::{CheckpointError, Checkpointer};
 use crate::queue::{QueueError, QueueId, QueueReceiver};
+use crate::retry::Backoff;
 use crate::stream::{BatchContainer, SequenceToken};
 
 /// Where the next read starts.
@@ -105,17 +107,14 @@ impl RedisReceiver {
 #[async_trait]
 impl QueueReceiver for RedisReceiver {
     async fn initialize(&mut self, timeout: Duration) -> Result<(), QueueError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            match self.claim_everything().await {
-                Ok(()) => return Ok(()),
-                Err(error) if error.is_transient() && Instant::now() < deadline => {
-                    tracing::warn!(queue = %self.queue, %error, "redis not ready; retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(error) => return Err(error),
-            }
-        }
+        let queue = self.queue;
+        let (_, claimed) = claim_attempt
+            .retry(NOT_READY.within(timeout))
+            .context(self)
+            .when(QueueError::is_transient)
+            .notify(|error, wait| tracing::warn!(%queue, %error, ?wait, "redis not ready; retrying"))
+            .await;
+        claimed
     }
 
     async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
@@ -347,6 +346,15 @@ impl RedisReceiver {
 /// KEYS: the stream. ARGV: an id. Raises the stream's last generated id to
 /// ARGV[1] if it is behind, so that every later entry is numbered past it;
 /// returns 1 if it did. Ids are compared exactly, as decimal strings.
+/// One attempt of `initialize`, for `backon`'s retry with a context.
+async fn claim_attempt(receiver: &mut RedisReceiver) -> (&mut RedisReceiver, Result<(), QueueError>) {
+    let claimed = receiver.claim_everything().await;
+    (receiver, claimed)
+}
+
+/// Waits between attempts while Redis is not ready at start.
+const NOT_READY: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1), Duration::from_millis(100));
+
 const RAISE_LAST_ID: &str = r"
 local function less(a, b)
   if #a ~= #b then return #a < #b end
