@@ -51,6 +51,26 @@ async fn a_viewer_past_the_connection_cap_is_refused() {
     assert_eq!(one.frame_within(FRAME_WAIT).await.as_deref(), Some(": heartbeat"));
 }
 
+/// A run nobody watches any more keeps its tailer for `linger_seconds`,
+/// but a new run past `max_active_runs` takes its slot at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lingering_tailer_gives_its_run_slot_to_a_new_run() {
+    let settings = LogStreamSettings { max_active_runs: 1, linger_seconds: 3600.0, ..quick_settings() };
+    let server = LogServer::start(settings).await;
+    server.state("svc.etl", "r-1", "running").await;
+    server.state("svc.etl", "r-2", "running").await;
+    server.lines("svc.etl", "r-1", "one").await;
+    server.lines("svc.etl", "r-2", "two").await;
+    let mut first = server.open("svc.etl", "r-1", None).await;
+    assert_eq!(first.event().await.unwrap()["logs"], "one");
+    drop(first);
+    assert!(common::eventually(Duration::from_secs(5), || server.edge.active_connections() == 0).await);
+    assert_eq!(server.edge.active_runs(), 1, "r-1 lingers");
+    let mut second = server.open("svc.etl", "r-2", None).await;
+    assert_eq!(second.event().await.unwrap()["logs"], "two", "admitted, not refused");
+    assert_eq!(server.edge.active_runs(), 1);
+}
+
 /// A6: when a stream ends, its connection slot is free at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slots_are_freed_as_soon_as_a_stream_ends() {

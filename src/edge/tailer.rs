@@ -167,7 +167,10 @@ impl Runs {
             let idle = tailers.values().filter(|t| t.is_lingering()).min_by_key(|t| t.empty_since()).cloned();
             if let Some(idle) = idle {
                 tailers.remove(&idle.key);
+                // Ending it releases its slot, which takes this lock.
+                drop(tailers);
                 idle.unwatched();
+                tailers = self.tailers.lock();
             }
         }
         if tailers.len() >= self.settings.max_active_runs {
