@@ -50,6 +50,7 @@ mod support;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::queue::{Direction, QueueAdapterFactory, QueueError};
 use support::Kit;
@@ -144,8 +145,20 @@ where
     F: Fn() -> Fut + Send + Sync,
     Fut: Future<Output = Result<Arc<dyn QueueAdapterFactory>, QueueError>> + Send,
 {
+    run_with_deadline(claims, support::READ_DEADLINE, open).await
+}
+
+/// [`run`], waiting at most `read_deadline` (10 s in [`run`]) for
+/// containers a check expects to read. A shorter one suits an in-memory
+/// adapter; a failing check waits it out, so the kit's worst case grows
+/// with it.
+pub async fn run_with_deadline<F, Fut>(claims: Claims, read_deadline: Duration, open: F) -> Result<Report, Failures>
+where
+    F: Fn() -> Fut + Send + Sync,
+    Fut: Future<Output = Result<Arc<dyn QueueAdapterFactory>, QueueError>> + Send,
+{
     let mut report = Report::default();
-    let mut kit = match Kit::open(claims, &open).await {
+    let mut kit = match Kit::open(claims, read_deadline, &open).await {
         Ok(kit) => kit,
         Err(failure) => {
             report.failed.push(failure);

@@ -247,7 +247,7 @@ pub(super) async fn read_max(kit: &Kit) -> Result<(), Failure> {
         kit.write(CHECK, &stream, events("m", i..i + 1)).await?;
     }
     let mut reader = kit.reader(CHECK, queue).await?;
-    let deadline = tokio::time::Instant::now() + super::support::READ_DEADLINE;
+    let deadline = tokio::time::Instant::now() + kit.read_deadline;
     let mut mine = 0;
     for max in [1usize, 2, 3].into_iter().cycle() {
         if mine >= COUNT as usize {

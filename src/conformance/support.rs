@@ -15,7 +15,7 @@ use crate::checkpoint::Checkpointer;
 use crate::queue::{QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
 use crate::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
 
-/// How long a check waits for containers to become readable.
+/// How long a check waits for containers to become readable, unless told.
 pub(super) const READ_DEADLINE: Duration = Duration::from_secs(10);
 /// The longest any single call of the adapter may take.
 pub(super) const CALL_LIMIT: Duration = Duration::from_secs(30);
@@ -45,10 +45,12 @@ pub(super) struct Kit {
     pub(super) adapter: Arc<dyn QueueAdapter>,
     pub(super) checkpointer: Arc<dyn crate::checkpoint::Checkpointer>,
     pub(super) mapper: QueueMapper,
+    /// How long a check waits for containers to become readable.
+    pub(super) read_deadline: Duration,
 }
 
 impl Kit {
-    pub(super) async fn open<F, Fut>(claims: Claims, open: &F) -> Result<Self, Failure>
+    pub(super) async fn open<F, Fut>(claims: Claims, read_deadline: Duration, open: &F) -> Result<Self, Failure>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<Arc<dyn QueueAdapterFactory>, QueueError>>,
@@ -57,7 +59,7 @@ impl Kit {
         let factory = within(CHECK, || "opening the factory".into(), open()).await?;
         let adapter = within(CHECK, || "create_adapter".into(), factory.create_adapter()).await?;
         let checkpointer = within(CHECK, || "create_checkpointer".into(), factory.create_checkpointer()).await?;
-        Ok(Self { claims, adapter, checkpointer, mapper: factory.queue_mapper() })
+        Ok(Self { claims, adapter, checkpointer, mapper: factory.queue_mapper(), read_deadline })
     }
 
     /// Enqueues one batch, naming the stream and first event on failure.
@@ -88,6 +90,7 @@ impl Kit {
             queue,
             inner,
             checkpointer: self.checkpointer.clone(),
+            read_deadline: self.read_deadline,
             read: BTreeSet::new(),
             done: BTreeSet::new(),
         })
@@ -100,6 +103,7 @@ pub(super) struct Reader {
     pub(super) queue: QueueId,
     pub(super) inner: Box<dyn QueueReceiver>,
     checkpointer: Arc<dyn Checkpointer>,
+    read_deadline: Duration,
     /// Every token read so far, of any stream.
     read: BTreeSet<SequenceToken>,
     /// Tokens acked or reported failed.
@@ -123,18 +127,14 @@ impl Reader {
         until: impl Fn(&[Arc<BatchContainer>]) -> bool,
         waiting_for: impl Fn(&[Arc<BatchContainer>]) -> String,
     ) -> Result<Vec<Arc<BatchContainer>>, Failure> {
-        let deadline = tokio::time::Instant::now() + READ_DEADLINE;
+        let patience = self.read_deadline;
+        let deadline = tokio::time::Instant::now() + patience;
         let mut got = Vec::new();
         while !until(&got) {
             if tokio::time::Instant::now() >= deadline {
                 return Err(fail(
                     self.check,
-                    format!(
-                        "queue {}: {} within {READ_DEADLINE:?}; read {}",
-                        self.queue,
-                        waiting_for(&got),
-                        show(&got)
-                    ),
+                    format!("queue {}: {} within {patience:?}; read {}", self.queue, waiting_for(&got), show(&got)),
                 ));
             }
             let batch = self.read(64).await?;
