@@ -13,8 +13,11 @@
 //!   its own just after the stored checkpoint: what the last owner read but
 //!   never acknowledged is delivered again, in order, and the old receiver
 //!   is fenced (its consumer is gone, so its reads fail).
-//! - **Acks**: `delivered` acks each token's message and waits for the
-//!   server to confirm it. Once the stored checkpoint has passed messages
+//! - **Reads** hand messages out strictly in sequence order; a gap (a
+//!   message the server gave to a pull request that had already expired)
+//!   is filled with a direct get, and the late redelivery is skipped.
+//! - **Acks**: `delivered` acks each token's message (flow control for the
+//!   consumer; where a new owner starts is the checkpoint's call). Once the stored checkpoint has passed messages
 //!   they are purged, which gives room back to producers (retention).
 //! - **Rewind**: by sequence, with direct gets of the messages still held;
 //!   a sequence already purged is answered with `CannotRewind`.
@@ -263,6 +266,8 @@ impl QueueAdapter for JetStreamAdapter {
             checkpoints: self.checkpoints.clone(),
             consumer: None,
             held: BTreeMap::new(),
+            ahead: BTreeMap::new(),
+            next: 1,
             last_purge: Instant::now(),
             shut_down: false,
         }))
@@ -283,6 +288,10 @@ pub struct JetStreamReceiver {
     /// Messages read and not yet acked, by sequence (bounded by the
     /// consumer's `max_ack_pending`).
     held: BTreeMap<u64, jetstream::Message>,
+    /// Messages fetched and not yet handed out (bounded the same way).
+    ahead: BTreeMap<u64, jetstream::Message>,
+    /// The sequence to hand out next.
+    next: u64,
     last_purge: Instant,
     shut_down: bool,
 }
@@ -334,11 +343,91 @@ impl JetStreamReceiver {
         }
     }
 
+    /// One pull request: up to `max` messages, waiting about `read_wait`
+    /// (the server ends the request then; the client stops waiting a
+    /// little later in case that answer is lost).
+    async fn fetch(&mut self, max: usize) -> Result<(), QueueError> {
+        let queue = self.queue;
+        let mut batch = self
+            .consumer()?
+            .batch()
+            .max_messages(max)
+            .expires(self.options.read_wait)
+            .messages()
+            .await
+            .map_err(|e| backend(&format!("reading {queue}"), e))?;
+        let mut got = Vec::new();
+        let limit = self.options.read_wait + Duration::from_millis(500);
+        let pulled = tokio::time::timeout(limit, async {
+            while let Some(message) = batch.next().await {
+                got.push(message.map_err(|e| backend(&format!("reading {queue}"), e))?);
+            }
+            Ok::<_, QueueError>(())
+        })
+        .await;
+        if let Ok(Err(error)) = pulled {
+            return Err(error);
+        }
+        for message in got {
+            let sequence = message.info().map_err(|e| backend(&format!("reading {queue}"), e))?.stream_sequence;
+            if sequence < self.next {
+                // Handed out already (a late redelivery): done with it.
+                let _ = message.ack().await;
+            } else {
+                self.ahead.insert(sequence, message);
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands out up to `max` containers strictly in sequence order. A gap
+    /// (a message the server gave to a pull request that had already
+    /// ended) is filled with a direct get, as is everything up to
+    /// `delivered`; the late redelivery of such a message is skipped.
+    async fn hand_out(&mut self, max: usize, delivered: u64) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        let queue = self.queue;
+        let mut out = Vec::new();
+        while out.len() < max {
+            let sequence = self.next;
+            let first = self.ahead.keys().next().copied();
+            let message = if first == Some(sequence) { self.ahead.remove(&sequence) } else { None };
+            if message.is_none() && first.is_none() && sequence > delivered {
+                break;
+            }
+            let container = match &message {
+                Some(message) => decode(sequence, &message.payload),
+                None => match self.stream.get_raw_message(sequence).await {
+                    Ok(stored) => decode(sequence, &stored.payload),
+                    Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => {
+                        self.next += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(backend(&format!("reading {queue} at {sequence}"), e)),
+                },
+            };
+            self.next += 1;
+            match container {
+                Ok(container) => {
+                    out.push(Arc::new(container));
+                    if let Some(message) = message {
+                        self.held.insert(sequence, message);
+                    }
+                }
+                Err(error) => eprintln!("queue {queue}: {error}; skipped"),
+            }
+        }
+        Ok(out)
+    }
+
     async fn ack(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
         for token in tokens {
             // An unknown token (never read here, or acked already) is fine.
             let Some(message) = self.held.remove(&token.major) else { continue };
-            message.double_ack().await.map_err(|e| backend(&format!("acking {token} on {}", self.queue), e))?;
+            // Where the next owner starts is the checkpoint's business: a
+            // lost ack only means a redelivery that is acked and skipped.
+            if let Err(error) = message.ack().await {
+                eprintln!("queue {}: acking {token} failed: {error}", self.queue);
+            }
         }
         Ok(())
     }
@@ -367,14 +456,17 @@ impl QueueReceiver for JetStreamReceiver {
                 consumer::DeliverPolicy::ByStartSequence { start_sequence: after + 1 }
             },
             ack_policy: consumer::AckPolicy::Explicit,
-            // Redelivery is the next owner's business, not a timer's.
-            ack_wait: Duration::from_secs(3600),
+            // Resuming is by checkpoint; a timed redelivery only frees a
+            // message lost in flight (it is acked and skipped).
+            ack_wait: Duration::from_secs(30),
             max_ack_pending: self.options.max_ack_pending,
             ..Default::default()
         };
         let consumer =
             self.stream.create_consumer(config).await.map_err(|e| backend(&format!("creating consumer {name}"), e))?;
         self.held.clear();
+        self.ahead.clear();
+        self.next = after + 1;
         self.consumer = Some(consumer);
         Ok(())
     }
@@ -382,39 +474,22 @@ impl QueueReceiver for JetStreamReceiver {
     async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
         let queue = self.queue;
         let max = max.max(1);
-        let mut batch = self
-            .consumer()?
-            .batch()
-            .max_messages(max)
-            .expires(self.options.read_wait)
-            .messages()
-            .await
-            .map_err(|e| backend(&format!("reading {queue}"), e))?;
-        let mut out = Vec::new();
-        while let Some(message) = batch.next().await {
-            let message = message.map_err(|e| backend(&format!("reading {queue}"), e))?;
-            let sequence = message.info().map_err(|e| backend(&format!("reading {queue}"), e))?.stream_sequence;
-            match decode(sequence, &message.payload) {
-                Ok(container) => {
-                    out.push(Arc::new(container));
-                    self.held.insert(sequence, message);
-                }
-                Err(error) => {
-                    // Not ours: skip it for good so the queue goes on.
-                    eprintln!("queue {queue}: {error}; skipped");
-                    let _ = message.double_ack().await;
-                }
-            }
+        if self.ahead.len() < max {
+            self.fetch(max).await?;
+        }
+        let mut out = self.hand_out(max, 0).await?;
+        if out.is_empty() {
+            // Idle, fenced (a newer receiver deleted our consumer and the
+            // server then simply sends nothing), or the newest messages
+            // were lost in flight: the consumer's info tells which.
+            let info = match self.consumer()?.get_info().await {
+                Ok(info) => info,
+                Err(error) if error.to_string().contains("not found") => return Err(QueueError::Fenced(queue)),
+                Err(error) => return Err(backend(&format!("checking the consumer of {queue}"), error)),
+            };
+            out = self.hand_out(max, info.delivered.stream_sequence).await?;
         }
         if out.is_empty() {
-            // Idle, or fenced: a newer receiver deleted our consumer (the
-            // server then simply sends nothing).
-            if let Err(error) = self.consumer()?.get_info().await {
-                if error.to_string().contains("not found") {
-                    return Err(QueueError::Fenced(queue));
-                }
-                return Err(backend(&format!("checking the consumer of {queue}"), error));
-            }
             self.purge().await;
         }
         Ok(out)
@@ -467,6 +542,7 @@ impl QueueReceiver for JetStreamReceiver {
         // The consumer stays: the next owner starts from its ack floor.
         self.shut_down = true;
         self.held.clear();
+        self.ahead.clear();
         Ok(())
     }
 }

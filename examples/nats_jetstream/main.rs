@@ -82,6 +82,8 @@ fn events_wanted() -> Result<usize, String> {
 
 #[tokio::main]
 async fn main() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     match run().await {
         Ok(summary) => println!("{summary}"),
         Err((code, message)) => {

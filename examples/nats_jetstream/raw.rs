@@ -51,7 +51,7 @@ pub async fn run(url: &str, batches: usize, events_per_batch: usize) -> Result<D
     while acked < batches {
         let mut messages = consumer.batch().max_messages(64).expires(Duration::from_millis(100)).messages().await?;
         while let Some(message) = messages.next().await {
-            message?.double_ack().await?;
+            message?.ack().await?;
             acked += 1;
         }
     }
