@@ -7,6 +7,8 @@
 #[allow(dead_code)]
 #[path = "../examples/nats_jetstream/adapter.rs"]
 mod adapter;
+#[path = "../examples/nats_jetstream/receiver.rs"]
+mod receiver;
 #[allow(dead_code)]
 #[path = "../examples/nats_jetstream/server.rs"]
 mod server;

@@ -13,6 +13,7 @@
 
 mod adapter;
 mod raw;
+mod receiver;
 mod server;
 
 use std::collections::BTreeMap;
@@ -35,10 +36,13 @@ const BATCH: usize = 10;
 /// Messages one queue holds in the kit's run (the bound it claims).
 const KIT_MAX_MESSAGES: i64 = 128;
 
+/// Per stream: events received, the last event number, events out of order.
+type Seen = BTreeMap<StreamId, (usize, Option<u64>, usize)>;
+
 /// Counts what it receives, per stream, and notes any event out of order.
 #[derive(Clone, Default)]
 struct Counter {
-    seen: Arc<Mutex<BTreeMap<StreamId, (usize, Option<u64>, usize)>>>,
+    seen: Arc<Mutex<Seen>>,
 }
 
 impl Counter {

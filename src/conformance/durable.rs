@@ -137,7 +137,7 @@ pub(super) async fn retention(kit: &Kit) -> Result<(), Failure> {
                 ),
             ));
         }
-        if fillers % 16 == 0 {
+        if fillers.is_multiple_of(16) {
             // Retention may run on a timer: give it a moment, reading.
             reader.read(1).await?;
         }
