@@ -34,8 +34,8 @@
 //! | `failed` | — | `failed(tokens)` touches only those containers, and the queue goes on past them |
 //! | `takeover` | — | a receiver dropped without shutdown (a crash): the next one gets what it had not acknowledged, in order |
 //! | `exclusive` | `exclusive_receivers` | a second receiver on a queue fences the first (its reads fail) |
-//! | `rewind` | `rewindable` | a rewind serves a past token without moving the live position; a non-rewindable adapter refuses |
-//! | `retention` | `trims` | a rewind to a container no longer held is refused with `CannotRewind`, never served from later data |
+//! | `rewind` | — | if `rewindable`: a rewind serves a past token without moving the live position; otherwise it is refused |
+//! | `retention` | `trims` and `rewindable` | a rewind to a container no longer held is refused with `CannotRewind`, never served from later data |
 //! | `durability` | `durable` | after `close` and a fresh factory, what was unacknowledged comes back, what was acknowledged does not |
 //! | `shutdown` | — | on every queue, shutdown twice is fine and a read after it is an error |
 //! | `bad_input` | — | an empty batch and an unknown queue are refused; nothing accepted around them is lost |
