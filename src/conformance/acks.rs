@@ -194,6 +194,7 @@ pub(super) async fn exclusive(kit: &Kit) -> Result<(), Failure> {
     }
     let again = second.read_tokens(CHECK, &tokens(&got)).await?;
     check_increasing(CHECK, queue, &again)?;
-    let _ = first.inner.shutdown(std::time::Duration::from_secs(5)).await;
+    let _ =
+        tokio::time::timeout(super::support::CALL_LIMIT, first.inner.shutdown(std::time::Duration::from_secs(5))).await;
     second.close().await
 }

@@ -15,12 +15,12 @@ pub(super) async fn direction(kit: &Kit) -> Result<(), Failure> {
     let probe = StreamId::new(CHECK, "probe");
     match kit.adapter.direction() {
         Direction::WriteOnly => {
-            if kit.adapter.create_receiver(QueueId(0)).await.is_ok() {
+            if let Ok(Ok(_)) = tokio::time::timeout(CALL_LIMIT, kit.adapter.create_receiver(QueueId(0))).await {
                 return Err(fail(CHECK, "a write-only adapter handed out a receiver of queue q0"));
             }
         }
         Direction::ReadOnly => {
-            if kit.adapter.enqueue(&probe, events("d", 0..1)).await.is_ok() {
+            if let Ok(Ok(_)) = tokio::time::timeout(CALL_LIMIT, kit.adapter.enqueue(&probe, events("d", 0..1))).await {
                 return Err(fail(CHECK, format!("a read-only adapter accepted a write to {probe}")));
             }
         }
