@@ -1,0 +1,302 @@
+//! A tailrace queue adapter over NATS JetStream, written only against
+//! tailrace's public API.
+//!
+//! - **Queues**: tailrace queue `n` is the JetStream stream `{prefix}_q{n}`
+//!   with the one subject `{prefix}.q{n}`, file storage, `DiscardNew` when
+//!   `max_messages` is set: a full queue refuses a publish, which `enqueue`
+//!   answers with `QueueError::Full` (back-pressure, nothing dropped).
+//! - **Containers**: one enqueued batch is one message (JSON: the stream id
+//!   and the events, payloads in base64). Its token is the message's stream
+//!   sequence, `(seq, 0)`.
+//! - **Receivers**: a durable pull consumer per receiver, with explicit
+//!   acks. `initialize` deletes the queue's previous consumers and creates
+//!   its own just after the stored checkpoint: what the last owner read but
+//!   never acknowledged is delivered again, in order, and the old receiver
+//!   is fenced (its consumer is gone, so its reads fail).
+//! - **Reads** hand messages out strictly in sequence order; a gap (a
+//!   message the server gave to a pull request that had already expired)
+//!   is filled with a direct get, and the late redelivery is skipped.
+//! - **Acks**: `delivered` acks each token's message (flow control for the
+//!   consumer; where a new owner starts is the checkpoint's call). Once the stored checkpoint has passed messages
+//!   they are purged, which gives room back to producers (retention).
+//! - **Rewind**: by sequence, with direct gets of the messages still held;
+//!   a sequence already purged is answered with `CannotRewind`.
+//! - **Checkpoints** live in the stream `{prefix}_checkpoints`, which keeps
+//!   the last message of each queue's subject.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+use async_trait::async_trait;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tailrace::checkpoint::{CheckpointError, Checkpointer};
+use tailrace::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
+use tailrace::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
+
+use crate::receiver::JetStreamReceiver;
+
+pub(crate) const NAME: &str = "nats-jetstream";
+
+/// Settings of the JetStream adapter.
+#[derive(Clone, Debug)]
+pub struct JetStreamOptions {
+    /// The server, `nats://127.0.0.1:4222`.
+    pub url: String,
+    /// Streams, subjects, consumers and the checkpoint bucket start with it.
+    pub prefix: String,
+    /// Most messages (batches) one queue holds; `None` is unbounded.
+    pub max_messages: Option<i64>,
+    /// How long a read with nothing new waits on the server.
+    pub read_wait: Duration,
+    /// How often a receiver purges what the checkpoint passed.
+    pub purge_every: Duration,
+    /// Most containers one receiver holds unacknowledged.
+    pub max_ack_pending: i64,
+}
+
+impl JetStreamOptions {
+    /// Defaults for the server at `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            prefix: "tailrace".into(),
+            max_messages: None,
+            read_wait: Duration::from_millis(100),
+            purge_every: Duration::from_secs(1),
+            max_ack_pending: 10_000,
+        }
+    }
+}
+
+/// A JetStream failure as a queue error.
+pub(crate) fn backend(doing: &str, error: impl std::fmt::Display) -> QueueError {
+    QueueError::Backend { adapter: NAME.into(), message: format!("{doing}: {error}"), transient: true }
+}
+
+/// Everything built from one connection: the adapter and its checkpointer.
+pub struct JetStreamFactory {
+    adapter: Arc<JetStreamAdapter>,
+    checkpoints: Arc<StreamCheckpointer>,
+}
+
+impl JetStreamFactory {
+    /// Connects, and creates the queues' streams and the checkpoint bucket
+    /// if they do not exist yet.
+    pub async fn connect(queue_count: u32, options: JetStreamOptions) -> Result<Self, QueueError> {
+        let client = async_nats::connect(&options.url)
+            .await
+            .map_err(|e| backend(&format!("connecting to {}", options.url), e))?;
+        let js = jetstream::new(client.clone());
+        let mapper = QueueMapper::new(queue_count);
+        let mut streams = Vec::new();
+        for queue in mapper.all_queues() {
+            let config = stream::Config {
+                name: stream_name(&options.prefix, queue),
+                subjects: vec![subject(&options.prefix, queue)],
+                storage: stream::StorageType::File,
+                retention: stream::RetentionPolicy::Limits,
+                discard: stream::DiscardPolicy::New,
+                max_messages: options.max_messages.unwrap_or(-1),
+                ..Default::default()
+            };
+            let created = js
+                .get_or_create_stream(config)
+                .await
+                .map_err(|e| backend(&format!("creating the stream of {queue}"), e))?;
+            streams.push(created);
+        }
+        let name = format!("{}_checkpoints", options.prefix);
+        let config = stream::Config {
+            name: name.clone(),
+            subjects: vec![format!("{}.checkpoint.*", options.prefix)],
+            storage: stream::StorageType::File,
+            max_messages_per_subject: 1,
+            ..Default::default()
+        };
+        let store =
+            js.get_or_create_stream(config).await.map_err(|e| backend(&format!("creating the stream {name}"), e))?;
+        let checkpoints = Arc::new(StreamCheckpointer { js: js.clone(), store, prefix: options.prefix.clone() });
+        let adapter =
+            Arc::new(JetStreamAdapter { client, js, mapper, streams, options, checkpoints: checkpoints.clone() });
+        Ok(Self { adapter, checkpoints })
+    }
+
+    /// The adapter (for producers in this process).
+    pub fn adapter(&self) -> Arc<JetStreamAdapter> {
+        self.adapter.clone()
+    }
+}
+
+#[async_trait]
+impl QueueAdapterFactory for JetStreamFactory {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn queue_mapper(&self) -> QueueMapper {
+        self.adapter.mapper
+    }
+
+    async fn create_adapter(&self) -> Result<Arc<dyn QueueAdapter>, QueueError> {
+        Ok(self.adapter.clone())
+    }
+
+    async fn create_checkpointer(&self) -> Result<Arc<dyn Checkpointer>, QueueError> {
+        Ok(self.checkpoints.clone())
+    }
+}
+
+fn stream_name(prefix: &str, queue: QueueId) -> String {
+    format!("{prefix}_{queue}")
+}
+
+fn subject(prefix: &str, queue: QueueId) -> String {
+    format!("{prefix}.{queue}")
+}
+
+/// One batch as it travels in a message.
+#[derive(Serialize, Deserialize)]
+struct Wire {
+    namespace: String,
+    key: String,
+    events: Vec<WireEvent>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireEvent {
+    id: String,
+    ts: u64,
+    b64: String,
+}
+
+fn encode(stream: &StreamId, events: &[Event]) -> Result<Bytes, QueueError> {
+    let wire = Wire {
+        namespace: stream.namespace().into(),
+        key: stream.key().into(),
+        events: events
+            .iter()
+            .map(|e| WireEvent { id: e.id.to_string(), ts: e.timestamp_ms, b64: STANDARD.encode(&e.payload) })
+            .collect(),
+    };
+    serde_json::to_vec(&wire)
+        .map(Bytes::from)
+        .map_err(|e| QueueError::Config(format!("encoding a batch of {stream}: {e}")))
+}
+
+pub(crate) fn decode(sequence: u64, data: &[u8]) -> Result<BatchContainer, String> {
+    let wire: Wire =
+        serde_json::from_slice(data).map_err(|e| format!("message {sequence} is not a tailrace batch: {e}"))?;
+    let mut events = Vec::with_capacity(wire.events.len());
+    for event in wire.events {
+        let payload = STANDARD
+            .decode(event.b64.as_bytes())
+            .map_err(|e| format!("message {sequence}, event {}: {e}", event.id))?;
+        events.push(Event { id: EventId::new(event.id), timestamp_ms: event.ts, payload: payload.into() });
+    }
+    Ok(BatchContainer {
+        stream: StreamId::new(wire.namespace, wire.key),
+        token: SequenceToken::new(sequence, 0),
+        events,
+    })
+}
+
+/// Writes batches to the queues' streams and hands out receivers.
+pub struct JetStreamAdapter {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    mapper: QueueMapper,
+    streams: Vec<stream::Stream>,
+    options: JetStreamOptions,
+    checkpoints: Arc<StreamCheckpointer>,
+}
+
+impl JetStreamAdapter {
+    fn stream(&self, queue: QueueId) -> Result<&stream::Stream, QueueError> {
+        self.streams.get(queue.0 as usize).ok_or_else(|| {
+            QueueError::Config(format!("queue {queue} does not exist (there are {})", self.streams.len()))
+        })
+    }
+}
+
+#[async_trait]
+impl QueueAdapter for JetStreamAdapter {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn direction(&self) -> Direction {
+        Direction::ReadWrite
+    }
+
+    fn is_rewindable(&self) -> bool {
+        true
+    }
+
+    async fn enqueue(&self, stream: &StreamId, events: Vec<Event>) -> Result<SequenceToken, QueueError> {
+        if events.is_empty() {
+            return Err(QueueError::EmptyBatch(stream.clone()));
+        }
+        let queue = self.mapper.queue_for(stream);
+        let body = encode(stream, &events)?;
+        let sent = self.js.publish(subject(&self.options.prefix, queue), body).await;
+        let ack = match sent {
+            Ok(pending) => pending.await,
+            Err(e) => return Err(backend(&format!("publishing to {queue}"), e)),
+        };
+        match ack {
+            Ok(ack) => Ok(SequenceToken::new(ack.sequence, 0)),
+            Err(e) if e.to_string().contains("maximum messages") || e.to_string().contains("maximum bytes") => {
+                let capacity = self.options.max_messages.unwrap_or(0).max(0) as usize;
+                Err(QueueError::Full { queue, capacity })
+            }
+            Err(e) => Err(backend(&format!("publishing to {queue}"), e)),
+        }
+    }
+
+    async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
+        let stream = self.stream(queue)?.clone();
+        Ok(Box::new(JetStreamReceiver::new(queue, stream, self.options.clone(), self.checkpoints.clone())))
+    }
+
+    async fn close(&self) -> Result<(), QueueError> {
+        self.client.flush().await.map_err(|e| backend("flushing the connection", e))
+    }
+}
+
+/// Checkpoints in a stream of their own that keeps the last message of
+/// each subject `{prefix}.checkpoint.q{n}` (what a key-value bucket is).
+pub struct StreamCheckpointer {
+    js: jetstream::Context,
+    store: stream::Stream,
+    prefix: String,
+}
+
+impl StreamCheckpointer {
+    fn subject(&self, queue: QueueId) -> String {
+        format!("{}.checkpoint.{queue}", self.prefix)
+    }
+}
+
+#[async_trait]
+impl Checkpointer for StreamCheckpointer {
+    async fn load(&self, queue: QueueId) -> Result<Option<SequenceToken>, CheckpointError> {
+        let value = match self.store.get_last_raw_message_by_subject(&self.subject(queue)).await {
+            Ok(message) => message.payload,
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+            Err(e) => return Err(CheckpointError::Backend(format!("loading the checkpoint of {queue}: {e}"))),
+        };
+        let text = String::from_utf8_lossy(&value);
+        text.parse().map(Some).map_err(|e| CheckpointError::Backend(format!("checkpoint of {queue}: {e}")))
+    }
+
+    async fn save(&self, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError> {
+        let failed = |e: &dyn std::fmt::Display| CheckpointError::Backend(format!("saving {token} for {queue}: {e}"));
+        let pending =
+            self.js.publish(self.subject(queue), Bytes::from(token.to_string())).await.map_err(|e| failed(&e))?;
+        pending.await.map(|_| ()).map_err(|e| failed(&e))
+    }
+}

@@ -1,0 +1,212 @@
+//! A real broker plugged in from outside the crate: tailrace queues on NATS
+//! JetStream, written only against tailrace's public API.
+//!
+//! `cargo run --release --example nats_jetstream [-- --events N]` starts
+//! its own `nats-server` (JetStream on, a free loopback port, a temporary
+//! store), proves the adapter with the conformance kit, then runs a node on
+//! it with concurrent producers and subscribers and prints what flowed,
+//! next to a raw `async-nats` publish/fetch/ack loop moving the same
+//! batches. The last line is a `RESULT …` summary. Without `nats-server` on
+//! the PATH it says how to install it and exits with status 2.
+//!
+//! `docs/adapters.md` walks through writing this adapter step by step.
+
+mod adapter;
+mod raw;
+mod receiver;
+mod server;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use adapter::{JetStreamFactory, JetStreamOptions};
+use async_trait::async_trait;
+use tailrace::cluster::NodeId;
+use tailrace::conformance::{self, Claims};
+use tailrace::node::Node;
+use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
+use tailrace::queue::QueueAdapterFactory;
+use tailrace::stream::{Event, StreamId};
+
+const QUEUES: u32 = 4;
+const PRODUCERS: usize = 4;
+const STREAMS_PER_PRODUCER: usize = 2;
+const BATCH: usize = 10;
+/// Messages one queue holds in the kit's run (the bound it claims).
+const KIT_MAX_MESSAGES: i64 = 128;
+
+/// Per stream: events received, the last event number, events out of order.
+type Seen = BTreeMap<StreamId, (usize, Option<u64>, usize)>;
+
+/// Counts what it receives, per stream, and notes any event out of order.
+#[derive(Clone, Default)]
+struct Counter {
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl Counter {
+    fn total(&self) -> usize {
+        self.seen.lock().map(|s| s.values().map(|v| v.0).sum()).unwrap_or(0)
+    }
+}
+
+#[async_trait]
+impl StreamConsumer for Counter {
+    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        let mut seen = self.seen.lock().map_err(|_| ConsumerError::failed("the counter's lock was poisoned"))?;
+        let entry = seen.entry(delivery.stream.clone()).or_default();
+        for (event, _) in delivery.events() {
+            // Event ids are `{n}` in production order per stream.
+            let n: Option<u64> = event.id.as_str().parse().ok();
+            if entry.1.is_some_and(|last| n.is_none_or(|n| n <= last)) {
+                entry.2 += 1;
+            }
+            entry.0 += 1;
+            entry.1 = n.or(entry.1);
+        }
+        Ok(DeliveryOutcome::Continue)
+    }
+}
+
+fn events_wanted() -> Result<usize, String> {
+    let mut args = std::env::args().skip(1);
+    let mut events = 10_000;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--events" => {
+                let value = args.next().ok_or("--events needs a number")?;
+                events = value.parse().map_err(|e| format!("--events {value}: {e}"))?;
+            }
+            other => return Err(format!("unknown argument {other} (try --events N)")),
+        }
+    }
+    Ok(events.max(PRODUCERS * STREAMS_PER_PRODUCER * BATCH))
+}
+
+#[tokio::main]
+async fn main() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    match run().await {
+        Ok(summary) => println!("{summary}"),
+        Err((code, message)) => {
+            eprintln!("nats_jetstream: {message}");
+            std::process::exit(code);
+        }
+    }
+}
+
+type Failed = (i32, String);
+
+fn failed(error: impl std::fmt::Display) -> Failed {
+    (1, error.to_string())
+}
+
+async fn run() -> Result<String, Failed> {
+    let events = events_wanted().map_err(|e| (2, e))?;
+    if !server::available() {
+        return Err((2, format!("nats-server was not found on the PATH; {}", server::INSTALL_HINT)));
+    }
+    let server = server::NatsServer::start().map_err(failed)?;
+    println!("nats-server with JetStream at {}", server.url());
+
+    // 1. The contract, on a prefix of its own, with every claim this
+    //    adapter makes.
+    let mut kit_options = JetStreamOptions::new(server.url());
+    kit_options.prefix = "kit".into();
+    kit_options.max_messages = Some(KIT_MAX_MESSAGES);
+    kit_options.purge_every = Duration::ZERO;
+    kit_options.read_wait = Duration::from_millis(50);
+    let claims = Claims {
+        durable: true,
+        rewindable: true,
+        exclusive_receivers: true,
+        bounded: Some(KIT_MAX_MESSAGES as usize * 8),
+        trims: true,
+    };
+    let report = conformance::run(claims, move || {
+        let options = kit_options.clone();
+        async move { Ok(Arc::new(JetStreamFactory::connect(QUEUES, options).await?) as Arc<dyn QueueAdapterFactory>) }
+    })
+    .await
+    .map_err(failed)?;
+    println!("conformance: {report}");
+
+    // 2. A node on it: producers and subscribers.
+    let mut options = JetStreamOptions::new(server.url());
+    options.prefix = "demo".into();
+    let factory = Arc::new(JetStreamFactory::connect(QUEUES, options).await.map_err(failed)?);
+    let adapter = factory.adapter();
+    let node = Node::builder(NodeId::new("nats-1"), factory).start().await.map_err(failed)?;
+    let counter = Counter::default();
+    let streams: Vec<StreamId> =
+        (0..PRODUCERS * STREAMS_PER_PRODUCER).map(|i| StreamId::new("orders", format!("region-{i}"))).collect();
+    for stream in &streams {
+        node.subscribe(stream, Arc::new(counter.clone()), StartPosition::Latest).await.map_err(failed)?;
+    }
+    let batches_per_stream = events / (streams.len() * BATCH);
+    let total = batches_per_stream * BATCH * streams.len();
+    let node = Arc::new(node);
+    let started = Instant::now();
+    let mut producers = Vec::new();
+    for p in 0..PRODUCERS {
+        let node = node.clone();
+        let mine: Vec<StreamId> = streams[p * STREAMS_PER_PRODUCER..(p + 1) * STREAMS_PER_PRODUCER].to_vec();
+        producers.push(tokio::spawn(async move {
+            for b in 0..batches_per_stream {
+                for stream in &mine {
+                    let batch: Vec<Event> = (0..BATCH)
+                        .map(|k| {
+                            let n = (b * BATCH + k) as u64;
+                            Event::new(tailrace::stream::EventId::from_u64(n), format!("order {n} of {stream}"))
+                        })
+                        .collect();
+                    node.produce(stream, batch).await?;
+                }
+            }
+            Ok::<_, tailrace::queue::QueueError>(())
+        }));
+    }
+    for producer in producers {
+        producer.await.map_err(failed)?.map_err(failed)?;
+    }
+    let produced_in = started.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while counter.total() < total {
+        if Instant::now() >= deadline {
+            return Err(failed(format!("only {} of {total} events were delivered within 120 s", counter.total())));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let delivered_in = started.elapsed();
+    let node_rate = total as f64 / delivered_in.as_secs_f64();
+    let out_of_order: usize = counter.seen.lock().map(|s| s.values().map(|v| v.2).sum()).unwrap_or(0);
+    if let Ok(seen) = counter.seen.lock() {
+        for (stream, (count, last, _)) in seen.iter() {
+            println!("  {stream}: {count} events, last id {}", last.unwrap_or(0));
+        }
+    }
+    println!(
+        "node: {total} events in {} batches produced in {produced_in:.2?}, all delivered in {delivered_in:.2?} ({node_rate:.0} events/s), {out_of_order} out of order",
+        total / BATCH
+    );
+    Arc::try_unwrap(node).map_err(|_| failed("the node is still shared"))?.shutdown().await.map_err(failed)?;
+    tailrace::queue::QueueAdapter::close(adapter.as_ref()).await.map_err(failed)?;
+    if out_of_order > 0 {
+        return Err(failed(format!("{out_of_order} events arrived out of order")));
+    }
+
+    // 3. The same batches through a raw publish/fetch/ack loop.
+    let raw = raw::run(&server.url(), total / BATCH, BATCH).await.map_err(failed)?;
+    let raw_rate = total as f64 / raw.as_secs_f64();
+    println!("raw async-nats publish/fetch/ack loop: {total} events in {raw:.2?} ({raw_rate:.0} events/s)");
+
+    Ok(format!(
+        "RESULT example=nats_jetstream kit_checks={} kit_failed={} events={total} delivered={} node_events_per_s={node_rate:.0} raw_events_per_s={raw_rate:.0} ratio={:.2}",
+        report.checks_run(),
+        report.failed.len(),
+        counter.total(),
+        node_rate / raw_rate
+    ))
+}
