@@ -267,9 +267,13 @@ impl Agent {
         queue: QueueId,
         services: Arc<AgentServices>,
     ) -> Result<Self, ActorProcessingErr> {
-        let receiver = services.adapter.create_receiver(queue).await?;
-        let checkpoint =
-            QueueCheckpoint::load(services.checkpointer.clone(), queue, services.checkpoint.clone()).await?;
+        let receiver = match services.lease_token {
+            Some(token) => services.adapter.create_fenced_receiver(queue, token).await?,
+            None => services.adapter.create_receiver(queue).await?,
+        };
+        let checkpoint = QueueCheckpoint::load(services.checkpointer.clone(), queue, services.checkpoint.clone())
+            .await?
+            .fenced(services.lease_token);
         let span = tracing::info_span!("pulling_agent", node = %services.node, %queue);
         let kill = Arc::new(services.kill.clone());
         let to = myself.clone();

@@ -1,7 +1,15 @@
-//! The `redis` adapter: one Redis stream per queue (`{prefix}:q{n}`), for
+//! The `redis` adapter: one Redis stream per queue (`{prefix}:{qn}:stream`,
+//! under the queue lease's hash tag; the layout is in `fence.rs`), for
 //! clusters. Also the Redis checkpointer and pub-sub store, so every node
 //! sees the same checkpoints and subscriptions.
 //!
+//! - At connect, the old layout's keys (`{prefix}:q{n}`,
+//!   `{prefix}:checkpoint:q{n}`) are renamed to the new ones once.
+//! - A fenced receiver (`create_fenced_receiver`, the agent's under a
+//!   lease) acks, trims, claims and takes new entries in scripts that first
+//!   check the queue's fencing counter: a paused old owner can neither
+//!   strand entries in its pending list nor ack or trim after a newer lease
+//!   was granted.
 //! - `enqueue` appends one entry per batch (`XADD`); concurrent appends to a
 //!   queue go out together as one pipeline.
 //! - Receivers read through a consumer group (`XREADGROUP … COUNT n BLOCK`),
@@ -22,6 +30,7 @@
 //!   connection manager; callers see transient errors, never a panic.
 
 mod entry;
+mod fence;
 mod receiver;
 mod store;
 
@@ -115,7 +124,10 @@ pub type RedisAdapterFactory = BuiltInFactory<RedisAdapter, RedisCheckpointer>;
 impl RedisAdapterFactory {
     /// Connects. `consumer` names this node in the consumer group.
     pub async fn connect(queue_count: u32, options: RedisOptions, consumer: &str) -> Result<Self, QueueError> {
-        let conn = connect(&options).await?;
+        let mut conn = connect(&options).await?;
+        fence::migrate_legacy_keys(&mut conn, &options.key_prefix, queue_count)
+            .await
+            .map_err(|e| backend(&e, "moving queue keys to the new layout"))?;
         let mapper = QueueMapper::new(queue_count);
         let checkpointer = Arc::new(RedisCheckpointer::new(conn.clone(), &options.key_prefix));
         let adapter = Arc::new(RedisAdapter {
@@ -153,13 +165,10 @@ pub struct RedisAdapter {
 impl RedisAdapter {
     /// The stream key of `queue`.
     pub fn key(&self, queue: QueueId) -> String {
-        stream_key(&self.options.key_prefix, queue)
+        fence::stream_key(&self.options.key_prefix, queue)
     }
 }
 
-pub(crate) fn stream_key(prefix: &str, queue: QueueId) -> String {
-    format!("{prefix}:{queue}")
-}
 
 #[async_trait]
 impl QueueAdapter for RedisAdapter {
@@ -198,6 +207,17 @@ impl QueueAdapter for RedisAdapter {
     }
 
     async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
+        self.receiver(queue, None).await
+    }
+
+    async fn create_fenced_receiver(&self, queue: QueueId, token: u64) -> Result<Box<dyn QueueReceiver>, QueueError> {
+        self.receiver(queue, Some(token)).await
+    }
+}
+
+impl RedisAdapter {
+    /// The receiver of `queue`, fenced with `token` if given.
+    async fn receiver(&self, queue: QueueId, token: Option<u64>) -> Result<Box<dyn QueueReceiver>, QueueError> {
         if queue.0 >= self.mapper.queue_count() {
             return Err(QueueError::Config(format!(
                 "queue {queue} does not exist (there are {})",
@@ -213,6 +233,7 @@ impl QueueAdapter for RedisAdapter {
             self.options.clone(),
             self.consumer.clone(),
             self.checkpointer.clone(),
+            token.map(|token| (token, fence::fence_key(&self.options.key_prefix, queue))),
         )))
     }
 }

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::settings::AgentOptions;
 use super::worker::panic_text;
 use crate::cache::Purged;
-use crate::checkpoint::QueueCheckpoint;
+use crate::checkpoint::{CheckpointError, QueueCheckpoint};
 use crate::pubsub::SubscriptionId;
 use crate::queue::{QueueError, QueueId, QueueReceiver};
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
@@ -301,21 +301,36 @@ async fn run_pump(mut io: Io, job: PumpJob) -> PumpOutcome {
             return outcome;
         }
     }
+    // A write the queue's fence refused ends the pump: a newer lease was
+    // granted, so the agent stops with no further ack, checkpoint or read
+    // (the read's answer carries the refusal to the agent).
+    let fenced = |mut outcome: PumpOutcome, io: Io| {
+        outcome.read = Err(QueueError::Fenced(job.queue));
+        outcome.io = Some(io);
+        outcome
+    };
     if !job.purged.acked.is_empty() {
         let acked = tokio::time::timeout(limit, io.receiver.delivered(&job.purged.acked)).await;
-        if let Some(error) = flatten(acked, || timeout("delivered")) {
-            tracing::warn!(%error, containers = job.purged.acked.len(), "ack failed; the queue may redeliver them");
+        match flatten(acked, || timeout("delivered")) {
+            Some(QueueError::Fenced(_)) => return fenced(outcome, io),
+            Some(error) => {
+                tracing::warn!(%error, containers = job.purged.acked.len(), "ack failed; the queue may redeliver them")
+            }
+            None => {}
         }
     }
     if !job.purged.failed.is_empty() {
         let failed = tokio::time::timeout(limit, io.receiver.failed(&job.purged.failed)).await;
-        if let Some(error) = flatten(failed, || timeout("failed")) {
-            tracing::warn!(%error, "reporting failed containers to the receiver failed");
+        match flatten(failed, || timeout("failed")) {
+            Some(QueueError::Fenced(_)) => return fenced(outcome, io),
+            Some(error) => tracing::warn!(%error, "reporting failed containers to the receiver failed"),
+            None => {}
         }
     }
     if let Some(progress) = job.progress {
         match tokio::time::timeout(limit, io.checkpoint.update(progress, Instant::now())).await {
             Ok(Ok(_)) => {}
+            Ok(Err(CheckpointError::Fenced { .. })) => return fenced(outcome, io),
             Ok(Err(error)) => tracing::warn!(%error, "checkpoint write failed; the next one retries"),
             Err(_) => tracing::warn!(?limit, "checkpoint write timed out; the next one retries"),
         }
