@@ -432,7 +432,8 @@ impl Agent {
         let draining = self.shutdown.is_some();
         let max = self.services.options.max_delivery_batch.max(1);
         let Some(sub) = self.streams.sub_mut(stream, id) else { return };
-        match delivery::next_delivery(sub, stream, id, &mut self.cache, max, draining) {
+        let fence = self.services.lease_token;
+        match delivery::next_delivery(sub, stream, id, &mut self.cache, max, draining, fence) {
             Dispatch::Idle => {}
             Dispatch::Rewind => {
                 self.streams.request_rewind(stream.clone(), id);

@@ -130,8 +130,8 @@ async fn an_agent_whose_lease_was_superseded_stops_and_resumes_under_a_fresh_tok
     let f = factory(&server, "n1").await;
     let recorder = Recorder::new();
     let leases = Arc::new(leases(&server).await);
-    let node = TestNode::start_with(f.clone(), quick_config(), implicit("t", &recorder), |b| b.leases(leases.clone()))
-        .await;
+    let node =
+        TestNode::start_with(f.clone(), quick_config(), implicit("t", &recorder), |b| b.leases(leases.clone())).await;
     let s = stream("t", "run");
     let queue = f.queue_mapper().queue_for(&s);
     for i in 0..10 {

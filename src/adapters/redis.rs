@@ -169,7 +169,6 @@ impl RedisAdapter {
     }
 }
 
-
 #[async_trait]
 impl QueueAdapter for RedisAdapter {
     fn name(&self) -> &str {

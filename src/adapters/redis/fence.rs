@@ -218,7 +218,15 @@ impl Fence {
         consumer: &str,
         start: &str,
     ) -> Result<redis::streams::StreamAutoClaimReply, redis::RedisError> {
-        self.claim.key(stream).key(&self.key).arg(self.token).arg(group).arg(consumer).arg(start).invoke_async(conn).await
+        self.claim
+            .key(stream)
+            .key(&self.key)
+            .arg(self.token)
+            .arg(group)
+            .arg(consumer)
+            .arg(start)
+            .invoke_async(conn)
+            .await
     }
 
     /// Up to `count` new entries (`XREADGROUP … >`), without waiting.

@@ -323,7 +323,6 @@ impl RedisReceiver {
         Ok(self.containers(entries))
     }
 
-
     /// Why `from` can no longer be served, if it cannot: entries before the
     /// first one recorded were trimmed away, and deleted ones are gone.
     async fn gone_before(&mut self, from: SequenceToken) -> Option<String> {
