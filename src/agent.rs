@@ -53,7 +53,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::cache::QueueCache;
-use crate::checkpoint::QueueCheckpoint;
 use crate::failure::FailureAction;
 use crate::pubsub::{StartPosition, Subscription, SubscriptionId};
 use crate::queue::{QueueError, QueueId};
@@ -267,25 +266,19 @@ impl Agent {
         queue: QueueId,
         services: Arc<AgentServices>,
     ) -> Result<Self, ActorProcessingErr> {
-        let receiver = match services.lease_token {
-            Some(token) => services.adapter.create_fenced_receiver(queue, token).await?,
-            None => services.adapter.create_receiver(queue).await?,
-        };
-        let checkpoint = QueueCheckpoint::load(services.checkpointer.clone(), queue, services.checkpoint.clone())
-            .await?
-            .fenced(services.lease_token);
+        let io = Io::open(&services, queue).await?;
         let span = tracing::info_span!("pulling_agent", node = %services.node, %queue);
         let kill = Arc::new(services.kill.clone());
         let to = myself.clone();
         let report = move |done| to.cast(AgentMsg::Internal(Internal(InternalMsg::Batch(done)))).is_ok();
         let lane = worker::start(&services.tasks, report, kill.clone(), span.clone());
         let mut cache = QueueCache::new(services.cache.clone());
-        cache.set_purged_through(checkpoint.latest());
+        cache.set_purged_through(io.checkpoint.latest());
         let mut agent = Self {
             queue,
             myself,
             cache,
-            pump: Pump::new(Io { receiver, checkpoint }),
+            pump: Pump::new(io),
             streams: Streams::new(),
             shutdown: None,
             work: 0,

@@ -16,18 +16,34 @@ use rand::RngExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::settings::AgentOptions;
+use super::settings::{AgentOptions, AgentServices};
 use super::worker::panic_text;
 use crate::cache::Purged;
 use crate::checkpoint::{CheckpointError, QueueCheckpoint};
 use crate::pubsub::SubscriptionId;
 use crate::queue::{QueueError, QueueId, QueueReceiver};
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
+use ractor::ActorProcessingErr;
 
 /// The receiver and checkpoint: owned by the pump, lent to its task.
 pub(crate) struct Io {
     pub receiver: Box<dyn QueueReceiver>,
     pub checkpoint: QueueCheckpoint,
+}
+
+impl Io {
+    /// The queue's receiver and its checkpoint, both fenced with the
+    /// agent's lease token when it has one.
+    pub(crate) async fn open(services: &AgentServices, queue: QueueId) -> Result<Self, ActorProcessingErr> {
+        let receiver = match services.lease_token {
+            Some(token) => services.adapter.create_fenced_receiver(queue, token).await?,
+            None => services.adapter.create_receiver(queue).await?,
+        };
+        let checkpoint = QueueCheckpoint::load(services.checkpointer.clone(), queue, services.checkpoint.clone())
+            .await?
+            .fenced(services.lease_token);
+        Ok(Self { receiver, checkpoint })
+    }
 }
 
 /// A rewind read for one catching-up subscription.

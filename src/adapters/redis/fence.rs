@@ -137,7 +137,9 @@ pub(crate) fn queue_refusal(kind: &'static str, queue: QueueId, token: u64, erro
 /// does not exist yet (a script, so nodes starting together move each key
 /// once). `RENAME` keeps the stream's consumer group and pending entries.
 /// Run before any receiver starts; every node of a deployment must run the
-/// new layout (an older node would go on writing the old keys).
+/// new layout (an older node would go on writing the old keys). The old and
+/// new keys hash to different Cluster slots, so this runs on a standalone
+/// Redis, the only kind the old layout ever ran on.
 pub(crate) async fn migrate_legacy_keys(
     conn: &mut redis::aio::ConnectionManager,
     prefix: &str,
