@@ -67,10 +67,15 @@ pub(crate) fn script(body: &str) -> redis::Script {
     redis::Script::new(&format!("{IS_FENCED}{body}"))
 }
 
-/// KEYS: stream, fence. ARGV: token, group, ids… `XACK`, fenced.
+/// KEYS: stream, fence. ARGV: token, group, ids… `XACK`, fenced (in
+/// slices: `unpack` is bounded by Lua's stack).
 pub(crate) const ACK: &str = r"
 if is_fenced(KEYS[2], ARGV[1]) then return refuse(KEYS[2]) end
-return redis.call('XACK', KEYS[1], ARGV[2], unpack(ARGV, 3))";
+local acked = 0
+for i = 3, #ARGV, 1000 do
+  acked = acked + redis.call('XACK', KEYS[1], ARGV[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+return acked";
 
 /// KEYS: stream, fence. ARGV: token, min id. `XTRIM MINID`, fenced.
 pub(crate) const TRIM: &str = r"
