@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use backon::Retryable;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
@@ -118,14 +119,28 @@ pub(crate) fn backend(error: &redis::RedisError, doing: &str) -> QueueError {
     QueueError::Backend { adapter: NAME.into(), message: format!("{doing}: {error}"), transient }
 }
 
+/// Waits between attempts of the key migration at connect.
+const MIGRATE_RETRIES: crate::retry::Backoff =
+    crate::retry::Backoff::new(Duration::from_millis(100), Duration::from_secs(1), Duration::from_millis(100));
+/// How long connect keeps trying the key migration.
+const MIGRATE_WITHIN: Duration = Duration::from_secs(10);
+
 /// Builds the Redis adapter, checkpointer and pub-sub store.
 pub type RedisAdapterFactory = BuiltInFactory<RedisAdapter, RedisCheckpointer>;
 
 impl RedisAdapterFactory {
     /// Connects. `consumer` names this node in the consumer group.
     pub async fn connect(queue_count: u32, options: RedisOptions, consumer: &str) -> Result<Self, QueueError> {
-        let mut conn = connect(&options).await?;
-        fence::migrate_legacy_keys(&mut conn, &options.key_prefix, queue_count)
+        let conn = connect(&options).await?;
+        // Before anything reads or appends: retried while Redis is not
+        // ready (restarting, loading its data), as a receiver's start is.
+        let migrate = || {
+            let (mut conn, prefix) = (conn.clone(), options.key_prefix.clone());
+            async move { fence::migrate_legacy_keys(&mut conn, &prefix, queue_count).await }
+        };
+        migrate
+            .retry(MIGRATE_RETRIES.within(MIGRATE_WITHIN))
+            .notify(|error, wait| tracing::warn!(%error, ?wait, "redis not ready to move queue keys; retrying"))
             .await
             .map_err(|e| backend(&e, "moving queue keys to the new layout"))?;
         let mapper = QueueMapper::new(queue_count);
