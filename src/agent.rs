@@ -53,7 +53,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::cache::QueueCache;
-use crate::checkpoint::QueueCheckpoint;
 use crate::failure::FailureAction;
 use crate::pubsub::{StartPosition, Subscription, SubscriptionId};
 use crate::queue::{QueueError, QueueId};
@@ -267,21 +266,19 @@ impl Agent {
         queue: QueueId,
         services: Arc<AgentServices>,
     ) -> Result<Self, ActorProcessingErr> {
-        let receiver = services.adapter.create_receiver(queue).await?;
-        let checkpoint =
-            QueueCheckpoint::load(services.checkpointer.clone(), queue, services.checkpoint.clone()).await?;
+        let io = Io::open(&services, queue).await?;
         let span = tracing::info_span!("pulling_agent", node = %services.node, %queue);
         let kill = Arc::new(services.kill.clone());
         let to = myself.clone();
         let report = move |done| to.cast(AgentMsg::Internal(Internal(InternalMsg::Batch(done)))).is_ok();
         let lane = worker::start(&services.tasks, report, kill.clone(), span.clone());
         let mut cache = QueueCache::new(services.cache.clone());
-        cache.set_purged_through(checkpoint.latest());
+        cache.set_purged_through(io.checkpoint.latest());
         let mut agent = Self {
             queue,
             myself,
             cache,
-            pump: Pump::new(Io { receiver, checkpoint }),
+            pump: Pump::new(io),
             streams: Streams::new(),
             shutdown: None,
             work: 0,
@@ -428,7 +425,8 @@ impl Agent {
         let draining = self.shutdown.is_some();
         let max = self.services.options.max_delivery_batch.max(1);
         let Some(sub) = self.streams.sub_mut(stream, id) else { return };
-        match delivery::next_delivery(sub, stream, id, &mut self.cache, max, draining) {
+        let fence = self.services.lease_token;
+        match delivery::next_delivery(sub, stream, id, &mut self.cache, max, draining, fence) {
             Dispatch::Idle => {}
             Dispatch::Rewind => {
                 self.streams.request_rewind(stream.clone(), id);

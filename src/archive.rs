@@ -309,6 +309,15 @@ pub enum StoreError {
     /// The blocking task doing the file work failed (panicked).
     #[error("run log store: a store task failed: {0}")]
     Task(#[source] tokio::task::JoinError),
+    /// A fenced append was refused: a writer under a newer lease of the
+    /// run's queue already appended to the run.
+    #[error("run log store: append to run {run} refused: a lease newer than token {token} wrote to it")]
+    Fenced {
+        /// The run.
+        run: String,
+        /// The refused writer's fencing token.
+        token: u64,
+    },
 }
 
 /// Where run logs and statuses are kept. Lines are addressed by their
@@ -338,6 +347,35 @@ pub trait RunLogStore: Send + Sync + 'static {
     ) -> Result<bool, StoreError> {
         let _ = fingerprint;
         self.append(run, token, lines).await
+    }
+
+    /// [`append`](Self::append) by a writer under the queue lease granted
+    /// with fencing token `fence`: a store that can fence refuses it with
+    /// [`StoreError::Fenced`] once a writer with a newer token appended to
+    /// the run. The default ignores the fence.
+    async fn append_fenced(
+        &self,
+        run: &RunKey,
+        token: SequenceToken,
+        lines: &[&str],
+        fence: u64,
+    ) -> Result<bool, StoreError> {
+        let _ = fence;
+        self.append(run, token, lines).await
+    }
+
+    /// [`append_batch`](Self::append_batch), fenced as
+    /// [`append_fenced`](Self::append_fenced). The default ignores the fence.
+    async fn append_batch_fenced(
+        &self,
+        run: &RunKey,
+        token: SequenceToken,
+        fingerprint: u64,
+        lines: &[&str],
+        fence: u64,
+    ) -> Result<bool, StoreError> {
+        let _ = fence;
+        self.append_batch(run, token, fingerprint, lines).await
     }
 
     /// Sets the run's status (creating the run if needed).

@@ -51,6 +51,15 @@ pub enum CheckpointError {
     /// A checkpoint could not be encoded.
     #[error("checkpoint could not be encoded: {0}")]
     Encode(#[source] serde_json::Error),
+    /// A newer lease of the queue was granted: the write of the old
+    /// owner was refused.
+    #[error("checkpoint of queue {queue} refused: a lease newer than token {token} was granted")]
+    Fenced {
+        /// The queue.
+        queue: QueueId,
+        /// The refused writer's fencing token.
+        token: u64,
+    },
     /// The blocking task doing the file work failed (panicked).
     #[error("checkpoint {0} task failed: {1}")]
     Task(&'static str, #[source] tokio::task::JoinError),
@@ -64,6 +73,15 @@ pub trait Checkpointer: Send + Sync + 'static {
 
     /// Stores `token` as `queue`'s checkpoint; durable when this returns.
     async fn save(&self, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError>;
+
+    /// Stores `token` as `queue`'s checkpoint for the owner of the lease
+    /// granted with fencing token `fence`. A store that can fence refuses
+    /// it with [`CheckpointError::Fenced`] once a newer lease of the queue
+    /// was granted. The default ignores the fence.
+    async fn save_fenced(&self, queue: QueueId, token: SequenceToken, fence: u64) -> Result<(), CheckpointError> {
+        let _ = fence;
+        self.save(queue, token).await
+    }
 }
 
 /// Checkpoints in memory (tests, the memory adapter). Counts writes.
@@ -238,6 +256,19 @@ impl Default for CheckpointOptions {
 const FLUSH_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(100), Duration::from_secs(2), Duration::from_millis(100));
 
+/// Saves fenced when the writer has a fencing token.
+async fn save(
+    store: &dyn Checkpointer,
+    queue: QueueId,
+    token: SequenceToken,
+    fence: Option<u64>,
+) -> Result<(), CheckpointError> {
+    match fence {
+        Some(fence) => store.save_fenced(queue, token, fence).await,
+        None => store.save(queue, token).await,
+    }
+}
+
 /// One queue's checkpoint as its agent sees it: throttled writes of the
 /// newest progress, and a flush.
 pub struct QueueCheckpoint {
@@ -247,6 +278,7 @@ pub struct QueueCheckpoint {
     latest: Option<SequenceToken>,
     persisted: Option<SequenceToken>,
     last_write: Option<Instant>,
+    fence: Option<u64>,
 }
 
 impl QueueCheckpoint {
@@ -257,7 +289,14 @@ impl QueueCheckpoint {
         options: CheckpointOptions,
     ) -> Result<Self, CheckpointError> {
         let persisted = store.load(queue).await?;
-        Ok(Self { store, queue, options, latest: persisted, persisted, last_write: None })
+        Ok(Self { store, queue, options, latest: persisted, persisted, last_write: None, fence: None })
+    }
+
+    /// Writes with the fencing token of the lease the writer holds (see
+    /// [`Checkpointer::save_fenced`]); `None` writes unfenced.
+    pub fn fenced(mut self, fence: Option<u64>) -> Self {
+        self.fence = fence;
+        self
     }
 
     /// The newest progress recorded (persisted or not).
@@ -294,11 +333,12 @@ impl QueueCheckpoint {
         if self.persisted == self.latest {
             return Ok(());
         }
-        let (store, queue) = (self.store.clone(), self.queue);
+        let (store, queue, fence) = (self.store.clone(), self.queue, self.fence);
         let retries = self.options.flush_attempts.max(1) - 1;
         self.last_write = Some(Instant::now());
-        (|| store.save(queue, token))
+        (|| save(&*store, queue, token, fence))
             .retry(FLUSH_BACKOFF.schedule(retries))
+            .when(|error| !matches!(error, CheckpointError::Fenced { .. }))
             .notify(|error, wait| tracing::warn!(%queue, %error, ?wait, "checkpoint flush failed; retrying"))
             .await?;
         self.saved(token);
@@ -307,7 +347,7 @@ impl QueueCheckpoint {
 
     async fn write(&mut self, token: SequenceToken, now: Instant) -> Result<(), CheckpointError> {
         self.last_write = Some(now);
-        self.store.save(self.queue, token).await?;
+        save(&*self.store, self.queue, token, self.fence).await?;
         self.saved(token);
         Ok(())
     }

@@ -344,8 +344,10 @@ impl Manager {
     fn spawn_agent(&mut self, queue: QueueId, token: u64) {
         self.slots.insert(queue, Slot::Spawning(token));
         let kill = self.args.services.kill.child_token();
-        let services =
-            Arc::new(AgentServices { kill: kill.clone(), lease_token: Some(token), ..(*self.args.services).clone() });
+        // The token is for fenced writes, which only a lease store whose
+        // counters the queue stores can see makes meaningful.
+        let lease_token = self.args.leases.fences_queue_stores().then_some(token);
+        let services = Arc::new(AgentServices { kill: kill.clone(), lease_token, ..(*self.args.services).clone() });
         let (myself, supervisor) = (self.myself.clone(), self.myself.get_cell());
         self.args.services.tasks.spawn("agent start", async move {
             let spawned = Actor::spawn_linked(None, PullingAgent, AgentArgs { queue, services }, supervisor).await;

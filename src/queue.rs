@@ -100,7 +100,9 @@ pub enum QueueError {
         /// Why (not rewindable, or no longer held).
         reason: String,
     },
-    /// A newer receiver took this queue over; this one must stop.
+    /// A newer receiver took this queue over (or a newer lease of it was
+    /// granted, and the store refused a write of the old one); this one
+    /// must stop.
     #[error("receiver of queue {0} was superseded by a newer receiver")]
     Fenced(QueueId),
     /// The receiver was used after `shutdown`.
@@ -199,6 +201,16 @@ pub trait QueueAdapter: Send + Sync + 'static {
 
     /// Builds the receiver of one queue. Only the queue's owner calls it.
     async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError>;
+
+    /// Builds the receiver of one queue for the owner of its lease granted
+    /// with fencing token `token`. A store that can fence refuses the
+    /// receiver's writes (acks, trims, and reads that take entries) once a
+    /// newer lease of the queue was granted, with [`QueueError::Fenced`].
+    /// The default ignores the token.
+    async fn create_fenced_receiver(&self, queue: QueueId, token: u64) -> Result<Box<dyn QueueReceiver>, QueueError> {
+        let _ = token;
+        self.create_receiver(queue).await
+    }
 
     /// Flushes and releases what the adapter holds (writers, connections)
     /// once nothing enqueues any more. The default has nothing to do.

@@ -34,6 +34,9 @@ pub const AGENT_RESTARTS: &str = "tailrace_agent_restarts_total";
 pub const LEASES_HELD: &str = "tailrace_leases_held";
 /// Queue leases a node lost before releasing them: its agent was killed (label `node`).
 pub const LEASES_LOST: &str = "tailrace_leases_lost_total";
+/// Writes of an old lease's owner refused by the queue's fence (label
+/// `kind`: `ack`, `trim`, `read`, `claim`, `checkpoint`, `append`).
+pub const FENCED_WRITES: &str = "tailrace_fenced_writes_total";
 /// Checkpoints written (label `queue`).
 pub const CHECKPOINT_WRITES: &str = "tailrace_checkpoint_writes_total";
 /// Log lines the archiver stored in the run log store.
@@ -75,6 +78,7 @@ pub fn describe() {
         (AGENT_RESTARTS, Unit::Count, "Crashed pulling agents restarted by their manager."),
         (LEASES_LOST, Unit::Count, "Queue leases lost before being released (their agent was killed)."),
         (CHECKPOINT_WRITES, Unit::Count, "Checkpoints written."),
+        (FENCED_WRITES, Unit::Count, "Writes of an old lease's owner refused because a newer lease was granted."),
         (ARCHIVE_LINES, Unit::Count, "Log lines the archiver stored in the run log store."),
         (ARCHIVE_RUNS_PRUNED, Unit::Count, "Runs removed from the run log store by retention."),
         (ARCHIVE_BYTES_PRUNED, Unit::Bytes, "Bytes freed in the run log store by retention."),
@@ -107,7 +111,7 @@ pub fn describe() {
 }
 
 /// Every name above, for tests that check each one is described.
-pub const ALL: [&str; 26] = [
+pub const ALL: [&str; 27] = [
     AGENT_EVENTS_READ,
     AGENT_EVENTS_DELIVERED,
     AGENT_EVENTS_UNSUBSCRIBED,
@@ -122,6 +126,7 @@ pub const ALL: [&str; 26] = [
     LEASES_HELD,
     LEASES_LOST,
     CHECKPOINT_WRITES,
+    FENCED_WRITES,
     ARCHIVE_LINES,
     ARCHIVE_RUNS_PRUNED,
     ARCHIVE_BYTES_PRUNED,

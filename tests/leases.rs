@@ -164,6 +164,21 @@ async fn a_fenced_read_is_not_restarted_like_a_crash() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_refused_ack_stops_the_agent_like_a_lost_lease_with_no_checkpoint() {
+    let leases = Arc::new(MemoryLeases::new());
+    let (node, factory) = start(leases.clone()).await;
+    let before = leases.holder(Q).await.unwrap().unwrap();
+    factory.script.ack_errors.lock().unwrap().push_back(QueueError::Fenced(Q));
+    factory.script.push(&stream("t", "a"), 1, &["a1"]);
+    assert!(eventually(WAIT, || factory.script.receivers.load(Ordering::SeqCst) == 2).await, "the agent stopped");
+    let status = wait_status(&node, "running again", running).await;
+    assert_eq!(status.restarts, 0, "not counted as a crash");
+    assert_eq!(factory.checkpoints.writes(Q), 0, "no checkpoint after the refused ack");
+    let after = leases.holder(Q).await.unwrap().unwrap();
+    assert!(after.token > before.token, "runs again only under a fresh lease");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_crashed_agent_restarts_only_under_a_fresh_lease() {
     let leases = Arc::new(MemoryLeases::new());
     let (node, factory) = start(leases.clone()).await;

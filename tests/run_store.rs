@@ -210,3 +210,40 @@ async fn a_redis_append_cut_short_by_a_crash_leaves_nothing_half_written() {
     assert_eq!(store.read(&run, 2, 1, usize::MAX).await.unwrap(), ["line 0"]);
     assert_eq!(store.info(&run).await.unwrap().unwrap().lines, 102);
 }
+
+/// The archiver appends under its agent's lease token: once a delivery
+/// under a newer token reached a run, a paused old owner's delivery is
+/// refused and appends nothing, and the new owner's later containers are
+/// all stored (none skipped as older than a zombie's).
+#[tokio::test]
+async fn a_zombie_archiver_cannot_append_after_a_newer_lease_wrote_the_run() {
+    use tailrace::archive::{Archiver, StoreError};
+    use tailrace::pubsub::{ConsumerFactory, Delivery, SubscriptionId};
+    use tailrace::stream::{BatchContainer, Event, EventId};
+
+    let server = RedisServer::start();
+    let store = Arc::new(RedisRunLogStore::connect(&server.url(), "test").await.unwrap());
+    let run = RunKey::new("svc.etl", "r-1").unwrap();
+    let consumer = Archiver::new(store.clone()).create(&run.stream());
+    let delivery = |major: u64, line: &str, fence: u64| Delivery {
+        subscription: SubscriptionId::random(),
+        stream: run.stream(),
+        batches: vec![Arc::new(BatchContainer {
+            stream: run.stream(),
+            token: token(major, 0),
+            events: vec![Event::new(EventId::new(format!("id-{major}")), line.to_string())],
+        })],
+        fence: Some(fence),
+    };
+    consumer.deliver(&delivery(1, "one", 5)).await.unwrap();
+    consumer.deliver(&delivery(2, "two", 6)).await.unwrap();
+    assert!(consumer.deliver(&delivery(3, "zombie", 5)).await.is_err(), "an older token is refused");
+    assert!(matches!(
+        store.append_fenced(&run, token(4, 0), &["zombie"], 5).await,
+        Err(StoreError::Fenced { token: 5, .. })
+    ));
+    consumer.deliver(&delivery(3, "three", 6)).await.unwrap();
+    assert_eq!(store.read(&run, 0, 10, usize::MAX).await.unwrap(), ["one", "two", "three"]);
+    assert_eq!(store.info(&run).await.unwrap().unwrap().last_token, Some(token(3, 0)));
+    assert!(store.append(&run, token(4, 0), &["unfenced"]).await.unwrap(), "an unfenced writer is not checked");
+}

@@ -1,7 +1,15 @@
-//! The `redis` adapter: one Redis stream per queue (`{prefix}:q{n}`), for
+//! The `redis` adapter: one Redis stream per queue (`{prefix}:{qn}:stream`,
+//! under the queue lease's hash tag; the layout is in `fence.rs`), for
 //! clusters. Also the Redis checkpointer and pub-sub store, so every node
 //! sees the same checkpoints and subscriptions.
 //!
+//! - At connect, the old layout's keys (`{prefix}:q{n}`,
+//!   `{prefix}:checkpoint:q{n}`) are renamed to the new ones once.
+//! - A fenced receiver (`create_fenced_receiver`, the agent's under a
+//!   lease) acks, trims, claims and takes new entries in scripts that first
+//!   check the queue's fencing counter: a paused old owner can neither
+//!   strand entries in its pending list nor ack or trim after a newer lease
+//!   was granted.
 //! - `enqueue` appends one entry per batch (`XADD`); concurrent appends to a
 //!   queue go out together as one pipeline.
 //! - Receivers read through a consumer group (`XREADGROUP … COUNT n BLOCK`),
@@ -22,6 +30,7 @@
 //!   connection manager; callers see transient errors, never a panic.
 
 mod entry;
+mod fence;
 mod receiver;
 mod store;
 
@@ -29,6 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use backon::Retryable;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
@@ -109,6 +119,12 @@ pub(crate) fn backend(error: &redis::RedisError, doing: &str) -> QueueError {
     QueueError::Backend { adapter: NAME.into(), message: format!("{doing}: {error}"), transient }
 }
 
+/// Waits between attempts of the key migration at connect.
+const MIGRATE_RETRIES: crate::retry::Backoff =
+    crate::retry::Backoff::new(Duration::from_millis(100), Duration::from_secs(1), Duration::from_millis(100));
+/// How long connect keeps trying the key migration.
+const MIGRATE_WITHIN: Duration = Duration::from_secs(10);
+
 /// Builds the Redis adapter, checkpointer and pub-sub store.
 pub type RedisAdapterFactory = BuiltInFactory<RedisAdapter, RedisCheckpointer>;
 
@@ -116,6 +132,17 @@ impl RedisAdapterFactory {
     /// Connects. `consumer` names this node in the consumer group.
     pub async fn connect(queue_count: u32, options: RedisOptions, consumer: &str) -> Result<Self, QueueError> {
         let conn = connect(&options).await?;
+        // Before anything reads or appends: retried while Redis is not
+        // ready (restarting, loading its data), as a receiver's start is.
+        let migrate = || {
+            let (mut conn, prefix) = (conn.clone(), options.key_prefix.clone());
+            async move { fence::migrate_legacy_keys(&mut conn, &prefix, queue_count).await }
+        };
+        migrate
+            .retry(MIGRATE_RETRIES.within(MIGRATE_WITHIN))
+            .notify(|error, wait| tracing::warn!(%error, ?wait, "redis not ready to move queue keys; retrying"))
+            .await
+            .map_err(|e| backend(&e, "moving queue keys to the new layout"))?;
         let mapper = QueueMapper::new(queue_count);
         let checkpointer = Arc::new(RedisCheckpointer::new(conn.clone(), &options.key_prefix));
         let adapter = Arc::new(RedisAdapter {
@@ -153,12 +180,8 @@ pub struct RedisAdapter {
 impl RedisAdapter {
     /// The stream key of `queue`.
     pub fn key(&self, queue: QueueId) -> String {
-        stream_key(&self.options.key_prefix, queue)
+        fence::stream_key(&self.options.key_prefix, queue)
     }
-}
-
-pub(crate) fn stream_key(prefix: &str, queue: QueueId) -> String {
-    format!("{prefix}:{queue}")
 }
 
 #[async_trait]
@@ -198,6 +221,17 @@ impl QueueAdapter for RedisAdapter {
     }
 
     async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
+        self.receiver(queue, None).await
+    }
+
+    async fn create_fenced_receiver(&self, queue: QueueId, token: u64) -> Result<Box<dyn QueueReceiver>, QueueError> {
+        self.receiver(queue, Some(token)).await
+    }
+}
+
+impl RedisAdapter {
+    /// The receiver of `queue`, fenced with `token` if given.
+    async fn receiver(&self, queue: QueueId, token: Option<u64>) -> Result<Box<dyn QueueReceiver>, QueueError> {
         if queue.0 >= self.mapper.queue_count() {
             return Err(QueueError::Config(format!(
                 "queue {queue} does not exist (there are {})",
@@ -213,6 +247,7 @@ impl QueueAdapter for RedisAdapter {
             self.options.clone(),
             self.consumer.clone(),
             self.checkpointer.clone(),
+            token.map(|token| (token, fence::fence_key(&self.options.key_prefix, queue))),
         )))
     }
 }

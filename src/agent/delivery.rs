@@ -84,6 +84,7 @@ pub(crate) fn next_delivery(
     cache: &mut QueueCache,
     max: usize,
     draining: bool,
+    fence: Option<u64>,
 ) -> Dispatch {
     if sub.handshaking || sub.delivering || sub.parked || (draining && sub.catch_up.is_some()) {
         return Dispatch::Idle;
@@ -116,7 +117,7 @@ pub(crate) fn next_delivery(
         },
     };
     sub.delivering = true;
-    let delivery = Arc::new(Delivery { subscription: id, stream: stream.clone(), batches });
+    let delivery = Arc::new(Delivery { subscription: id, stream: stream.clone(), batches, fence });
     sub.in_flight = Some(delivery.clone());
     let done = Delivered {
         stream: stream.clone(),

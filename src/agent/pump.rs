@@ -16,18 +16,34 @@ use rand::RngExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::settings::AgentOptions;
+use super::settings::{AgentOptions, AgentServices};
 use super::worker::panic_text;
 use crate::cache::Purged;
-use crate::checkpoint::QueueCheckpoint;
+use crate::checkpoint::{CheckpointError, QueueCheckpoint};
 use crate::pubsub::SubscriptionId;
 use crate::queue::{QueueError, QueueId, QueueReceiver};
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
+use ractor::ActorProcessingErr;
 
 /// The receiver and checkpoint: owned by the pump, lent to its task.
 pub(crate) struct Io {
     pub receiver: Box<dyn QueueReceiver>,
     pub checkpoint: QueueCheckpoint,
+}
+
+impl Io {
+    /// The queue's receiver and its checkpoint, both fenced with the
+    /// agent's lease token when it has one.
+    pub(crate) async fn open(services: &AgentServices, queue: QueueId) -> Result<Self, ActorProcessingErr> {
+        let receiver = match services.lease_token {
+            Some(token) => services.adapter.create_fenced_receiver(queue, token).await?,
+            None => services.adapter.create_receiver(queue).await?,
+        };
+        let checkpoint = QueueCheckpoint::load(services.checkpointer.clone(), queue, services.checkpoint.clone())
+            .await?
+            .fenced(services.lease_token);
+        Ok(Self { receiver, checkpoint })
+    }
 }
 
 /// A rewind read for one catching-up subscription.
@@ -301,21 +317,36 @@ async fn run_pump(mut io: Io, job: PumpJob) -> PumpOutcome {
             return outcome;
         }
     }
+    // A write the queue's fence refused ends the pump: a newer lease was
+    // granted, so the agent stops with no further ack, checkpoint or read
+    // (the read's answer carries the refusal to the agent).
+    let fenced = |mut outcome: PumpOutcome, io: Io| {
+        outcome.read = Err(QueueError::Fenced(job.queue));
+        outcome.io = Some(io);
+        outcome
+    };
     if !job.purged.acked.is_empty() {
         let acked = tokio::time::timeout(limit, io.receiver.delivered(&job.purged.acked)).await;
-        if let Some(error) = flatten(acked, || timeout("delivered")) {
-            tracing::warn!(%error, containers = job.purged.acked.len(), "ack failed; the queue may redeliver them");
+        match flatten(acked, || timeout("delivered")) {
+            Some(QueueError::Fenced(_)) => return fenced(outcome, io),
+            Some(error) => {
+                tracing::warn!(%error, containers = job.purged.acked.len(), "ack failed; the queue may redeliver them")
+            }
+            None => {}
         }
     }
     if !job.purged.failed.is_empty() {
         let failed = tokio::time::timeout(limit, io.receiver.failed(&job.purged.failed)).await;
-        if let Some(error) = flatten(failed, || timeout("failed")) {
-            tracing::warn!(%error, "reporting failed containers to the receiver failed");
+        match flatten(failed, || timeout("failed")) {
+            Some(QueueError::Fenced(_)) => return fenced(outcome, io),
+            Some(error) => tracing::warn!(%error, "reporting failed containers to the receiver failed"),
+            None => {}
         }
     }
     if let Some(progress) = job.progress {
         match tokio::time::timeout(limit, io.checkpoint.update(progress, Instant::now())).await {
             Ok(Ok(_)) => {}
+            Ok(Err(CheckpointError::Fenced { .. })) => return fenced(outcome, io),
             Ok(Err(error)) => tracing::warn!(%error, "checkpoint write failed; the next one retries"),
             Err(_) => tracing::warn!(?limit, "checkpoint write timed out; the next one retries"),
         }

@@ -114,8 +114,10 @@ pub struct AgentServices {
     /// agent's pump and work lane end with the agent, which waits for its
     /// in-flight work; the node waits for them all when it shuts down).
     pub tasks: Tasks,
-    /// The fencing token of the queue lease the agent runs under (`None`
-    /// in the node's template, before an agent got its lease). Nothing
-    /// writes with it yet; fenced writes will.
+    /// The fencing token of the queue lease the agent runs under: its
+    /// receiver, checkpoint writes and the run log appends of its
+    /// deliveries are fenced with it. `None` in the node's template, and
+    /// when the lease store's tokens mean nothing to the queue stores
+    /// (`QueueLeases::fences_queue_stores`): then nothing is fenced.
     pub lease_token: Option<u64>,
 }

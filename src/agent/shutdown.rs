@@ -25,6 +25,7 @@ use tokio::time::Instant;
 
 use super::pump::{Io, flatten};
 use crate::cache::Purged;
+use crate::checkpoint::CheckpointError;
 use crate::queue::{QueueError, QueueId};
 use crate::stream::SequenceToken;
 
@@ -69,29 +70,43 @@ pub(crate) async fn release(
     limit: Duration,
 ) -> Option<SequenceToken> {
     let timeout = |operation: &'static str| QueueError::Timeout { operation, queue, after: limit };
+    // Once the queue's fence refuses a write (a newer lease was granted),
+    // nothing more is written: no ack, no checkpoint.
+    let mut fenced = false;
     if !purged.acked.is_empty() {
         let acked = tokio::time::timeout(limit, io.receiver.delivered(&purged.acked)).await;
-        if let Some(error) = flatten(acked, || timeout("delivered")) {
-            tracing::warn!(%queue, %error, "final ack failed; the next owner may redeliver");
+        match flatten(acked, || timeout("delivered")) {
+            Some(QueueError::Fenced(_)) => fenced = true,
+            Some(error) => tracing::warn!(%queue, %error, "final ack failed; the next owner may redeliver"),
+            None => {}
         }
     }
-    if !purged.failed.is_empty() {
+    if !purged.failed.is_empty() && !fenced {
         let failed = tokio::time::timeout(limit, io.receiver.failed(&purged.failed)).await;
-        if let Some(error) = flatten(failed, || timeout("failed")) {
-            tracing::warn!(%queue, %error, "reporting failed containers failed");
+        match flatten(failed, || timeout("failed")) {
+            Some(QueueError::Fenced(_)) => fenced = true,
+            Some(error) => tracing::warn!(%queue, %error, "reporting failed containers failed"),
+            None => {}
         }
     }
-    if let Some(progress) = progress {
+    if let Some(progress) = progress.filter(|_| !fenced) {
         match tokio::time::timeout(limit, io.checkpoint.update(progress, Instant::now())).await {
             Ok(Ok(_)) => {}
+            Ok(Err(CheckpointError::Fenced { .. })) => fenced = true,
             Ok(Err(error)) => tracing::warn!(%queue, %error, "final checkpoint write failed; flushing"),
             Err(_) => tracing::warn!(%queue, ?limit, "final checkpoint write timed out; flushing"),
         }
     }
-    match tokio::time::timeout(limit, io.checkpoint.flush()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => tracing::error!(%queue, %error, "checkpoint flush failed; the next owner replays more"),
-        Err(_) => tracing::error!(%queue, ?limit, "checkpoint flush timed out"),
+    if !fenced {
+        match tokio::time::timeout(limit, io.checkpoint.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(CheckpointError::Fenced { .. })) => fenced = true,
+            Ok(Err(error)) => tracing::error!(%queue, %error, "checkpoint flush failed; the next owner replays more"),
+            Err(_) => tracing::error!(%queue, ?limit, "checkpoint flush timed out"),
+        }
+    }
+    if fenced {
+        tracing::warn!(%queue, "handoff cut short: a newer lease of the queue was granted; nothing more is written");
     }
     let checkpoint = io.checkpoint.latest();
     // The receiver bounds its own shutdown by `limit`; the margin lets it.

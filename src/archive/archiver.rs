@@ -172,10 +172,15 @@ impl StreamConsumer for ArchiverConsumer {
                 }
             }
             let lines: Vec<&str> = contents.lines().collect();
-            let appended = if contents.texts.is_empty() {
-                self.store.append(run, batch.token, &[]).await
-            } else {
-                self.store.append_batch(run, batch.token, batch_fingerprint(&batch.events), &lines).await
+            let fingerprint = batch_fingerprint(&batch.events);
+            let store = &self.store;
+            // Fenced with the delivering agent's lease token, if it has one:
+            // a paused old owner cannot append after its successor did.
+            let appended = match (contents.texts.is_empty(), delivery.fence) {
+                (true, Some(fence)) => store.append_fenced(run, batch.token, &[], fence).await,
+                (true, None) => store.append(run, batch.token, &[]).await,
+                (false, Some(fence)) => store.append_batch_fenced(run, batch.token, fingerprint, &lines, fence).await,
+                (false, None) => store.append_batch(run, batch.token, fingerprint, &lines).await,
             };
             if appended.map_err(ConsumerError::failed)? {
                 metrics::counter!(telemetry::ARCHIVE_LINES).increment(lines.len() as u64);

@@ -12,6 +12,15 @@
 //! one, pushes the lines and updates the counters together, so a
 //! redelivered container changes nothing and a crash leaves all or none.
 //!
+//! A fenced append (the archiver's, under a queue lease) also compares the
+//! writer's lease token with the run's `fence` field, the highest token
+//! that appended to the run, and is refused if it is lower: an agent whose
+//! lease was superseded, and whose successor already wrote to the run,
+//! writes nothing more. The run keeps its own mark rather than reading the
+//! queue's fencing counter because the store may live on another server
+//! (or, later, another Cluster slot) than the queues. A run always maps to
+//! one queue, so the tokens it sees come from one counter.
+//!
 //! Retention lists the runs through the pipelines set and each pipeline's
 //! runs (their hashes only, in pipelined pages), then removes each chosen
 //! run with one script: if its bytes, status and last update are still the
@@ -27,6 +36,7 @@ use redis::aio::ConnectionManager;
 use super::retention::{Candidate, Planner};
 use super::{Clock, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError};
 use crate::stream::SequenceToken;
+use crate::telemetry;
 
 /// Runs asked for in one round trip while pruning.
 const PAGE: usize = 256;
@@ -41,16 +51,27 @@ const PAGE: usize = 256;
 /// ARGV[7] is the container's fingerprint (16 hex digits, or empty): one
 /// the run's `recent` field holds (the last 128, space-separated) is a
 /// producer's retried batch, so only the token moves.
+///
+/// ARGV[8] is the writer's lease fencing token (or empty, unfenced): one
+/// below the run's `fence` field (the highest token that appended to it)
+/// is refused with the error `FENCED`, before anything is written.
 const APPEND: &str = r"
 local RECENT_CHARS = 128 * 17
+local function less(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+if ARGV[8] ~= '' then
+  local mark = redis.call('HGET', KEYS[1], 'fence')
+  if mark and less(ARGV[8], mark) then
+    return redis.error_reply('FENCED run fence ' .. mark)
+  end
+  redis.call('HSET', KEYS[1], 'fence', ARGV[8])
+end
 if redis.call('HSETNX', KEYS[1], 'created', ARGV[3]) == 1 then
   redis.call('HSET', KEYS[1], 'updated', ARGV[3])
   redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
   redis.call('SADD', KEYS[4], ARGV[1])
-end
-local function less(a, b)
-  if #a ~= #b then return #a < #b end
-  return a < b
 end
 local major = redis.call('HGET', KEYS[1], 'major')
 local minor = redis.call('HGET', KEYS[1], 'minor')
@@ -65,10 +86,10 @@ if ARGV[7] ~= '' and string.find(' ' .. recent .. ' ', ' ' .. ARGV[7] .. ' ', 1,
   redis.call('HSET', KEYS[1], 'major', ARGV[4], 'minor', ARGV[5])
   return 0
 end
-for i = 8, #ARGV do
+for i = 9, #ARGV do
   redis.call('RPUSH', KEYS[2], ARGV[i])
 end
-redis.call('HINCRBY', KEYS[1], 'lines', #ARGV - 7)
+redis.call('HINCRBY', KEYS[1], 'lines', #ARGV - 8)
 redis.call('HINCRBY', KEYS[1], 'bytes', ARGV[6])
 redis.call('HSET', KEYS[1], 'major', ARGV[4], 'minor', ARGV[5], 'updated', ARGV[3])
 if ARGV[7] ~= '' then
@@ -252,6 +273,7 @@ impl RedisRunLogStore {
         token: SequenceToken,
         fingerprint: Option<u64>,
         lines: &[&str],
+        fence: Option<u64>,
     ) -> Result<bool, StoreError> {
         if lines.is_empty() {
             return Ok(false);
@@ -261,11 +283,20 @@ impl RedisRunLogStore {
         invocation.key(self.log_key(run)).key(self.runs_key(run.fqn())).key(self.pipelines_key());
         invocation.arg(run.fqn()).arg(run.run()).arg((self.clock)()).arg(token.major).arg(token.minor).arg(bytes);
         invocation.arg(fingerprint.map_or(String::new(), |f| format!("{f:016x}")));
+        invocation.arg(fence.map_or(String::new(), |f| f.to_string()));
         for line in lines {
             invocation.arg(*line);
         }
-        let appended: i64 = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
-        Ok(appended == 1)
+        match invocation.invoke_async::<i64>(&mut self.conn.clone()).await {
+            Ok(appended) => Ok(appended == 1),
+            Err(error) if error.code() == Some("FENCED") => {
+                let token = fence.unwrap_or(0);
+                tracing::warn!(%run, token, %error, "run log append refused: a newer lease of its queue appended");
+                metrics::counter!(telemetry::FENCED_WRITES, "kind" => "append").increment(1);
+                Err(StoreError::Fenced { run: run.to_string(), token })
+            }
+            Err(error) => Err(backend(error)),
+        }
     }
 }
 
@@ -276,7 +307,28 @@ impl RunLogStore for RedisRunLogStore {
     }
 
     async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError> {
-        self.append_lines(run, token, None, lines).await
+        self.append_lines(run, token, None, lines, None).await
+    }
+
+    async fn append_fenced(
+        &self,
+        run: &RunKey,
+        token: SequenceToken,
+        lines: &[&str],
+        fence: u64,
+    ) -> Result<bool, StoreError> {
+        self.append_lines(run, token, None, lines, Some(fence)).await
+    }
+
+    async fn append_batch_fenced(
+        &self,
+        run: &RunKey,
+        token: SequenceToken,
+        fingerprint: u64,
+        lines: &[&str],
+        fence: u64,
+    ) -> Result<bool, StoreError> {
+        self.append_lines(run, token, Some(fingerprint), lines, Some(fence)).await
     }
 
     async fn append_batch(
@@ -286,7 +338,7 @@ impl RunLogStore for RedisRunLogStore {
         fingerprint: u64,
         lines: &[&str],
     ) -> Result<bool, StoreError> {
-        self.append_lines(run, token, Some(fingerprint), lines).await
+        self.append_lines(run, token, Some(fingerprint), lines, None).await
     }
 
     async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {

@@ -96,6 +96,16 @@ pub trait QueueLeases: Send + Sync + 'static {
     async fn holder(&self, queue: QueueId) -> Result<Option<Lease>, LeaseError> {
         Ok(self.holders(&[queue]).await?.pop())
     }
+
+    /// Whether the queue stores can check this store's tokens: its fencing
+    /// counters live where the queues' fenced writes look for them (as
+    /// [`super::RedisLeases`]' do, on the Redis adapter's server under the
+    /// same key prefix). Only then do agents write fenced; another store's
+    /// tokens would be compared with counters they have nothing to do
+    /// with. The default: no.
+    fn fences_queue_stores(&self) -> bool {
+        false
+    }
 }
 
 /// A live grant in memory.

@@ -211,4 +211,10 @@ impl QueueLeases for RedisLeases {
         let found = futures::future::try_join_all(peeks).await?;
         Ok(found.into_iter().flatten().collect())
     }
+
+    /// The Redis adapter, its checkpointer and the Redis run log store
+    /// check `{prefix}:{qn}:fence` (same server and key prefix).
+    fn fences_queue_stores(&self) -> bool {
+        true
+    }
 }

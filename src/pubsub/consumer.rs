@@ -25,6 +25,11 @@ pub struct Delivery {
     pub stream: StreamId,
     /// Containers in queue order (at least one).
     pub batches: Vec<Arc<BatchContainer>>,
+    /// The fencing token of the queue lease the delivering agent runs
+    /// under, if its writes are fenced: a consumer that writes to a store
+    /// may pass it along so that the store refuses a paused old owner's
+    /// writes (the archiver does, see `RunLogStore::append_fenced`).
+    pub fence: Option<u64>,
 }
 
 impl Delivery {

@@ -26,6 +26,8 @@ pub struct Script {
     pub read_max: Mutex<Vec<usize>>,
     /// Every `delivered` call.
     pub acks: Mutex<Vec<Vec<SequenceToken>>>,
+    /// Errors the next `delivered` calls return (acking nothing), in order.
+    pub ack_errors: Mutex<VecDeque<QueueError>>,
     /// Every `failed` call.
     pub failed: Mutex<Vec<Vec<SequenceToken>>>,
     pub inits: AtomicUsize,
@@ -183,6 +185,9 @@ impl QueueReceiver for ScriptedReceiver {
 
     async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
         self.hang_if_asked().await;
+        if let Some(error) = self.script.ack_errors.lock().unwrap().pop_front() {
+            return Err(error);
+        }
         self.script.acks.lock().unwrap().push(tokens.to_vec());
         Ok(())
     }

@@ -1,4 +1,7 @@
-//! The receiver of one Redis queue: a consumer-group reader.
+//! The receiver of one Redis queue: a consumer-group reader. A fenced one
+//! (its agent's lease token) acks, trims, claims and takes new entries
+//! through the scripts of `fence.rs`, so a paused old owner does none of
+//! these once a newer lease was granted.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,6 +12,7 @@ use redis::aio::ConnectionManager;
 use redis::streams::{StreamAutoClaimReply, StreamRangeReply, StreamReadReply};
 
 use super::entry::decode_entry;
+use super::fence::{self, Fence, NewEntries};
 use super::{NAME, RedisCheckpointer, RedisOptions, TrimPolicy, backend};
 use crate::checkpoint::{CheckpointError, Checkpointer};
 use crate::queue::{QueueError, QueueId, QueueReceiver};
@@ -37,6 +41,7 @@ pub(crate) struct RedisReceiver {
     last_trim: Instant,
     shut_down: bool,
     raise_last_id: redis::Script,
+    fence: Option<Fence>,
 }
 
 impl RedisReceiver {
@@ -47,6 +52,7 @@ impl RedisReceiver {
         options: RedisOptions,
         consumer: String,
         checkpointer: Arc<RedisCheckpointer>,
+        fence: Option<(u64, String)>,
     ) -> Self {
         Self {
             queue,
@@ -60,6 +66,7 @@ impl RedisReceiver {
             last_trim: Instant::now(),
             shut_down: false,
             raise_last_id: redis::Script::new(RAISE_LAST_ID),
+            fence: fence.map(|(token, key)| Fence::new(token, key)),
         }
     }
 
@@ -81,26 +88,44 @@ impl RedisReceiver {
         out
     }
 
-    /// Trims the stream up to the stored checkpoint, now and then.
-    async fn trim(&mut self) {
+    /// Trims the stream up to the stored checkpoint, now and then. Fails
+    /// only when the fence refused it.
+    async fn trim(&mut self) -> Result<(), QueueError> {
         if self.options.trim == TrimPolicy::Never || self.last_trim.elapsed() < self.options.trim_every {
-            return;
+            return Ok(());
         }
         self.last_trim = Instant::now();
-        let Ok(Some(checkpoint)) = self.checkpointer.load(self.queue).await else { return };
-        let trimmed: Result<u64, _> = redis::cmd("XTRIM")
-            .arg(&self.key)
-            .arg("MINID")
-            .arg(checkpoint.to_string())
-            .query_async(&mut self.conn)
-            .await;
+        let Ok(Some(checkpoint)) = self.checkpointer.load(self.queue).await else { return Ok(()) };
+        let trimmed: Result<u64, _> = match &self.fence {
+            Some(fence) => fence.trim(&mut self.conn, &self.key, &checkpoint.to_string()).await,
+            None => {
+                redis::cmd("XTRIM")
+                    .arg(&self.key)
+                    .arg("MINID")
+                    .arg(checkpoint.to_string())
+                    .query_async(&mut self.conn)
+                    .await
+            }
+        };
         match trimmed {
             Ok(n) if n > 0 => {
                 tracing::debug!(queue = %self.queue, removed = n, %checkpoint, "stream trimmed up to the checkpoint")
             }
             Ok(_) => {}
+            Err(error) if fence::is_refusal(&error) => return Err(self.refusal("trim", &error)),
             Err(error) => tracing::warn!(queue = %self.queue, %error, "XTRIM failed"),
         }
+        Ok(())
+    }
+
+    /// A refusal of the fence (there is one if Redis refused).
+    fn refusal(&self, kind: &'static str, error: &redis::RedisError) -> QueueError {
+        fence::queue_refusal(kind, self.queue, self.fence.as_ref().map_or(0, |f| f.token), error)
+    }
+
+    /// A failed read as a queue error.
+    fn read_error(&self, (error, doing): (redis::RedisError, &'static str)) -> QueueError {
+        if fence::is_refusal(&error) { self.refusal("read", &error) } else { backend(&error, doing) }
     }
 }
 
@@ -119,34 +144,38 @@ impl QueueReceiver for RedisReceiver {
 
     async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
         self.check()?;
-        match self.read_entries(max).await {
-            Err((error, _)) if error.code() == Some("NOGROUP") => {
-                // The stream key vanished (deleted, or a Redis that lost its
-                // data) and took the group with it; producers may already
-                // be appending to a new stream. Without a group nothing is
-                // ever read again: create it and read the new stream from
-                // its start.
-                tracing::warn!(queue = %self.queue, key = %self.key, %error,
-                    "the consumer group is gone; creating it again and reading the stream from its start");
-                self.claim_everything().await?;
-                self.read_entries(max).await.map_err(|(error, doing)| backend(&error, doing))
-            }
-            result => result.map_err(|(error, doing)| backend(&error, doing)),
+        let read = self.read_batch(max).await?;
+        // Nothing new: time to trim (a refusal fails the read).
+        if read.is_empty() {
+            self.trim().await?;
         }
+        Ok(read)
     }
 
     async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
         if tokens.is_empty() {
             return Ok(());
         }
-        let mut cmd = redis::cmd("XACK");
-        cmd.arg(&self.key).arg(&self.options.group);
-        for token in tokens {
-            cmd.arg(token.to_string());
+        let acked: Result<u64, _> = match &self.fence {
+            Some(fence) => {
+                let ids = tokens.iter().map(|t| t.to_string());
+                fence.ack(&mut self.conn, &self.key, &self.options.group, ids).await
+            }
+            None => {
+                let mut cmd = redis::cmd("XACK");
+                cmd.arg(&self.key).arg(&self.options.group);
+                for token in tokens {
+                    cmd.arg(token.to_string());
+                }
+                cmd.query_async(&mut self.conn).await
+            }
+        };
+        match acked {
+            Err(error) if fence::is_refusal(&error) => return Err(self.refusal("ack", &error)),
+            Err(error) => return Err(backend(&error, "acking")),
+            Ok(_) => {}
         }
-        let _: u64 = cmd.query_async(&mut self.conn).await.map_err(|e| backend(&e, "acking"))?;
-        self.trim().await;
-        Ok(())
+        self.trim().await
     }
 
     /// Dead-lettered entries are acked: their copy is in the sink, and the
@@ -179,6 +208,25 @@ impl QueueReceiver for RedisReceiver {
 }
 
 impl RedisReceiver {
+    /// One read, creating the consumer group again if it vanished.
+    async fn read_batch(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        match self.read_entries(max).await {
+            Err((error, _)) if fence::is_no_group(&error) => {
+                // The stream key vanished (deleted, or a Redis that lost its
+                // data) and took the group with it; producers may already
+                // be appending to a new stream. Without a group nothing is
+                // ever read again: create it and read the new stream from
+                // its start.
+                tracing::warn!(queue = %self.queue, key = %self.key, %error,
+                    "the consumer group is gone; creating it again and reading the stream from its start");
+                self.claim_everything().await?;
+                let read = self.read_entries(max).await;
+                read.map_err(|error| self.read_error(error))
+            }
+            result => result.map_err(|error| self.read_error(error)),
+        }
+    }
+
     /// Reads this consumer's pending entries first (after a start or a
     /// lost reply), then new ones.
     async fn read_entries(
@@ -214,6 +262,9 @@ impl RedisReceiver {
         // the next read starts with our pending entries after the last one
         // we saw, so none is stranded.
         self.phase = Phase::Pending(self.last_read.clone().unwrap_or_else(|| "0".into()));
+        if self.fence.is_some() {
+            return self.read_new_fenced(max).await;
+        }
         let reply: Result<Option<StreamReadReply>, redis::RedisError> = redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg(&self.options.group)
@@ -233,8 +284,41 @@ impl RedisReceiver {
         if let Some(last) = entries.last() {
             self.last_read = Some(last.id.clone());
         }
-        if entries.is_empty() {
-            self.trim().await;
+        Ok(self.containers(entries))
+    }
+
+    /// New entries through the fence: a script takes them (scripts cannot
+    /// block); when there are none, a plain `XREAD BLOCK` (which takes
+    /// nothing) waits for newer ones, and the script runs once more.
+    async fn read_new_fenced(
+        &mut self,
+        max: usize,
+    ) -> Result<Vec<Arc<BatchContainer>>, (redis::RedisError, &'static str)> {
+        let Some(fence) = &self.fence else { return Ok(Vec::new()) };
+        let (group, consumer, count) = (&self.options.group, &self.consumer, max.max(1));
+        let mut found = fence.read_new(&mut self.conn, &self.key, group, consumer, count).await;
+        if let Ok(NewEntries::None { last_id }) = &found {
+            let waited: Result<redis::Value, _> = redis::cmd("XREAD")
+                .arg("COUNT")
+                .arg(1)
+                .arg("BLOCK")
+                .arg(self.options.block.as_millis() as u64)
+                .arg("STREAMS")
+                .arg(&self.key)
+                .arg(last_id)
+                .query_async(&mut self.conn)
+                .await;
+            if matches!(waited, Ok(redis::Value::Array(_) | redis::Value::Map(_))) {
+                found = fence.read_new(&mut self.conn, &self.key, group, consumer, count).await;
+            }
+        }
+        let entries = match found.map_err(|error| (error, "reading"))? {
+            NewEntries::Some(entries) => entries,
+            NewEntries::None { .. } => Vec::new(),
+        };
+        self.phase = Phase::New;
+        if let Some(last) = entries.last() {
+            self.last_read = Some(last.id.clone());
         }
         Ok(self.containers(entries))
     }
@@ -291,18 +375,29 @@ impl RedisReceiver {
         self.keep_new_ids_past_what_was_seen().await?;
         let mut start = "0-0".to_string();
         loop {
-            let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
-                .arg(&self.key)
-                .arg(&self.options.group)
-                .arg(&self.consumer)
-                .arg(0)
-                .arg(&start)
-                .arg("COUNT")
-                .arg(1000)
-                .arg("JUSTID")
-                .query_async(&mut self.conn)
-                .await
-                .map_err(|e| backend(&e, "claiming pending entries"))?;
+            let claimed: Result<StreamAutoClaimReply, _> = match &self.fence {
+                Some(fence) => {
+                    fence.claim(&mut self.conn, &self.key, &self.options.group, &self.consumer, &start).await
+                }
+                None => {
+                    redis::cmd("XAUTOCLAIM")
+                        .arg(&self.key)
+                        .arg(&self.options.group)
+                        .arg(&self.consumer)
+                        .arg(0)
+                        .arg(&start)
+                        .arg("COUNT")
+                        .arg(1000)
+                        .arg("JUSTID")
+                        .query_async(&mut self.conn)
+                        .await
+                }
+            };
+            let reply = match claimed {
+                Err(error) if fence::is_refusal(&error) => return Err(self.refusal("claim", &error)),
+                Err(error) => return Err(backend(&error, "claiming pending entries")),
+                Ok(reply) => reply,
+            };
             if reply.next_stream_id == "0-0" {
                 break;
             }

@@ -4,25 +4,30 @@
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 
+use super::fence;
 use crate::checkpoint::{CheckpointError, Checkpointer};
 use crate::pubsub::{PubSubError, PubSubStore, Subscription, SubscriptionId, SubscriptionState};
 use crate::queue::QueueId;
 use crate::stream::{SequenceToken, StreamId};
 
-/// Checkpoints as strings at `{prefix}:checkpoint:q{n}`.
+/// Checkpoints as strings at `{prefix}:{qn}:checkpoint` (under the queue's
+/// hash tag; see `fence.rs`). A fenced save checks the queue's fencing
+/// counter in the same script as its `SET`.
 pub struct RedisCheckpointer {
     conn: ConnectionManager,
     prefix: String,
+    save_fenced: redis::Script,
 }
 
 impl RedisCheckpointer {
     /// Over an existing connection.
     pub fn new(conn: ConnectionManager, prefix: &str) -> Self {
-        Self { conn, prefix: prefix.to_string() }
+        Self { conn, prefix: prefix.to_string(), save_fenced: fence::script(fence::SAVE) }
     }
 
-    fn key(&self, queue: QueueId) -> String {
-        format!("{}:checkpoint:{queue}", self.prefix)
+    /// The checkpoint key of `queue`.
+    pub fn key(&self, queue: QueueId) -> String {
+        fence::checkpoint_key(&self.prefix, queue)
     }
 }
 
@@ -53,6 +58,25 @@ impl Checkpointer for RedisCheckpointer {
             .query_async::<()>(&mut conn)
             .await
             .map_err(|e| CheckpointError::Backend(format!("redis SET {}: {e}", self.key(queue))))
+    }
+
+    async fn save_fenced(&self, queue: QueueId, token: SequenceToken, fence: u64) -> Result<(), CheckpointError> {
+        let saved: Result<i64, _> = self
+            .save_fenced
+            .key(self.key(queue))
+            .key(fence::fence_key(&self.prefix, queue))
+            .arg(fence)
+            .arg(token.to_string())
+            .invoke_async(&mut self.conn.clone())
+            .await;
+        match saved {
+            Ok(_) => Ok(()),
+            Err(error) if fence::is_refusal(&error) => {
+                fence::refused("checkpoint", queue, fence, &error);
+                Err(CheckpointError::Fenced { queue, token: fence })
+            }
+            Err(e) => Err(CheckpointError::Backend(format!("redis fenced SET {}: {e}", self.key(queue)))),
+        }
     }
 }
 
