@@ -62,10 +62,13 @@ impl Tasks {
     {
         *self.running.lock().entry(kind).or_default() += 1;
         let counted = Counted { kind, running: self.running.clone() };
-        self.tracker.spawn(async move {
-            let _counted = counted;
-            future.await
-        })
+        // Not `async move { future.await }`: such a block stores the future
+        // twice (as captured, and as awaited), which doubled every
+        // connection's task. The guard goes when the task ends or is dropped.
+        self.tracker.spawn(futures::FutureExt::map(future, move |output| {
+            drop(counted);
+            output
+        }))
     }
 
     /// Tasks of this set running now.
