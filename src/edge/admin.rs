@@ -1,0 +1,110 @@
+//! The admin API, under `/api/v1/admin/` and behind the `admin` scope:
+//! `GET /api/v1/admin/cluster` answers the cluster as this node sees it:
+//! its live members (from Redis membership, or only itself) and, per queue,
+//! who holds its lease, with which fencing token, for how much longer, and
+//! the queue's stored checkpoint.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::auth;
+use super::problem::{ApiError, problem};
+use crate::checkpoint::Checkpointer;
+use crate::cluster::{NodeId, QueueLeases, RedisMembership};
+use crate::config::AuthOptions;
+use crate::stream::QueueId;
+
+/// What the admin API reads the cluster from.
+pub struct ClusterView {
+    /// This node.
+    pub me: NodeId,
+    /// Membership in Redis, when the node runs in a multi-process cluster;
+    /// otherwise the node reports only itself.
+    pub membership: Option<RedisMembership>,
+    /// The queue leases the node's manager uses.
+    pub leases: Arc<dyn QueueLeases>,
+    /// Where the queues' checkpoints are stored.
+    pub checkpointer: Arc<dyn Checkpointer>,
+    /// Every queue of the cluster (`queues.count`).
+    pub queues: Vec<QueueId>,
+}
+
+/// One member, as `GET /api/v1/admin/cluster` reports it.
+#[derive(Serialize)]
+struct MemberJson {
+    name: String,
+    incarnation: Option<String>,
+    advertise: Option<String>,
+    /// `started` or `stopped`.
+    agents: &'static str,
+}
+
+/// One queue, as `GET /api/v1/admin/cluster` reports it.
+#[derive(Serialize)]
+struct QueueJson {
+    queue: u32,
+    holder: Option<String>,
+    token: Option<u64>,
+    expires_in_ms: Option<u64>,
+    checkpoint: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ClusterJson {
+    node: String,
+    members: Vec<MemberJson>,
+    queues: Vec<QueueJson>,
+}
+
+/// The admin routes over `view`, behind the `admin` scope of `auth`.
+pub fn admin_router(auth: &AuthOptions, view: ClusterView) -> Router {
+    Router::new()
+        .route("/api/v1/admin/cluster", get(cluster))
+        .layer(axum::middleware::from_fn_with_state(auth::Auth::new(auth), auth::require_admin))
+        .with_state(Arc::new(view))
+}
+
+fn unavailable(what: &str, error: impl std::fmt::Display) -> ApiError {
+    problem(StatusCode::SERVICE_UNAVAILABLE, format!("cannot read {what}: {error}"))
+}
+
+async fn cluster(State(view): State<Arc<ClusterView>>) -> Result<Json<ClusterJson>, ApiError> {
+    let members = match &view.membership {
+        Some(membership) => membership
+            .members()
+            .await
+            .map_err(|e| unavailable("the members", e))?
+            .into_iter()
+            .map(|m| MemberJson {
+                name: m.name.to_string(),
+                incarnation: Some(m.incarnation),
+                advertise: Some(m.advertise),
+                agents: if m.agents_started { "started" } else { "stopped" },
+            })
+            .collect(),
+        None => vec![MemberJson { name: view.me.to_string(), incarnation: None, advertise: None, agents: "started" }],
+    };
+    let leases = view.leases.holders(&view.queues).await.map_err(|e| unavailable("the queue leases", e))?;
+    let now = Instant::now();
+    let mut queues = Vec::with_capacity(view.queues.len());
+    for queue in &view.queues {
+        let lease = leases.iter().find(|l| l.queue == *queue);
+        let checkpoint = view.checkpointer.load(*queue).await.map_err(|e| unavailable("a checkpoint", e))?;
+        queues.push(QueueJson {
+            queue: queue.0,
+            holder: lease.map(|l| l.holder.to_string()),
+            token: lease.map(|l| l.token),
+            expires_in_ms: lease
+                .map(|l| u64::try_from(l.expires_at.saturating_duration_since(now).as_millis()).unwrap_or(u64::MAX)),
+            checkpoint: checkpoint.map(|token| token.to_string()),
+        });
+    }
+    Ok(Json(ClusterJson { node: view.me.to_string(), members, queues }))
+}
