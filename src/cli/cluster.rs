@@ -82,6 +82,23 @@ pub async fn others_after_ttl(
     }
 }
 
+/// Deletes this process's member key, retrying a few times (a connection
+/// cut by a Redis restart is re-made on the next command). Best effort: a
+/// key left behind lapses within `membership.ttl`, so a failure is logged,
+/// not returned.
+pub async fn leave(membership: &RedisMembership) {
+    const ATTEMPTS: u32 = 3;
+    for attempt in 1..=ATTEMPTS {
+        match membership.leave().await {
+            Ok(()) => return,
+            Err(error) if attempt == ATTEMPTS => {
+                tracing::warn!(%error, "cannot delete the member key; it lapses within membership.ttl")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
 /// `a`, `b` (advertising …): for a refusal's message.
 pub fn names(members: &[Member]) -> String {
     members.iter().map(|m| format!("`{}` (advertising {})", m.name, m.advertise)).collect::<Vec<_>>().join(", ")

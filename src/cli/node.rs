@@ -52,11 +52,9 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         run_node(&config, store, backend, metrics, signals, plan).await
     }
     .await;
-    // Idempotent: the heartbeat already left if it ran.
-    let left = membership.leave().await;
-    ran?;
-    left.context("leaving the Redis membership")?;
-    Ok(())
+    // Idempotent: the heartbeat already left if it ran and reached Redis.
+    cluster::leave(&membership).await;
+    ran
 }
 
 /// Reads the config; refuses what a node of several cannot run on. Without

@@ -66,7 +66,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     .await;
     if let Some(alone) = alone {
-        alone.leave().await.context("leaving the Redis membership")?;
+        cluster::leave(&alone).await;
     }
     drop(owner);
     served
@@ -81,7 +81,7 @@ async fn join_alone(config: &tailrace::config::Config) -> anyhow::Result<RedisMe
     if others.is_empty() {
         return Ok(joined.membership);
     }
-    joined.membership.leave().await?;
+    cluster::leave(&joined.membership).await;
     anyhow::bail!(
         "another process is a live member on Redis {} under the key prefix `{}`: {}; `tailrace serve` pulls every \
          queue and must run alone on its Redis; run every process as `tailrace node --config FILE` to share the queues",
@@ -105,7 +105,8 @@ pub(super) struct Plan {
 }
 
 /// Runs the node and its edge until Ctrl-C or SIGTERM (or until its member
-/// key is taken over), then hands every queue over in order.
+/// key is taken over), then hands every queue over in order. The caller
+/// deletes the member key (again) once this returns.
 pub(super) async fn run_node(
     config: &tailrace::config::Config,
     store: Arc<dyn tailrace::archive::RunLogStore>,
@@ -203,8 +204,13 @@ pub(super) async fn run_node(
     let _ = server.await;
     let _ = retention.await;
     member_stop.cancel();
+    // Its leave may fail (Redis restarting): the caller leaves again.
     if let Some(task) = heartbeat {
-        task.await.context("the membership heartbeat failed")?.context("leaving the Redis membership")?;
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "the membership heartbeat could not leave"),
+            Err(error) => tracing::warn!(%error, "the membership heartbeat failed"),
+        }
     }
     outcome
 }

@@ -108,3 +108,75 @@ async fn cluster(State(view): State<Arc<ClusterView>>) -> Result<Json<ClusterJso
     }
     Ok(Json(ClusterJson { node: view.me.to_string(), members, queues }))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::checkpoint::MemoryCheckpointer;
+    use crate::cluster::MemoryLeases;
+    use crate::config::{Scope, TokenEntry};
+    use crate::stream::SequenceToken;
+
+    const ADMIN: &str = "admin-token-0123456789";
+    const READER: &str = "read-token-0123456789";
+
+    async fn view() -> ClusterView {
+        let leases = Arc::new(MemoryLeases::new());
+        leases.acquire(QueueId(1), &NodeId::new("n2"), Duration::from_secs(8)).await.unwrap();
+        let checkpointer = Arc::new(MemoryCheckpointer::new());
+        checkpointer.save(QueueId(1), SequenceToken { major: 7, minor: 0 }).await.unwrap();
+        ClusterView {
+            me: NodeId::new("n1"),
+            membership: None,
+            leases,
+            checkpointer,
+            queues: vec![QueueId(0), QueueId(1)],
+        }
+    }
+
+    async fn get(router: Router, token: Option<&str>) -> (StatusCode, serde_json::Value) {
+        let mut request = Request::get("/api/v1/admin/cluster");
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let response = router.oneshot(request.body(Body::empty()).unwrap()).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_cluster_needs_the_admin_scope_once_tokens_are_configured() {
+        let auth = AuthOptions {
+            tokens: vec![
+                TokenEntry { token: ADMIN.into(), scopes: vec![Scope::Admin] },
+                TokenEntry { token: READER.into(), scopes: vec![Scope::Read, Scope::Write] },
+            ],
+        };
+        assert_eq!(get(admin_router(&auth, view().await), None).await.0, StatusCode::UNAUTHORIZED);
+        let (status, body) = get(admin_router(&auth, view().await), Some(READER)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(body["message"].as_str().unwrap().contains("admin"), "{body}");
+        let (status, body) = get(admin_router(&auth, view().await), Some(ADMIN)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["members"][0]["name"], "n1");
+        assert_eq!(body["queues"][0]["holder"], serde_json::Value::Null);
+        assert_eq!(body["queues"][1]["holder"], "n2");
+        assert_eq!(body["queues"][1]["token"], 1);
+        assert!(body["queues"][1]["expires_in_ms"].as_u64().unwrap() <= 8000);
+        assert!(body["queues"][1]["checkpoint"].is_string(), "{body}");
+    }
+
+    #[tokio::test]
+    async fn without_tokens_the_cluster_is_open() {
+        let (status, body) = get(admin_router(&AuthOptions::default(), view().await), None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["node"], "n1");
+    }
+}
