@@ -288,3 +288,38 @@ fn node_refuses_queues_or_an_archive_that_are_not_in_redis() {
         assert!(log.contains(needs), "{log}");
     }
 }
+
+/// `tailrace agents …` against a node's edge; its exit status and output.
+fn agents(node: &Proc, args: &[&str]) -> (bool, String) {
+    let url = format!("http://127.0.0.1:{}", node.port);
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_tailrace")).arg("agents").args(args).args(["--url", &url]).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_a_nodes_agents_hands_its_queues_to_the_others_until_they_start_again() {
+    let server = RedisServer::start();
+    let mut conn = redis(&server).await;
+    let n1 = Proc::node(&server, "n1");
+    let n2 = Proc::node(&server, "n2");
+    settle(&n1, &[("n1", 3), ("n2", 3)]).await;
+
+    let (ok, out) = agents(&n2, &["stop"]);
+    assert!(ok && out.contains("agents_stopped"), "{out}");
+    let held = settle(&n1, &[("n1", 6)]).await;
+    leases_in_redis_match(&mut conn, &held).await;
+    let cluster = n1.cluster().await.unwrap();
+    let n2_member = cluster["members"].as_array().unwrap().iter().find(|m| m["name"] == "n2").cloned();
+    assert_eq!(n2_member.map(|m| m["agents"].clone()), Some(Value::from("stopped")), "{cluster}");
+    let (ok, out) = agents(&n2, &["state"]);
+    assert!(ok && out.contains("agents_stopped") && out.contains("0 agent"), "{out}");
+
+    let (ok, out) = agents(&n2, &["start", "--node", "n1"]);
+    assert!(!ok && out.contains("`n2`"), "a call for another node must be refused: {out}");
+    let (ok, out) = agents(&n2, &["start"]);
+    assert!(ok && out.contains("agents_started"), "{out}");
+    let held = settle(&n2, &[("n1", 3), ("n2", 3)]).await;
+    leases_in_redis_match(&mut conn, &held).await;
+}

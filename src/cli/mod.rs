@@ -1,5 +1,6 @@
 //! The `tailrace` command line.
 
+pub mod agents;
 pub mod bench;
 pub mod cluster;
 pub mod demo;

@@ -118,15 +118,12 @@ pub(super) async fn run_node(
     let me = NodeId::new(config.node.name.clone());
     let archiver = Archiver::new(store.clone());
     let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, archiver.clone());
-    let view = ClusterView {
-        me: me.clone(),
-        membership: plan.membership.clone(),
-        leases: plan.leases.clone(),
-        checkpointer: backend.factory.create_checkpointer().await?,
-        queues: backend.factory.queue_mapper().all_queues(),
-    };
-    let mut builder =
-        Node::builder(me.clone(), backend.factory).config(config.clone()).implicit(implicit).leases(plan.leases);
+    let checkpointer = backend.factory.create_checkpointer().await?;
+    let queues = backend.factory.queue_mapper().all_queues();
+    let mut builder = Node::builder(me.clone(), backend.factory)
+        .config(config.clone())
+        .implicit(implicit)
+        .leases(plan.leases.clone());
     if let Some(pubsub) = backend.store {
         builder = builder.store(pubsub);
     }
@@ -141,6 +138,14 @@ pub(super) async fn run_node(
         tokio::spawn(membership.run(stop).instrument(tracing::info_span!("membership", node = %me)))
     });
     let node = Arc::new(builder.start().await?);
+    let view = ClusterView {
+        me: me.clone(),
+        membership: plan.membership.clone(),
+        leases: plan.leases.clone(),
+        checkpointer,
+        queues,
+        node: Some(node.clone()),
+    };
     let stop = CancellationToken::new();
     let retention = tailrace::archive::Retention::spawn(store.clone(), config.archive.retention.clone(), stop.clone());
     let logs = LogEdge::new(node.clone(), archiver, config.edge.clone(), stop.clone());

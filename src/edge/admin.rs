@@ -2,16 +2,20 @@
 //! `GET /api/v1/admin/cluster` answers the cluster as this node sees it:
 //! its live members (from Redis membership, or only itself) and, per queue,
 //! who holds its lease, with which fencing token, for how much longer, and
-//! the queue's stored checkpoint.
+//! the queue's stored checkpoint. `GET /api/v1/admin/agents` and `POST
+//! /api/v1/admin/agents/start|stop` read and switch this node's agents
+//! (`?node=` must name this node: edges do not forward to each other yet);
+//! stopped, the node is published as such in Redis and the other nodes
+//! take its queues.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::routing::get;
-use serde::Serialize;
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::auth;
@@ -19,6 +23,8 @@ use super::problem::{ApiError, problem};
 use crate::checkpoint::Checkpointer;
 use crate::cluster::{NodeId, QueueLeases, RedisMembership};
 use crate::config::AuthOptions;
+use crate::manager::RunState;
+use crate::node::Node;
 use crate::stream::QueueId;
 
 /// What the admin API reads the cluster from.
@@ -34,6 +40,9 @@ pub struct ClusterView {
     pub checkpointer: Arc<dyn Checkpointer>,
     /// Every queue of the cluster (`queues.count`).
     pub queues: Vec<QueueId>,
+    /// The node whose agents `…/agents` reads and switches (none: those
+    /// routes answer 503).
+    pub node: Option<Arc<Node>>,
 }
 
 /// One member, as `GET /api/v1/admin/cluster` reports it.
@@ -67,12 +76,89 @@ struct ClusterJson {
 pub fn admin_router(auth: &AuthOptions, view: ClusterView) -> Router {
     Router::new()
         .route("/api/v1/admin/cluster", get(cluster))
+        .route("/api/v1/admin/agents", get(agents))
+        .route("/api/v1/admin/agents/start", post(start_agents))
+        .route("/api/v1/admin/agents/stop", post(stop_agents))
         .layer(axum::middleware::from_fn_with_state(auth::Auth::new(auth), auth::require_admin))
         .with_state(Arc::new(view))
 }
 
 fn unavailable(what: &str, error: impl std::fmt::Display) -> ApiError {
     problem(StatusCode::SERVICE_UNAVAILABLE, format!("cannot read {what}: {error}"))
+}
+
+/// `?node=`: which node an agents call is for.
+#[derive(Deserialize)]
+struct Target {
+    node: Option<String>,
+}
+
+/// This node's agents, as `…/agents` reports them.
+#[derive(Serialize)]
+struct AgentsJson {
+    node: String,
+    /// `initialized`, `agents_started` or `agents_stopped`.
+    state: RunState,
+    /// Agents running now.
+    running: usize,
+}
+
+/// The node an agents call may act on: this one.
+fn local<'a>(view: &'a ClusterView, target: &Target) -> Result<&'a Arc<Node>, ApiError> {
+    if let Some(node) = target.node.as_deref()
+        && node != view.me.as_str()
+    {
+        return Err(problem(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "this edge is node `{}`; send the call to node `{node}`'s own edge (edges do not forward yet)",
+                view.me
+            ),
+        ));
+    }
+    view.node.as_ref().ok_or_else(|| problem(StatusCode::SERVICE_UNAVAILABLE, "no node behind this edge"))
+}
+
+async fn agents_json(view: &ClusterView, node: &Node) -> Result<Json<AgentsJson>, ApiError> {
+    let state = node.agents_state().await.map_err(|e| unavailable("the agents' state", e))?;
+    let running = node.running_agents().await.map_err(|e| unavailable("the running agents", e))?;
+    Ok(Json(AgentsJson { node: view.me.to_string(), state, running }))
+}
+
+async fn agents(
+    State(view): State<Arc<ClusterView>>,
+    Query(target): Query<Target>,
+) -> Result<Json<AgentsJson>, ApiError> {
+    agents_json(&view, local(&view, &target)?).await
+}
+
+/// Starts the agents, and publishes it so the others balance queues here.
+async fn start_agents(
+    State(view): State<Arc<ClusterView>>,
+    Query(target): Query<Target>,
+) -> Result<Json<AgentsJson>, ApiError> {
+    let node = local(&view, &target)?;
+    if let Some(membership) = &view.membership {
+        membership.set_agents_started(true);
+    }
+    node.start_agents().await.map_err(|e| unavailable("the agents (start)", e))?;
+    tracing::info!(node = %view.me, "agents started by the admin API");
+    agents_json(&view, node).await
+}
+
+/// Stops the agents (each hands its queue over in order), and publishes it
+/// so the others take the queues.
+async fn stop_agents(
+    State(view): State<Arc<ClusterView>>,
+    Query(target): Query<Target>,
+) -> Result<Json<AgentsJson>, ApiError> {
+    let node = local(&view, &target)?;
+    if let Some(membership) = &view.membership {
+        membership.set_agents_started(false);
+    }
+    node.stop_agents().await.map_err(|e| unavailable("the agents (stop)", e))?;
+    tracing::info!(node = %view.me, "agents stopped by the admin API");
+    agents_json(&view, node).await
 }
 
 async fn cluster(State(view): State<Arc<ClusterView>>) -> Result<Json<ClusterJson>, ApiError> {
@@ -137,6 +223,7 @@ mod tests {
             leases,
             checkpointer,
             queues: vec![QueueId(0), QueueId(1)],
+            node: None,
         }
     }
 
@@ -178,5 +265,15 @@ mod tests {
         let (status, body) = get(admin_router(&AuthOptions::default(), view().await), None).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(body["node"], "n1");
+    }
+
+    #[tokio::test]
+    async fn agents_calls_are_for_this_node_only() {
+        let router = admin_router(&AuthOptions::default(), view().await);
+        let request = Request::post("/api/v1/admin/agents/stop?node=n2").body(Body::empty()).unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        let request = Request::get("/api/v1/admin/agents").body(Body::empty()).unwrap();
+        assert_eq!(router.oneshot(request).await.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 }
