@@ -1,14 +1,15 @@
 //! The HTTP edge of a node: `GET /metrics` (Prometheus text format),
 //! `GET /healthz`, and the log path: ingest, the SSE live tail (one tailer
 //! per watched run, shared by its viewers), the paginated and download
-//! endpoints, listings and the viewer page at `/`. `docs/sse.md` is the
-//! protocol.
+//! endpoints, listings and the viewer page at `/`; the admin API
+//! ([`admin_router`]). `docs/sse.md` is the protocol.
 //!
 //! Every task the edge spawns (one per accepted connection, one per tailer
 //! and per tailer's unsubscribe) belongs to its
 //! [`Tasks`]; the server task returned by [`serve`] and [`LogEdge::serve`]
 //! ends only once they all ended, or [`STOP_TIMEOUT`] after its stop.
 
+mod admin;
 mod auth;
 mod body;
 mod direct;
@@ -36,6 +37,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
 pub use crate::config::{AuthOptions, EdgeOptions, LogStreamSettings, Scope, TokenEntry};
+pub use admin::{ClusterView, admin_router};
 pub use auth::check_listen;
 pub use frames::{BYTES_MESSAGE, DURATION_MESSAGE, EndReason, IDLE_MESSAGE, TOO_MANY_RUNS, TOO_MANY_VIEWERS};
 

@@ -30,6 +30,11 @@ enum Command {
     /// One node on the embedded file adapter with its HTTP edge, until
     /// Ctrl-C.
     Serve(cli::serve::ServeArgs),
+    /// One node of a multi-process cluster on Redis (queues, archive,
+    /// leases, membership) with its HTTP edge, until SIGTERM or Ctrl-C.
+    Node(cli::node::NodeArgs),
+    /// Start, stop or read a running node's pulling agents (admin API).
+    Agents(cli::agents::AgentsArgs),
     /// Send log lines from standard input to a run on a running edge.
     Produce(cli::produce::ProduceArgs),
     /// Follow a run's log from the terminal, resuming across disconnects.
@@ -81,6 +86,8 @@ fn main() -> anyhow::Result<()> {
         match args.command {
             Command::Demo(demo) => cli::demo::run(demo).await,
             Command::Serve(serve) => cli::serve::run(serve).await,
+            Command::Node(node) => cli::node::run(node).await,
+            Command::Agents(args) => cli::agents::run(args).await,
             Command::Produce(args) => cli::produce::run(args).await,
             Command::Tail(args) => cli::tail::run(args).await,
             Command::BenchClient(args) => cli::bench::sse_client::run(args).await,

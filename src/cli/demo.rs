@@ -73,7 +73,7 @@ impl StreamConsumer for LastLine {
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let config = super::node_config(args.config.as_ref(), &args.data_dir, args.listen)?;
+    let config = super::node_config(args.config.as_ref(), &args.data_dir, Some(args.listen))?;
     let mut signals = super::StopSignal::install()?;
     // Held until the process ends: what a crash left in the queues is ours.
     let owner = DataDirLock::acquire(&args.data_dir)?;

@@ -1,8 +1,11 @@
 //! The `tailrace` command line.
 
+pub mod agents;
 pub mod bench;
+pub mod cluster;
 pub mod demo;
 pub mod handoff;
+pub mod node;
 pub mod pipelines;
 pub mod produce;
 pub mod serve;
@@ -14,15 +17,19 @@ use std::path::{Path, PathBuf};
 use tailrace::config::Config;
 
 /// The config a node command runs with: the file (or the defaults), its
-/// queues and run logs under `data_dir`, and an edge address it may use.
-pub fn node_config(file: Option<&PathBuf>, data_dir: &Path, listen: SocketAddr) -> anyhow::Result<Config> {
+/// queues and run logs under `data_dir`, and an edge address it may use
+/// (`listen`, or else `[edge] listen`).
+pub fn node_config(file: Option<&PathBuf>, data_dir: &Path, listen: Option<SocketAddr>) -> anyhow::Result<Config> {
     let mut config = match file {
         Some(path) => Config::load(path)?,
         None => Config::default(),
     };
     config.adapters.file.dir = data_dir.join("queues");
     config.archive.dir = data_dir.join("runs");
-    tailrace::edge::check_listen(listen, &config.edge.auth).map_err(anyhow::Error::msg)?;
+    if let Some(listen) = listen {
+        config.edge.listen = listen;
+    }
+    tailrace::edge::check_listen(config.edge.listen, &config.edge.auth).map_err(anyhow::Error::msg)?;
     Ok(config)
 }
 

@@ -105,6 +105,11 @@ impl RedisLeases {
         Ok(Self::new(conn, prefix))
     }
 
+    /// Its connection (membership shares it, so both reach the same server).
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
     /// The lease key of `queue`.
     pub fn lease_key(&self, queue: QueueId) -> String {
         format!("{}:lease", queue_tag(&self.prefix, queue))

@@ -118,6 +118,22 @@ impl RedisMembership {
         options: MembershipOptions,
         view: Membership,
     ) -> Result<Self, MembershipError> {
+        Self::join_as(conn, prefix, me, advertise, options, view, true).await
+    }
+
+    /// As [`RedisMembership::join`], with the agents published as
+    /// `agents_started` from the first claim on (`false`: a member the
+    /// others never balance queues to, such as a process that only holds
+    /// its name).
+    pub async fn join_as(
+        conn: ConnectionManager,
+        prefix: &str,
+        me: NodeId,
+        advertise: &str,
+        options: MembershipOptions,
+        view: Membership,
+        agents_started: bool,
+    ) -> Result<Self, MembershipError> {
         let membership = Self {
             inner: Arc::new(Inner {
                 conn,
@@ -126,7 +142,7 @@ impl RedisMembership {
                 incarnation: rand::random::<u64>().to_string(),
                 advertise: advertise.to_string(),
                 options,
-                agents_started: AtomicBool::new(true),
+                agents_started: AtomicBool::new(agents_started),
                 view,
                 claim: redis::Script::new(CLAIM),
                 leave: redis::Script::new(LEAVE),

@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EdgeOptions {
+    /// Where the edge listens (`ip:port`; `tailrace node` binds exactly this
+    /// address, `tailrace serve --listen` overrides it).
+    pub listen: std::net::SocketAddr,
     /// Largest ingest request body, in bytes (larger: 413). At most
     /// `max_total_body_bytes`, and below 4 GiB.
     pub max_body_bytes: usize,
@@ -42,6 +45,7 @@ pub struct EdgeOptions {
 impl Default for EdgeOptions {
     fn default() -> Self {
         Self {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 8585)),
             max_body_bytes: 4 * 1024 * 1024,
             body_timeout_seconds: 30.0,
             max_total_body_bytes: 64 * 1024 * 1024,
@@ -83,6 +87,8 @@ pub enum Scope {
     Read,
     /// Ingest lines and set run states.
     Write,
+    /// The cluster's state and its agents (`/api/v1/admin/…`).
+    Admin,
 }
 
 /// One bearer token.

@@ -1,6 +1,7 @@
-//! Bearer tokens with `read` and `write` scopes (`[edge.auth]`). Reads
-//! (`GET`) need `read`, everything else `write`. Without tokens the API is
-//! open, and [`check_listen`] keeps the edge on loopback.
+//! Bearer tokens with `read`, `write` and `admin` scopes (`[edge.auth]`).
+//! On the log path reads (`GET`) need `read`, everything else `write`;
+//! everything under `/api/v1/admin/` needs `admin`. Without tokens the API
+//! is open, and [`check_listen`] keeps the edge on loopback.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -38,7 +39,8 @@ pub fn check_listen(addr: SocketAddr, options: &AuthOptions) -> Result<(), Strin
     }
     if options.tokens.iter().any(|t| t.scopes.is_empty()) {
         return Err(
-            "every [edge.auth] token needs at least one scope (scopes = [\"read\"], [\"write\"] or both)".into()
+            "every [edge.auth] token needs at least one scope (scopes = [\"read\"], [\"write\"], [\"admin\"] or several)"
+                .into()
         );
     }
     Ok(())
@@ -48,10 +50,15 @@ impl Auth {
     /// Whether a request (a read, or a write) with this `Authorization`
     /// header may go on.
     pub(crate) fn check(&self, read: bool, authorization: Option<&str>) -> Result<(), ApiError> {
+        self.check_scope(if read { Scope::Read } else { Scope::Write }, authorization)
+    }
+
+    /// Whether a request needing `needed` with this `Authorization` header
+    /// may go on.
+    pub(crate) fn check_scope(&self, needed: Scope, authorization: Option<&str>) -> Result<(), ApiError> {
         if self.tokens.is_empty() {
             return Ok(());
         }
-        let needed = if read { Scope::Read } else { Scope::Write };
         let refuse = |status, message: &str| Err(problem(status, message));
         // The scheme is case-insensitive (RFC 9110 §11.1).
         let bearer = authorization
@@ -64,7 +71,11 @@ impl Auth {
         match self.tokens.get(token) {
             None => refuse(StatusCode::UNAUTHORIZED, "unknown bearer token"),
             Some(scopes) if !scopes.contains(&needed) => {
-                let scope = if needed == Scope::Read { "read" } else { "write" };
+                let scope = match needed {
+                    Scope::Read => "read",
+                    Scope::Write => "write",
+                    Scope::Admin => "admin",
+                };
                 refuse(StatusCode::FORBIDDEN, &format!("this token lacks the `{scope}` scope"))
             }
             Some(_) => Ok(()),
@@ -76,6 +87,15 @@ pub(crate) async fn require(State(auth): State<Arc<Auth>>, request: Request, nex
     let read = matches!(*request.method(), Method::GET | Method::HEAD);
     let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     match auth.check(read, authorization) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+/// The `admin` scope, for every request (`/api/v1/admin/…`).
+pub(crate) async fn require_admin(State(auth): State<Arc<Auth>>, request: Request, next: Next) -> Response {
+    let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    match auth.check_scope(Scope::Admin, authorization) {
         Ok(()) => next.run(request).await,
         Err(refusal) => refusal.into_response(),
     }

@@ -1,0 +1,105 @@
+//! Joining the Redis membership from a process: `tailrace node` joins to
+//! share the queues with the other nodes; `tailrace serve` on Redis joins
+//! only to make sure it is alone (it pulls every queue).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use tailrace::cluster::{Member, Membership, MembershipError, NodeId, RedisLeases, RedisMembership};
+use tailrace::config::Config;
+
+/// What a `serve` process advertises: it accepts no node connections, and
+/// `tailrace node` refuses to join next to it.
+pub const SERVE_ADVERTISE: &str = "serve";
+
+/// The leases and membership of a process on the Redis of `[adapters.redis]`
+/// (same server and key prefix as the queues, so the lease tokens fence
+/// the queues' writes).
+pub struct RedisCluster {
+    /// The queue leases.
+    pub leases: RedisLeases,
+    /// This process's member key.
+    pub membership: RedisMembership,
+}
+
+/// Connects and claims `config.node.name`'s member key, with its agents
+/// published as `agents_started` (`false`: the other nodes never balance
+/// queues to it). A name held by
+/// another incarnation is waited for up to one `membership.ttl` (a process
+/// killed with `kill -9` holds it until its key expires); still held after
+/// that, it is refused: another live process runs under that name.
+pub async fn join(
+    config: &Config,
+    advertise: &str,
+    view: Membership,
+    agents_started: bool,
+) -> anyhow::Result<RedisCluster> {
+    let redis = &config.adapters.redis;
+    let leases = RedisLeases::connect(&redis.url, &redis.key_prefix, redis.response_timeout)
+        .await
+        .with_context(|| format!("connecting to Redis at {} for leases and membership", redis.url))?;
+    let me = NodeId::new(config.node.name.clone());
+    let options = config.membership.clone();
+    let deadline = tokio::time::Instant::now() + options.ttl + options.heartbeat;
+    loop {
+        let joined = RedisMembership::join_as(
+            leases.connection(),
+            &redis.key_prefix,
+            me.clone(),
+            advertise,
+            options.clone(),
+            view.clone(),
+            agents_started,
+        )
+        .await;
+        match joined {
+            Ok(membership) => return Ok(RedisCluster { leases, membership }),
+            Err(MembershipError::NameTaken { .. }) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!(node = %me, "node name held by another process; waiting for its key to expire");
+                tokio::time::sleep(options.heartbeat).await;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+/// The live members other than `me` that `refuse` picks, waited for up to
+/// one `membership.ttl` to go (a killed process's key lapses by then).
+pub async fn others_after_ttl(
+    config: &Config,
+    membership: &RedisMembership,
+    refuse: impl Fn(&Member) -> bool,
+) -> anyhow::Result<Vec<Member>> {
+    let me = NodeId::new(config.node.name.clone());
+    let deadline = tokio::time::Instant::now() + config.membership.ttl + config.membership.heartbeat;
+    loop {
+        let others: Vec<Member> =
+            membership.members().await?.into_iter().filter(|m| m.name != me && refuse(m)).collect();
+        if others.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(others);
+        }
+        tokio::time::sleep(config.membership.heartbeat.min(Duration::from_millis(500))).await;
+    }
+}
+
+/// Deletes this process's member key, retrying a few times (a connection
+/// cut by a Redis restart is re-made on the next command). Best effort: a
+/// key left behind lapses within `membership.ttl`, so a failure is logged,
+/// not returned.
+pub async fn leave(membership: &RedisMembership) {
+    const ATTEMPTS: u32 = 3;
+    for attempt in 1..=ATTEMPTS {
+        match membership.leave().await {
+            Ok(()) => return,
+            Err(error) if attempt == ATTEMPTS => {
+                tracing::warn!(%error, "cannot delete the member key; it lapses within membership.ttl")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// `a`, `b` (advertising …): for a refusal's message.
+pub fn names(members: &[Member]) -> String {
+    members.iter().map(|m| format!("`{}` (advertising {})", m.name, m.advertise)).collect::<Vec<_>>().join(", ")
+}

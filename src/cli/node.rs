@@ -1,0 +1,85 @@
+//! `tailrace node --config FILE`: one node of a multi-process cluster. Its
+//! queues, checkpoints, subscriptions and run logs are in Redis; it takes
+//! queue leases in Redis (on the queues' server and key prefix, so their
+//! tokens fence the queues' writes) and keeps a member key there; the lease
+//! balancer (the default here) spreads the queues over the live members.
+//! It serves its edge on `[edge] listen` until SIGTERM or SIGINT, then
+//! leaves in order: out of the others' balancing, every agent hands its
+//! queue over and releases its lease, then its member key is deleted.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tailrace::balancer::BalancerKind;
+use tailrace::cluster::{Membership, QueueLeases};
+use tailrace::config::Config;
+
+use super::cluster::{self, SERVE_ADVERTISE};
+use super::serve::{Plan, run_node};
+
+/// Options of `tailrace node`.
+#[derive(clap::Args, Debug)]
+pub struct NodeArgs {
+    /// The node's TOML config: `[node] name`, Redis queues and archive,
+    /// `[edge] listen`.
+    #[arg(long)]
+    config: PathBuf,
+}
+
+pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
+    let config = load(&args.config)?;
+    tailrace::edge::check_listen(config.edge.listen, &config.edge.auth).map_err(anyhow::Error::msg)?;
+    let signals = super::StopSignal::install()?;
+    let view = Membership::new();
+    let advertise = config.cluster.advertised().to_string();
+    let joined = cluster::join(&config, &advertise, view.clone(), true).await?;
+    let membership = joined.membership.clone();
+    let ran = async {
+        let serving = cluster::others_after_ttl(&config, &membership, |m| m.advertise == SERVE_ADVERTISE).await?;
+        if !serving.is_empty() {
+            anyhow::bail!(
+                "`tailrace serve` runs on this Redis under the same key prefix: {}; it pulls every queue alone, \
+                 stop it first",
+                cluster::names(&serving)
+            );
+        }
+        let metrics = tailrace::edge::install_metrics()?;
+        let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
+        let backend = tailrace::backend::build(&config, None).await.context("opening the queues")?;
+        let leases: Arc<dyn QueueLeases> = Arc::new(joined.leases);
+        let plan = Plan { command: "node", leases, view: Some(view), membership: Some(membership.clone()) };
+        run_node(&config, store, backend, metrics, signals, plan).await
+    }
+    .await;
+    // Idempotent: the heartbeat already left if it ran and reached Redis.
+    cluster::leave(&membership).await;
+    ran
+}
+
+/// Reads the config; refuses what a node of several cannot run on. Without
+/// a `[balancer]` section the balancer is `lease`.
+fn load(path: &std::path::Path) -> anyhow::Result<Config> {
+    let mut config = Config::load(path)?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let table: toml::Table = text.parse().with_context(|| format!("parsing {}", path.display()))?;
+    if !table.contains_key("balancer") {
+        config.balancer = BalancerKind::Lease;
+    }
+    let origin = path.display();
+    if config.queues.adapter != "redis" {
+        anyhow::bail!(
+            "{origin}: `tailrace node` needs [queues] adapter = \"redis\" (got `{}`): the nodes of a cluster share \
+             their queues in Redis; for one node on the embedded file adapter use `tailrace serve`",
+            config.queues.adapter
+        );
+    }
+    if config.archive.store != "redis" {
+        anyhow::bail!(
+            "{origin}: `tailrace node` needs [archive] store = \"redis\" (got `{}`): every node must read every \
+             run's log",
+            config.archive.store
+        );
+    }
+    Ok(config)
+}

@@ -1,0 +1,279 @@
+//! The admin API, under `/api/v1/admin/` and behind the `admin` scope:
+//! `GET /api/v1/admin/cluster` answers the cluster as this node sees it:
+//! its live members (from Redis membership, or only itself) and, per queue,
+//! who holds its lease, with which fencing token, for how much longer, and
+//! the queue's stored checkpoint. `GET /api/v1/admin/agents` and `POST
+//! /api/v1/admin/agents/start|stop` read and switch this node's agents
+//! (`?node=` must name this node: edges do not forward to each other yet);
+//! stopped, the node is published as such in Redis and the other nodes
+//! take its queues.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::auth;
+use super::problem::{ApiError, problem};
+use crate::checkpoint::Checkpointer;
+use crate::cluster::{NodeId, QueueLeases, RedisMembership};
+use crate::config::AuthOptions;
+use crate::manager::RunState;
+use crate::node::Node;
+use crate::stream::QueueId;
+
+/// What the admin API reads the cluster from.
+pub struct ClusterView {
+    /// This node.
+    pub me: NodeId,
+    /// Membership in Redis, when the node runs in a multi-process cluster;
+    /// otherwise the node reports only itself.
+    pub membership: Option<RedisMembership>,
+    /// The queue leases the node's manager uses.
+    pub leases: Arc<dyn QueueLeases>,
+    /// Where the queues' checkpoints are stored.
+    pub checkpointer: Arc<dyn Checkpointer>,
+    /// Every queue of the cluster (`queues.count`).
+    pub queues: Vec<QueueId>,
+    /// The node whose agents `…/agents` reads and switches (none: those
+    /// routes answer 503).
+    pub node: Option<Arc<Node>>,
+}
+
+/// One member, as `GET /api/v1/admin/cluster` reports it.
+#[derive(Serialize)]
+struct MemberJson {
+    name: String,
+    incarnation: Option<String>,
+    advertise: Option<String>,
+    /// `started` or `stopped`.
+    agents: &'static str,
+}
+
+/// One queue, as `GET /api/v1/admin/cluster` reports it.
+#[derive(Serialize)]
+struct QueueJson {
+    queue: u32,
+    holder: Option<String>,
+    token: Option<u64>,
+    expires_in_ms: Option<u64>,
+    checkpoint: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ClusterJson {
+    node: String,
+    members: Vec<MemberJson>,
+    queues: Vec<QueueJson>,
+}
+
+/// The admin routes over `view`, behind the `admin` scope of `auth`.
+pub fn admin_router(auth: &AuthOptions, view: ClusterView) -> Router {
+    Router::new()
+        .route("/api/v1/admin/cluster", get(cluster))
+        .route("/api/v1/admin/agents", get(agents))
+        .route("/api/v1/admin/agents/start", post(start_agents))
+        .route("/api/v1/admin/agents/stop", post(stop_agents))
+        .layer(axum::middleware::from_fn_with_state(auth::Auth::new(auth), auth::require_admin))
+        .with_state(Arc::new(view))
+}
+
+fn unavailable(what: &str, error: impl std::fmt::Display) -> ApiError {
+    problem(StatusCode::SERVICE_UNAVAILABLE, format!("cannot read {what}: {error}"))
+}
+
+/// `?node=`: which node an agents call is for.
+#[derive(Deserialize)]
+struct Target {
+    node: Option<String>,
+}
+
+/// This node's agents, as `…/agents` reports them.
+#[derive(Serialize)]
+struct AgentsJson {
+    node: String,
+    /// `initialized`, `agents_started` or `agents_stopped`.
+    state: RunState,
+    /// Agents running now.
+    running: usize,
+}
+
+/// The node an agents call may act on: this one.
+fn local<'a>(view: &'a ClusterView, target: &Target) -> Result<&'a Arc<Node>, ApiError> {
+    if let Some(node) = target.node.as_deref()
+        && node != view.me.as_str()
+    {
+        return Err(problem(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "this edge is node `{}`; send the call to node `{node}`'s own edge (edges do not forward yet)",
+                view.me
+            ),
+        ));
+    }
+    view.node.as_ref().ok_or_else(|| problem(StatusCode::SERVICE_UNAVAILABLE, "no node behind this edge"))
+}
+
+async fn agents_json(view: &ClusterView, node: &Node) -> Result<Json<AgentsJson>, ApiError> {
+    let state = node.agents_state().await.map_err(|e| unavailable("the agents' state", e))?;
+    let running = node.running_agents().await.map_err(|e| unavailable("the running agents", e))?;
+    Ok(Json(AgentsJson { node: view.me.to_string(), state, running }))
+}
+
+async fn agents(
+    State(view): State<Arc<ClusterView>>,
+    Query(target): Query<Target>,
+) -> Result<Json<AgentsJson>, ApiError> {
+    agents_json(&view, local(&view, &target)?).await
+}
+
+/// Starts the agents, and publishes it so the others balance queues here.
+async fn start_agents(
+    State(view): State<Arc<ClusterView>>,
+    Query(target): Query<Target>,
+) -> Result<Json<AgentsJson>, ApiError> {
+    let node = local(&view, &target)?;
+    if let Some(membership) = &view.membership {
+        membership.set_agents_started(true);
+    }
+    node.start_agents().await.map_err(|e| unavailable("the agents (start)", e))?;
+    tracing::info!(node = %view.me, "agents started by the admin API");
+    agents_json(&view, node).await
+}
+
+/// Stops the agents (each hands its queue over in order), and publishes it
+/// so the others take the queues.
+async fn stop_agents(
+    State(view): State<Arc<ClusterView>>,
+    Query(target): Query<Target>,
+) -> Result<Json<AgentsJson>, ApiError> {
+    let node = local(&view, &target)?;
+    if let Some(membership) = &view.membership {
+        membership.set_agents_started(false);
+    }
+    node.stop_agents().await.map_err(|e| unavailable("the agents (stop)", e))?;
+    tracing::info!(node = %view.me, "agents stopped by the admin API");
+    agents_json(&view, node).await
+}
+
+async fn cluster(State(view): State<Arc<ClusterView>>) -> Result<Json<ClusterJson>, ApiError> {
+    let members = match &view.membership {
+        Some(membership) => membership
+            .members()
+            .await
+            .map_err(|e| unavailable("the members", e))?
+            .into_iter()
+            .map(|m| MemberJson {
+                name: m.name.to_string(),
+                incarnation: Some(m.incarnation),
+                advertise: Some(m.advertise),
+                agents: if m.agents_started { "started" } else { "stopped" },
+            })
+            .collect(),
+        None => vec![MemberJson { name: view.me.to_string(), incarnation: None, advertise: None, agents: "started" }],
+    };
+    let leases = view.leases.holders(&view.queues).await.map_err(|e| unavailable("the queue leases", e))?;
+    let now = Instant::now();
+    let mut queues = Vec::with_capacity(view.queues.len());
+    for queue in &view.queues {
+        let lease = leases.iter().find(|l| l.queue == *queue);
+        let checkpoint = view.checkpointer.load(*queue).await.map_err(|e| unavailable("a checkpoint", e))?;
+        queues.push(QueueJson {
+            queue: queue.0,
+            holder: lease.map(|l| l.holder.to_string()),
+            token: lease.map(|l| l.token),
+            expires_in_ms: lease
+                .map(|l| u64::try_from(l.expires_at.saturating_duration_since(now).as_millis()).unwrap_or(u64::MAX)),
+            checkpoint: checkpoint.map(|token| token.to_string()),
+        });
+    }
+    Ok(Json(ClusterJson { node: view.me.to_string(), members, queues }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::checkpoint::MemoryCheckpointer;
+    use crate::cluster::MemoryLeases;
+    use crate::config::{Scope, TokenEntry};
+    use crate::stream::SequenceToken;
+
+    const ADMIN: &str = "admin-token-0123456789";
+    const READER: &str = "read-token-0123456789";
+
+    async fn view() -> ClusterView {
+        let leases = Arc::new(MemoryLeases::new());
+        leases.acquire(QueueId(1), &NodeId::new("n2"), Duration::from_secs(8)).await.unwrap();
+        let checkpointer = Arc::new(MemoryCheckpointer::new());
+        checkpointer.save(QueueId(1), SequenceToken { major: 7, minor: 0 }).await.unwrap();
+        ClusterView {
+            me: NodeId::new("n1"),
+            membership: None,
+            leases,
+            checkpointer,
+            queues: vec![QueueId(0), QueueId(1)],
+            node: None,
+        }
+    }
+
+    async fn get(router: Router, token: Option<&str>) -> (StatusCode, serde_json::Value) {
+        let mut request = Request::get("/api/v1/admin/cluster");
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let response = router.oneshot(request.body(Body::empty()).unwrap()).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_cluster_needs_the_admin_scope_once_tokens_are_configured() {
+        let auth = AuthOptions {
+            tokens: vec![
+                TokenEntry { token: ADMIN.into(), scopes: vec![Scope::Admin] },
+                TokenEntry { token: READER.into(), scopes: vec![Scope::Read, Scope::Write] },
+            ],
+        };
+        assert_eq!(get(admin_router(&auth, view().await), None).await.0, StatusCode::UNAUTHORIZED);
+        let (status, body) = get(admin_router(&auth, view().await), Some(READER)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(body["message"].as_str().unwrap().contains("admin"), "{body}");
+        let (status, body) = get(admin_router(&auth, view().await), Some(ADMIN)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["members"][0]["name"], "n1");
+        assert_eq!(body["queues"][0]["holder"], serde_json::Value::Null);
+        assert_eq!(body["queues"][1]["holder"], "n2");
+        assert_eq!(body["queues"][1]["token"], 1);
+        assert!(body["queues"][1]["expires_in_ms"].as_u64().unwrap() <= 8000);
+        assert!(body["queues"][1]["checkpoint"].is_string(), "{body}");
+    }
+
+    #[tokio::test]
+    async fn without_tokens_the_cluster_is_open() {
+        let (status, body) = get(admin_router(&AuthOptions::default(), view().await), None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["node"], "n1");
+    }
+
+    #[tokio::test]
+    async fn agents_calls_are_for_this_node_only() {
+        let router = admin_router(&AuthOptions::default(), view().await);
+        let request = Request::post("/api/v1/admin/agents/stop?node=n2").body(Body::empty()).unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        let request = Request::get("/api/v1/admin/agents").body(Body::empty()).unwrap();
+        assert_eq!(router.oneshot(request).await.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+}
