@@ -57,6 +57,11 @@ async fn a_burst_never_drops_a_fast_viewer_and_a_stalled_one_is_cut() {
     const LINES: usize = 9_000;
     let bodies: Vec<String> = (0..4).map(|p| numbered(p, 0, LINES, 420)).collect();
     assert!(bodies.iter().all(|b| b.len() > 3_800_000 && b.len() < 4 * 1024 * 1024));
+    // The fast viewer reads all along, while the posts go in.
+    let reading = tokio::spawn(async move {
+        let events = fast.lines(4 * LINES).await;
+        (fast, events)
+    });
     let posts = bodies.into_iter().map(|body| {
         let (client, url) = (server.client.clone(), server.url("/api/v1/logs/svc.etl/runs/r-1/lines"));
         tokio::spawn(async move {
@@ -68,7 +73,7 @@ async fn a_burst_never_drops_a_fast_viewer_and_a_stalled_one_is_cut() {
         post.unwrap();
     }
 
-    let events = fast.lines(4 * LINES).await;
+    let (mut fast, events) = reading.await.unwrap();
     let seen = parse_numbered(&events);
     assert_eq!(seen.len(), 4 * LINES, "every line, none twice");
     for producer in 0..4 {
