@@ -153,6 +153,26 @@ async fn an_unplaceable_cursor_gets_the_truncation_notice_then_the_replay() {
     }
 }
 
+/// A viewer waiting on a cursor past the head when the stream completes
+/// gets `complete` with its own cursor, not the tailer's: resuming from
+/// it must not repeat lines it already has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_waiting_past_the_head_completes_with_its_own_cursor() {
+    let settings = LogStreamSettings { resume_wait_seconds: 30.0, ..quick_settings() };
+    let server = LogServer::start(settings).await;
+    let mut watcher = server.open_after_lines("svc.etl", "r-1", &["a\nb\nc"]).await;
+    assert_eq!(watcher.lines(3).await.last().unwrap()["after"], "3");
+    let mut ahead = server.open("svc.etl", "r-1", Some("5")).await;
+    // No status: the unknown grace (1 s) ends the stream while it waits.
+    let end = ahead.event().await.unwrap();
+    assert_eq!(
+        end,
+        serde_json::json!({"eventType": "complete", "runId": "r-1", "after": "5", "reason": "runFinished"})
+    );
+    let end = watcher.event().await.unwrap();
+    assert_eq!((end["eventType"].as_str(), end["after"].as_str()), (Some("complete"), Some("3")));
+}
+
 /// 5, 23, A3, A6: a finished run that went quiet ends with `runFinished`
 /// (no message, the last cursor), and frees its run slot at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -253,6 +253,13 @@ impl Session {
             }
             Pull::End(frame) => {
                 self.stage = Stage::Done;
+                // A viewer waiting past the head keeps its own cursor: the
+                // tailer's would make it read lines it already has.
+                if self.at > tailer.head()
+                    && let Some(reason) = tailer.completed()
+                {
+                    return Some(frames::complete(self.key.run(), Some(self.at), reason));
+                }
                 return frame;
             }
             Pull::Wait => {}

@@ -108,6 +108,8 @@ struct State {
     subscription: Option<SubscriptionHandle>,
     /// The frame viewers get once they have every line (set at the end).
     terminal: Option<Bytes>,
+    /// Why the tailer completed, if it did (not stopped, not failed).
+    completed: Option<EndReason>,
     /// The `error` the tailer ended with, for sessions still joining.
     failure: Option<Bytes>,
 }
@@ -281,6 +283,7 @@ impl Tailer {
             bytes_since_tick: 0,
             subscription: None,
             terminal: None,
+            completed: None,
             failure: None,
         };
         Arc::new(Self {
@@ -376,6 +379,11 @@ impl Tailer {
             Read::Head if state.phase == Phase::Ended => Pull::End(state.terminal.clone()),
             Read::Head => Pull::Wait,
         }
+    }
+
+    /// Why the tailer completed, once it did.
+    pub(crate) fn completed(&self) -> Option<EndReason> {
+        self.state.lock().completed
     }
 
     /// The offset after the newest line.
@@ -551,6 +559,10 @@ impl Tailer {
         }
         state.phase = Phase::Ended;
         let head = state.window.head();
+        state.completed = match &ending {
+            Some(Ending::Complete(reason)) => Some(*reason),
+            _ => None,
+        };
         state.terminal = match &ending {
             Some(Ending::Complete(reason)) => Some(frames::complete(self.key.run(), Some(head), *reason)),
             Some(Ending::Error(message)) => Some(frames::error(self.key.run(), message)),
