@@ -9,7 +9,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -91,17 +90,7 @@ impl Proc {
 
     fn wait_serving(&mut self) {
         let stdout = self.child.as_mut().unwrap().stdout.take().unwrap();
-        let (ready, ready_rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if !sent && line.contains("viewer:") {
-                    let _ = ready.send(());
-                    sent = true;
-                }
-            }
-        });
-        let started = ready_rx.recv_timeout(START_WITHIN).is_ok();
+        let started = common::life::serving_within(stdout, START_WITHIN);
         assert!(started, "{} did not serve within {START_WITHIN:?}:\n{}", self.name, self.log_text());
     }
 

@@ -44,13 +44,7 @@ async fn a_burst_never_drops_a_fast_viewer_and_a_stalled_one_is_cut() {
     let mut fast = server.open("svc.etl", "r-1", None).await;
     assert_eq!(fast.status, 200);
 
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let address = server.base.trim_start_matches("http://").parse().unwrap();
-    let mut stalled = socket.connect(address).await.unwrap();
-    let request =
-        format!("GET /api/v1/services/ingestionPipelines/logs/svc.etl/stream/r-1 HTTP/1.1\r\nhost: {address}\r\n\r\n");
-    stalled.write_all(request.as_bytes()).await.unwrap();
+    let mut stalled = server.stalled_viewer("svc.etl", "r-1").await;
     assert!(common::eventually(Duration::from_secs(5), || server.edge.active_connections() == 2).await);
 
     // 9 000 lines of ~430 bytes: 3.9 MB per post, under max_body_bytes.

@@ -19,16 +19,11 @@ use tailrace::stream::SequenceToken;
 const WAIT: Duration = Duration::from_secs(20);
 
 fn options(server: &RedisServer) -> RedisOptions {
-    RedisOptions {
-        url: server.url(),
-        block: Duration::from_millis(20),
-        trim_every: Duration::ZERO,
-        ..RedisOptions::default()
-    }
+    redis_server::adapter_options(server)
 }
 
 async fn factory(server: &RedisServer, consumer: &str) -> Arc<RedisAdapterFactory> {
-    Arc::new(RedisAdapterFactory::connect(2, options(server), consumer).await.unwrap())
+    redis_server::adapter_factory(server, consumer).await
 }
 
 /// The whole kit: durable (a fresh factory reconnects to the same server),

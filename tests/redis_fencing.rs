@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::redis_server::RedisServer;
 use common::*;
-use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
+use tailrace::adapters::redis::RedisAdapterFactory;
 use tailrace::checkpoint::CheckpointError;
 use tailrace::cluster::{NodeId, QueueLeases, RedisLeases};
 use tailrace::queue::{QueueAdapter, QueueAdapterFactory, QueueError, QueueReceiver};
@@ -22,17 +22,8 @@ use tailrace::stream::SequenceToken;
 const LONG: Duration = Duration::from_secs(60);
 const WAIT: Duration = Duration::from_secs(20);
 
-fn options(server: &RedisServer) -> RedisOptions {
-    RedisOptions {
-        url: server.url(),
-        block: Duration::from_millis(20),
-        trim_every: Duration::ZERO,
-        ..RedisOptions::default()
-    }
-}
-
 async fn factory(server: &RedisServer, consumer: &str) -> Arc<RedisAdapterFactory> {
-    Arc::new(RedisAdapterFactory::connect(2, options(server), consumer).await.unwrap())
+    redis_server::adapter_factory(server, consumer).await
 }
 
 async fn leases(server: &RedisServer) -> RedisLeases {

@@ -107,13 +107,7 @@ async fn a_stalled_viewer_is_dropped_while_another_keeps_streaming() {
         }
     });
     // A client that sends its request and never reads, with a tiny window.
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let address = server.base.trim_start_matches("http://").parse().unwrap();
-    let mut stalled = socket.connect(address).await.unwrap();
-    let request =
-        format!("GET /api/v1/services/ingestionPipelines/logs/svc.etl/stream/r-1 HTTP/1.1\r\nhost: {address}\r\n\r\n");
-    stalled.write_all(request.as_bytes()).await.unwrap();
+    let mut stalled = server.stalled_viewer("svc.etl", "r-1").await;
     assert!(common::eventually(Duration::from_secs(5), || server.edge.active_connections() == 2).await);
     let line = "y".repeat(100);
     let chunk: Vec<&str> = std::iter::repeat_n(line.as_str(), 100).collect();

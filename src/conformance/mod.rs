@@ -169,7 +169,7 @@ where
     let direction = kit.adapter.direction();
     record(&mut report, "direction", limits::direction(&kit).await);
     if direction != Direction::ReadWrite {
-        for check in ALL_BUT_DIRECTION {
+        for check in &CHECKS[1..] {
             report.not_claimed.push((check, "needs a read-write adapter"));
         }
         return finish(report);
@@ -201,8 +201,9 @@ where
     finish(report)
 }
 
-/// The checks after `direction`, in the order they run.
-const ALL_BUT_DIRECTION: [&str; 16] = [
+/// Every check of the kit, in the order they run.
+pub const CHECKS: [&str; 17] = [
+    "direction",
     "ordering",
     "tokens",
     "payloads",

@@ -69,17 +69,7 @@ impl ServeNode {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
-        let (ready, ready_rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if !sent && line.contains("viewer:") {
-                    let _ = ready.send(());
-                    sent = true;
-                }
-            }
-        });
-        let started = ready_rx.recv_timeout(START_WITHIN).is_ok();
+        let started = serving_within(stdout, START_WITHIN);
         self.child = Some(child);
         assert!(started, "life {} did not start within {START_WITHIN:?}:\n{}", self.lives, self.log_tail());
     }
@@ -211,6 +201,23 @@ pub struct Batch {
 #[derive(Default, Debug)]
 pub struct Model {
     pub runs: BTreeMap<u32, Vec<Batch>>,
+}
+
+/// Whether a `serve` or `node` process whose standard output is `stdout`
+/// printed where it serves (its `viewer:` line) within `wait`; the rest of
+/// its output is read and dropped, so it never blocks on a full pipe.
+pub fn serving_within(stdout: std::process::ChildStdout, wait: Duration) -> bool {
+    let (ready, ready_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if !sent && line.contains("viewer:") {
+                let _ = ready.send(());
+                sent = true;
+            }
+        }
+    });
+    ready_rx.recv_timeout(wait).is_ok()
 }
 
 pub fn line(run: u32, batch: usize, i: u32, lines: u32) -> String {

@@ -211,6 +211,20 @@ impl LogServer {
         self.store.inner.pipeline_exists(fqn).await.unwrap()
     }
 
+    /// A client that asks for the run's stream and never reads, with a
+    /// tiny receive window.
+    pub async fn stalled_viewer(&self, fqn: &str, run: &str) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let address = self.base.trim_start_matches("http://").parse().unwrap();
+        let mut stalled = socket.connect(address).await.unwrap();
+        let path = format!("/api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run}");
+        let request = format!("GET {path} HTTP/1.1\r\nhost: {address}\r\n\r\n");
+        stalled.write_all(request.as_bytes()).await.unwrap();
+        stalled
+    }
+
     pub async fn open(&self, fqn: &str, run: &str, after: Option<&str>) -> Sse {
         Sse::open(&self.client, &self.stream_url(fqn, run, after)).await
     }

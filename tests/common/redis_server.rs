@@ -145,3 +145,23 @@ impl Drop for RedisServer {
         self.stop();
     }
 }
+
+/// Redis adapter options for tests against `server`: short blocking reads,
+/// no trimming timer.
+pub fn adapter_options(server: &RedisServer) -> tailrace::adapters::redis::RedisOptions {
+    tailrace::adapters::redis::RedisOptions {
+        url: server.url(),
+        block: Duration::from_millis(20),
+        trim_every: Duration::ZERO,
+        ..Default::default()
+    }
+}
+
+/// A Redis adapter factory with 2 queues on `server`, as `consumer`.
+pub async fn adapter_factory(
+    server: &RedisServer,
+    consumer: &str,
+) -> std::sync::Arc<tailrace::adapters::redis::RedisAdapterFactory> {
+    let options = adapter_options(server);
+    std::sync::Arc::new(tailrace::adapters::redis::RedisAdapterFactory::connect(2, options, consumer).await.unwrap())
+}
