@@ -9,6 +9,8 @@
 #
 # Pids and logs go to $TAILRACE_RUN_DIR (default: run/local-3). The binary is
 # $TAILRACE_BIN, else `tailrace` on the PATH, else target/debug/tailrace.
+# The nodes authenticate each other with $TAILRACE_COOKIE; without it, a
+# random cookie is made once and kept in $TAILRACE_RUN_DIR/cookie.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -39,6 +41,13 @@ start() {
         for _ in $(seq 1 100); do redis_up && break; sleep 0.1; done
         redis_up || { echo "redis-server did not start: see $run/redis.log" >&2; exit 1; }
     fi
+    if [ -z "${TAILRACE_COOKIE:-}" ]; then
+        if [ ! -s "$run/cookie" ]; then
+            (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$run/cookie")
+        fi
+        TAILRACE_COOKIE="$(cat "$run/cookie")"
+    fi
+    export TAILRACE_COOKIE
     for n in 1 2 3; do
         if [ -e "$run/node-$n.pid" ] && kill -0 "$(cat "$run/node-$n.pid")" 2>/dev/null; then
             echo "node-$n already runs (pid $(cat "$run/node-$n.pid"))"

@@ -54,7 +54,7 @@ use tracing::Instrument;
 
 use crate::cache::QueueCache;
 use crate::failure::FailureAction;
-use crate::pubsub::{StartPosition, Subscription, SubscriptionId};
+use crate::pubsub::{Origin, StartPosition, Subscription, SubscriptionId};
 use crate::queue::{QueueError, QueueId};
 use crate::stream::{BatchContainer, StreamId};
 use calls::RetryLimits;
@@ -502,7 +502,8 @@ impl Agent {
                 Next::Handshake(call) => {
                     let resolver = self.services.consumers.clone();
                     let limits = RetryLimits::from(&self.services.options);
-                    let (work, panicked) = call.start(resolver, limits, self.stop_retries.clone());
+                    let origin = Origin { queue: self.queue, fence: self.services.lease_token };
+                    let (work, panicked) = call.start(resolver, origin, limits, self.stop_retries.clone());
                     let on_panic = move |p| InternalMsg::HandshakeDone(panicked(p));
                     self.spawn_work(work.map(InternalMsg::HandshakeDone), on_panic);
                 }

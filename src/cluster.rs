@@ -17,6 +17,8 @@ mod membership;
 mod redis_leases;
 mod redis_membership;
 mod settings;
+pub mod transport;
+pub mod wire;
 
 pub use crate::stream::NodeId;
 pub use lease::{Lease, LeaseError, MemoryLeases, QueueLeases};
@@ -24,3 +26,4 @@ pub use membership::Membership;
 pub use redis_leases::{RedisLeases, queue_tag};
 pub use redis_membership::{Member, MembershipError, RedisMembership};
 pub use settings::{LeaseOptions, MembershipOptions};
+pub use transport::{ClusterTransport, RactorTransport, Served, TransportError, TransportSettings};

@@ -12,6 +12,7 @@
 //! membership, the leases and the agent directory they are given.
 
 mod ownership;
+mod remote;
 mod tracked;
 
 use std::collections::HashMap;
@@ -27,7 +28,7 @@ use tracing::Instrument;
 
 use crate::agent::{AgentMsg, AgentServices, AttachError};
 use crate::balancer::BalancerKind;
-use crate::cluster::{Membership, MemoryLeases, NodeId, QueueLeases};
+use crate::cluster::{ClusterTransport, Membership, MemoryLeases, NodeId, QueueLeases};
 use crate::config::Config;
 use crate::failure::{DeadLetterSink, DefaultFailureHandler, FailureHandler, LogDeadLetters};
 pub use crate::manager::AgentDirectory;
@@ -73,6 +74,14 @@ pub enum SubscribeError {
     /// The queue's agent refused the subscription.
     #[error(transparent)]
     Attach(#[from] AttachError),
+    /// The queue's lease holder (another node) refused the attach.
+    #[error("node {node} refused to attach the subscription: {message}")]
+    Remote {
+        /// The lease holder.
+        node: NodeId,
+        /// What its agent said.
+        message: String,
+    },
     /// No agent attached it in time (no node pulls the queue, or agents are
     /// stopped).
     #[error("no pulling agent attached subscription {id} to {stream} within {timeout:?} (are agents running?)")]
@@ -111,9 +120,15 @@ pub struct NodeBuilder {
     leases: Option<Arc<dyn QueueLeases>>,
     agents: Option<Arc<AgentDirectory>>,
     remote: Option<Arc<dyn ConsumerResolver>>,
+    transport: Option<Arc<dyn ClusterTransport>>,
     consumers: Option<Arc<LocalConsumers>>,
+    on_agents: Option<AgentsHook>,
     kill: CancellationToken,
 }
+
+/// Told whether the agents run after `start_agents`/`stop_agents` (a
+/// multi-process node publishes it in its member key).
+pub type AgentsHook = Arc<dyn Fn(bool) + Send + Sync>;
 
 impl NodeBuilder {
     /// The settings (agents, cache, checkpoints, balancer…).
@@ -167,6 +182,21 @@ impl NodeBuilder {
     /// Reaches consumers on other nodes.
     pub fn remote_consumers(mut self, resolver: Arc<dyn ConsumerResolver>) -> Self {
         self.remote = Some(resolver);
+        self
+    }
+
+    /// The transport to the other processes of a cluster: it reaches their
+    /// consumers, and attaches subscriptions on the queue's lease holder.
+    pub fn transport(mut self, transport: Arc<dyn ClusterTransport>) -> Self {
+        self.remote = Some(transport.clone());
+        self.transport = Some(transport);
+        self
+    }
+
+    /// Called with `true` before the agents start and `false` before they
+    /// stop.
+    pub fn on_agents_switched(mut self, hook: AgentsHook) -> Self {
+        self.on_agents = Some(hook);
         self
     }
 
@@ -265,6 +295,9 @@ impl NodeBuilder {
             consumers,
             tracked: Mutex::new(HashMap::new()),
             agents,
+            leases,
+            transport: self.transport,
+            on_agents: self.on_agents,
             membership,
             manager,
             manager_task: Mutex::new(Some(manager_task)),
@@ -285,6 +318,9 @@ pub struct Node {
     consumers: Arc<LocalConsumers>,
     tracked: Mutex<HashMap<SubscriptionId, Arc<TrackedConsumer>>>,
     agents: Arc<AgentDirectory>,
+    leases: Arc<dyn QueueLeases>,
+    transport: Option<Arc<dyn ClusterTransport>>,
+    on_agents: Option<AgentsHook>,
     membership: Membership,
     manager: ActorRef<ManagerMsg>,
     manager_task: Mutex<Option<JoinHandle<()>>>,
@@ -309,7 +345,9 @@ impl Node {
             leases: None,
             agents: None,
             remote: None,
+            transport: None,
             consumers: None,
+            on_agents: None,
             kill: CancellationToken::new(),
         }
     }
@@ -426,6 +464,8 @@ impl Node {
                     Ok(CallResult::Success(Err(error))) => return Err(error.into()),
                     Ok(CallResult::Timeout | CallResult::SenderError) | Err(_) => {}
                 }
+            } else if let Some(attached) = self.attach_on_holder(&subscription, queue).await {
+                return attached;
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(SubscribeError::NotAttached { id: subscription.id, stream: subscription.stream, timeout });
@@ -453,6 +493,8 @@ impl Node {
             let _ = agent
                 .call(|reply| AgentMsg::Detach { stream, id, reply }, Some(self.config.pubsub.attach_timeout))
                 .await;
+        } else {
+            self.detach_on_holder(stream, id).await;
         }
     }
 
@@ -475,12 +517,23 @@ impl Node {
 
     /// `StartAgents`.
     pub async fn start_agents(&self) -> Result<(), NodeError> {
+        if let Some(hook) = &self.on_agents {
+            hook(true);
+        }
         self.ask(|r| ManagerMsg::StartAgents(Some(r))).await
     }
 
     /// `StopAgents`: returns when every agent finished its ordered shutdown.
     pub async fn stop_agents(&self) -> Result<(), NodeError> {
+        if let Some(hook) = &self.on_agents {
+            hook(false);
+        }
         self.ask(|r| ManagerMsg::StopAgents(Some(r))).await
+    }
+
+    /// The transport to the other processes, if the node has one.
+    pub fn cluster_transport(&self) -> Option<&Arc<dyn ClusterTransport>> {
+        self.transport.as_ref()
     }
 
     /// `GetAgentsState`.

@@ -15,7 +15,7 @@ mod directory;
 mod store;
 
 pub use consumer::{ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StreamConsumer, SubscriptionInfo};
-pub use directory::{ConsumerDirectory, ConsumerResolver, LocalConsumers};
+pub use directory::{ConsumerDirectory, ConsumerResolver, LocalConsumers, Origin};
 pub use store::{MemoryPubSubStore, PubSubError, PubSubStore};
 
 use std::fmt;

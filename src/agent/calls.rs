@@ -14,6 +14,10 @@ use super::settings::AgentOptions;
 use crate::pubsub::ConsumerError;
 use crate::retry::Backoff;
 
+/// The wait between calls to a consumer whose node is unreachable.
+const RELINK_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(2), Duration::from_millis(100));
+
 /// The end of a call retried within limits.
 pub(crate) enum Attempted<T> {
     /// It succeeded.
@@ -58,6 +62,7 @@ where
 {
     let mut started = None;
     let mut attempts = 0;
+    let mut relinks = 0;
     loop {
         attempts += 1;
         if revoke.is_cancelled() {
@@ -80,9 +85,24 @@ where
         let error = match outcome {
             Ok(Ok(value)) => return Attempted::Done(value),
             Ok(Err(ConsumerError::Unavailable(reason))) => return Attempted::Unavailable(reason),
+            Ok(Err(ConsumerError::Unreachable(reason))) => {
+                // The consumer's node is live but its link is down: retried
+                // with a short backoff and no time limit (the budget starts
+                // again once it answers); stopping or revoking still ends it.
+                relinks += 1;
+                started = None;
+                tracing::debug!(%reason, attempts = relinks, "consumer unreachable; retrying");
+                let wait = RELINK_BACKOFF.delay(relinks - 1);
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => continue,
+                    _ = stop.cancelled() => return Attempted::Failed { error: reason, attempts },
+                    _ = revoke.cancelled() => return Attempted::Revoked,
+                }
+            }
             Ok(Err(ConsumerError::Failed(error))) => error,
             Err(_) => format!("no answer within {:?}", limits.attempt_timeout),
         };
+        relinks = 0;
         let wait = limits.backoff.delay(attempts - 1);
         let started = *started.get_or_insert_with(Instant::now);
         if stop.is_cancelled() || started.elapsed() + wait > limits.max_time {

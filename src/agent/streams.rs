@@ -296,7 +296,7 @@ impl Streams {
                 self.remove_sub(&stream, id, AttachError::ConsumerUnavailable { id, reason }, cache);
                 return next;
             }
-            Err(ConsumerError::Failed(error)) => {
+            Err(ConsumerError::Failed(error) | ConsumerError::Unreachable(error)) => {
                 let action = if id.is_implicit() {
                     FailureAction::Skip
                 } else {

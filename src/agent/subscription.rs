@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::calls::{Attempted, RetryLimits, call_with_retries};
 use crate::cache::{CursorId, QueueCache};
 use crate::pubsub::{
-    ConsumerAddress, ConsumerError, ConsumerResolver, Delivery, PubSubStore, StartPosition, StreamConsumer,
+    ConsumerAddress, ConsumerError, ConsumerResolver, Delivery, Origin, PubSubStore, StartPosition, StreamConsumer,
     Subscription, SubscriptionId, SubscriptionInfo,
 };
 use crate::queue::{QueueError, QueueId};
@@ -255,6 +255,7 @@ impl HandshakeCall {
     pub(crate) fn start(
         self,
         resolver: Arc<dyn ConsumerResolver>,
+        origin: Origin,
         limits: RetryLimits,
         stop: Arc<CancellationToken>,
     ) -> (impl Future<Output = Handshaken> + Send + 'static, impl FnOnce(String) -> Handshaken + Send + 'static) {
@@ -266,17 +267,18 @@ impl HandshakeCall {
             consumer: None,
             result: Err(ConsumerError::Failed(format!("handshake panicked: {panic}"))),
         };
-        (self.run(resolver, limits, stop), panicked)
+        (self.run(resolver, origin, limits, stop), panicked)
     }
 
     async fn run(
         self,
         resolver: Arc<dyn ConsumerResolver>,
+        origin: Origin,
         limits: RetryLimits,
         stop: Arc<CancellationToken>,
     ) -> Handshaken {
         let Self { stream, id, generation, known, address, info, revoke } = self;
-        let consumer = known.or_else(|| address.as_ref().and_then(|a| resolver.resolve(a)));
+        let consumer = known.or_else(|| address.as_ref().and_then(|a| resolver.resolve_from(a, origin)));
         let Some(consumer) = consumer else {
             let at = address.map(|a| format!("{}/{}", a.node, a.name)).unwrap_or_default();
             let result = Err(ConsumerError::Unavailable(format!("no consumer is registered at {at}")));

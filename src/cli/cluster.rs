@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use tailrace::cluster::{Member, Membership, MembershipError, NodeId, RedisLeases, RedisMembership};
+use tailrace::cluster::{
+    Member, Membership, MembershipError, NodeId, RactorTransport, RedisLeases, RedisMembership, TransportSettings,
+};
 use tailrace::config::Config;
 
 /// What a `serve` process advertises: it accepts no node connections, and
@@ -80,6 +82,34 @@ pub async fn others_after_ttl(
         }
         tokio::time::sleep(config.membership.heartbeat.min(Duration::from_millis(500))).await;
     }
+}
+
+/// Starts this node's cluster transport on `cluster.listen` and
+/// authenticates with every live member that accepts node connections;
+/// refuses (naming the peer) if one does not accept this node.
+pub async fn connect(config: &Config, cookie: String, membership: &RedisMembership) -> anyhow::Result<RactorTransport> {
+    let listen: std::net::SocketAddr = config
+        .cluster
+        .listen
+        .parse()
+        .with_context(|| format!("cluster.listen must be ip:port (got `{}`)", config.cluster.listen))?;
+    let settings = TransportSettings {
+        me: NodeId::new(config.node.name.clone()),
+        listen,
+        cookie,
+        call_timeout: config.cluster.call_timeout,
+        max_message_bytes: config.cluster.max_message_bytes,
+        max_inflight: config.cluster.max_inflight_calls,
+        redial: config.membership.heartbeat,
+    };
+    let transport = RactorTransport::start(settings, membership.everyone()).await?;
+    let peers: Vec<Member> =
+        membership.members().await?.into_iter().filter(|m| m.advertise != SERVE_ADVERTISE).collect();
+    if let Err(error) = transport.authenticate(&peers, config.cluster.call_timeout * 2).await {
+        transport.shutdown().await;
+        return Err(anyhow::Error::new(error).context("joining the cluster"));
+    }
+    Ok(transport)
 }
 
 /// Deletes this process's member key, retrying a few times (a connection

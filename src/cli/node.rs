@@ -30,11 +30,15 @@ pub struct NodeArgs {
 pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let config = load(&args.config)?;
     tailrace::edge::check_listen(config.edge.listen, &config.edge.auth).map_err(anyhow::Error::msg)?;
+    let cookie = cluster_cookie(&config, &args.config)?;
     let signals = super::StopSignal::install()?;
     let view = Membership::new();
     let advertise = config.cluster.advertised().to_string();
-    let joined = cluster::join(&config, &advertise, view.clone(), true).await?;
+    // Published with its agents stopped until every live member has
+    // authenticated it: a node that is refused never takes a lease.
+    let joined = cluster::join(&config, &advertise, view.clone(), false).await?;
     let membership = joined.membership.clone();
+    let mut transport = None;
     let ran = async {
         let serving = cluster::others_after_ttl(&config, &membership, |m| m.advertise == SERVE_ADVERTISE).await?;
         if !serving.is_empty() {
@@ -44,17 +48,44 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 cluster::names(&serving)
             );
         }
+        let link = cluster::connect(&config, cookie, &membership).await?;
+        transport = Some(link.clone());
+        membership.set_agents_started(true);
         let metrics = tailrace::edge::install_metrics()?;
         let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
         let backend = tailrace::backend::build(&config, None).await.context("opening the queues")?;
         let leases: Arc<dyn QueueLeases> = Arc::new(joined.leases);
-        let plan = Plan { command: "node", leases, view: Some(view), membership: Some(membership.clone()) };
+        let plan = Plan {
+            command: "node",
+            leases,
+            view: Some(view),
+            membership: Some(membership.clone()),
+            transport: Some(link),
+        };
         run_node(&config, store, backend, metrics, signals, plan).await
     }
     .await;
+    if let Some(transport) = transport {
+        transport.shutdown().await;
+    }
     // Idempotent: the heartbeat already left if it ran and reached Redis.
     cluster::leave(&membership).await;
     ran
+}
+
+/// The cluster cookie: `TAILRACE_COOKIE`, `cluster.cookie` or
+/// `cluster.cookie_file`; a node of several must have one.
+fn cluster_cookie(config: &Config, path: &std::path::Path) -> anyhow::Result<String> {
+    let env = std::env::var(tailrace::config::COOKIE_ENV).ok();
+    match config.cluster.resolve_cookie(env).map_err(anyhow::Error::msg)? {
+        Some(cookie) => Ok(cookie),
+        None => anyhow::bail!(
+            "{}: `tailrace node` needs the cluster's shared secret: set {} or cluster.cookie or cluster.cookie_file              (at least {} characters, the same on every node)",
+            path.display(),
+            tailrace::config::COOKIE_ENV,
+            tailrace::config::MIN_COOKIE_LEN
+        ),
+    }
 }
 
 /// Reads the config; refuses what a node of several cannot run on. Without

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use tailrace::archive::{Archiver, LOGS_NAMESPACE};
-use tailrace::cluster::{Membership, MemoryLeases, NodeId, QueueLeases, RedisMembership};
+use tailrace::cluster::{Membership, MemoryLeases, NodeId, QueueLeases, RactorTransport, RedisMembership};
 use tailrace::edge::{ClusterView, LogEdge};
 use tailrace::handoff::DataDirLock;
 use tailrace::node::Node;
@@ -54,8 +54,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
         let backend = tailrace::backend::build(&config, Some(&owner)).await.context("opening the queues")?;
         let adapter = backend.factory.create_adapter().await?;
-        let plan =
-            Plan { command: "serve", leases: Arc::new(MemoryLeases::new()), view: None, membership: alone.clone() };
+        let plan = Plan {
+            command: "serve",
+            leases: Arc::new(MemoryLeases::new()),
+            view: None,
+            membership: alone.clone(),
+            transport: None,
+        };
         let served = run_node(&config, store, backend, metrics, signals, plan).await;
         // Sealed and given back on every way out: a failed start leaves no
         // writer lock behind.
@@ -102,6 +107,8 @@ pub(super) struct Plan {
     /// This process's member key in Redis, if it has one: kept alive while
     /// the node runs, reported by the admin API.
     pub membership: Option<RedisMembership>,
+    /// The transport to the other nodes (`tailrace node`).
+    pub transport: Option<RactorTransport>,
 }
 
 /// Runs the node and its edge until Ctrl-C or SIGTERM (or until its member
@@ -130,6 +137,12 @@ pub(super) async fn run_node(
     if let Some(view) = plan.view {
         builder = builder.membership(view);
     }
+    if let Some(transport) = &plan.transport {
+        builder = builder.transport(Arc::new(transport.clone()));
+    }
+    if let Some(membership) = plan.membership.clone() {
+        builder = builder.on_agents_switched(Arc::new(move |started| membership.set_agents_started(started)));
+    }
     // The member key lives from before the first lease until after the last
     // is released.
     let member_stop = CancellationToken::new();
@@ -138,6 +151,10 @@ pub(super) async fn run_node(
         tokio::spawn(membership.run(stop).instrument(tracing::info_span!("membership", node = %me)))
     });
     let node = Arc::new(builder.start().await?);
+    if let (Some(transport), Some(membership)) = (&plan.transport, &plan.membership) {
+        transport.serve_with(node.remote_calls());
+        node.purge_departed(membership.everyone(), config.cluster.purge_after);
+    }
     let view = ClusterView {
         me: me.clone(),
         membership: plan.membership.clone(),

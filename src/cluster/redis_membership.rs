@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis::aio::ConnectionManager;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{Membership, MembershipOptions};
@@ -102,6 +103,8 @@ struct Inner {
     options: MembershipOptions,
     agents_started: AtomicBool,
     view: Membership,
+    /// Every live member (agents started or not), with its address.
+    everyone: watch::Sender<Vec<Member>>,
     claim: redis::Script,
     leave: redis::Script,
 }
@@ -144,6 +147,7 @@ impl RedisMembership {
                 options,
                 agents_started: AtomicBool::new(agents_started),
                 view,
+                everyone: watch::Sender::new(Vec::new()),
                 claim: redis::Script::new(CLAIM),
                 leave: redis::Script::new(LEAVE),
             }),
@@ -151,6 +155,12 @@ impl RedisMembership {
         membership.heartbeat().await?;
         tracing::info!(node = %membership.inner.me, incarnation = %membership.inner.incarnation, "joined the cluster membership");
         Ok(membership)
+    }
+
+    /// Every live member as of the last heartbeat, agents started or not
+    /// (the cluster transport dials them; their consumers stay reachable).
+    pub fn everyone(&self) -> watch::Receiver<Vec<Member>> {
+        self.inner.everyone.subscribe()
     }
 
     /// This process's incarnation.
@@ -242,9 +252,14 @@ impl RedisMembership {
                 incarnation: incarnation.clone(),
             });
         }
-        let active: BTreeSet<NodeId> =
-            self.members().await?.into_iter().filter(|m| m.agents_started).map(|m| m.name).collect();
+        let members = self.members().await?;
+        let active: BTreeSet<NodeId> = members.iter().filter(|m| m.agents_started).map(|m| m.name.clone()).collect();
         self.inner.view.replace(active);
+        self.inner.everyone.send_if_modified(|everyone| {
+            let changed = *everyone != members;
+            *everyone = members;
+            changed
+        });
         Ok(())
     }
 

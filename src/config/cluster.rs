@@ -39,8 +39,16 @@ pub struct ClusterSection {
     /// Limit of one node-to-node call.
     #[serde(with = "humantime_serde")]
     pub call_timeout: Duration,
-    /// Largest node-to-node message, in bytes.
+    /// Largest node-to-node message, in bytes (a larger delivery is sent
+    /// in parts).
     pub max_message_bytes: usize,
+    /// Most calls in flight to one peer, and most calls a node serves at
+    /// once; more wait (callers) or are refused as busy and retried.
+    pub max_inflight_calls: usize,
+    /// How long a node may be gone from membership before the others remove
+    /// its consumers' subscriptions from the store.
+    #[serde(with = "humantime_serde")]
+    pub purge_after: Duration,
 }
 
 impl Default for ClusterSection {
@@ -53,6 +61,8 @@ impl Default for ClusterSection {
             tls: None,
             call_timeout: Duration::from_secs(5),
             max_message_bytes: 16 * 1024 * 1024,
+            max_inflight_calls: 256,
+            purge_after: Duration::from_secs(30),
         }
     }
 }
@@ -115,6 +125,9 @@ impl ClusterSection {
         }
         if self.max_message_bytes < 1024 {
             return Err(format!("cluster.max_message_bytes must be at least 1024 (got {})", self.max_message_bytes));
+        }
+        if self.max_inflight_calls == 0 {
+            return Err("cluster.max_inflight_calls must be at least 1".into());
         }
         if let Some(tls) = &self.tls {
             for (key, path) in [("cert", &tls.cert), ("key", &tls.key), ("ca", &tls.ca)] {

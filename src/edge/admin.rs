@@ -4,9 +4,9 @@
 //! who holds its lease, with which fencing token, for how much longer, and
 //! the queue's stored checkpoint. `GET /api/v1/admin/agents` and `POST
 //! /api/v1/admin/agents/start|stop` read and switch this node's agents
-//! (`?node=` must name this node: edges do not forward to each other yet);
-//! stopped, the node is published as such in Redis and the other nodes
-//! take its queues.
+//! (`?node=` names another node: the call goes to it over the cluster
+//! transport); stopped, the node is published as such in Redis and the
+//! other nodes take its queues.
 
 use std::sync::Arc;
 
@@ -21,9 +21,9 @@ use tokio::time::Instant;
 use super::auth;
 use super::problem::{ApiError, problem};
 use crate::checkpoint::Checkpointer;
+use crate::cluster::wire::{AgentsCommand, Reply, Request};
 use crate::cluster::{NodeId, QueueLeases, RedisMembership};
 use crate::config::AuthOptions;
-use crate::manager::RunState;
 use crate::node::Node;
 use crate::stream::QueueId;
 
@@ -93,72 +93,89 @@ struct Target {
     node: Option<String>,
 }
 
-/// This node's agents, as `…/agents` reports them.
+/// A node's agents, as `…/agents` reports them.
 #[derive(Serialize)]
 struct AgentsJson {
     node: String,
     /// `initialized`, `agents_started` or `agents_stopped`.
-    state: RunState,
+    state: String,
     /// Agents running now.
     running: usize,
 }
 
-/// The node an agents call may act on: this one.
-fn local<'a>(view: &'a ClusterView, target: &Target) -> Result<&'a Arc<Node>, ApiError> {
-    if let Some(node) = target.node.as_deref()
-        && node != view.me.as_str()
-    {
+/// Runs `command` on this node's agents, or on `?node=`'s through the
+/// cluster transport.
+async fn agents_call(view: &ClusterView, target: Target, command: AgentsCommand) -> Result<Json<AgentsJson>, ApiError> {
+    let node =
+        view.node.as_ref().ok_or_else(|| problem(StatusCode::SERVICE_UNAVAILABLE, "no node behind this edge"))?;
+    match target.node {
+        Some(other) if other != view.me.as_str() => forward(node, NodeId::new(other), command).await,
+        _ => local_agents(view, node, command).await,
+    }
+}
+
+async fn local_agents(view: &ClusterView, node: &Node, command: AgentsCommand) -> Result<Json<AgentsJson>, ApiError> {
+    match command {
+        AgentsCommand::Start => node.start_agents().await.map_err(|e| unavailable("the agents (start)", e))?,
+        AgentsCommand::Stop => node.stop_agents().await.map_err(|e| unavailable("the agents (stop)", e))?,
+        AgentsCommand::State => {}
+    }
+    if command != AgentsCommand::State {
+        tracing::info!(node = %view.me, ?command, "agents switched by the admin API");
+    }
+    let state = node.agents_state().await.map_err(|e| unavailable("the agents' state", e))?;
+    let running = node.running_agents().await.map_err(|e| unavailable("the running agents", e))?;
+    let state = serde_json::to_value(state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+    Ok(Json(AgentsJson { node: view.me.to_string(), state, running }))
+}
+
+/// Another node's agents, through the cluster transport.
+async fn forward(node: &Node, other: NodeId, command: AgentsCommand) -> Result<Json<AgentsJson>, ApiError> {
+    let Some(transport) = node.cluster_transport() else {
         return Err(problem(
             StatusCode::BAD_REQUEST,
             format!(
-                "this edge is node `{}`; send the call to node `{node}`'s own edge (edges do not forward yet)",
-                view.me
+                "this edge is node `{}` and reaches no other node; send the call to node `{other}`'s own edge",
+                node.id()
             ),
         ));
+    };
+    if !transport.is_live(&other) {
+        return Err(problem(StatusCode::NOT_FOUND, format!("node `{other}` is not a live member of the cluster")));
     }
-    view.node.as_ref().ok_or_else(|| problem(StatusCode::SERVICE_UNAVAILABLE, "no node behind this edge"))
-}
-
-async fn agents_json(view: &ClusterView, node: &Node) -> Result<Json<AgentsJson>, ApiError> {
-    let state = node.agents_state().await.map_err(|e| unavailable("the agents' state", e))?;
-    let running = node.running_agents().await.map_err(|e| unavailable("the running agents", e))?;
-    Ok(Json(AgentsJson { node: view.me.to_string(), state, running }))
+    match transport.call(&other, &Request::Agents { command }).await {
+        Ok(Reply::Agents { result: Ok(report) }) => {
+            Ok(Json(AgentsJson { node: other.to_string(), state: report.state, running: report.running }))
+        }
+        Ok(Reply::Agents { result: Err(error) }) => Err(unavailable(&format!("node `{other}`'s agents"), error)),
+        Ok(reply) => Err(unavailable(&format!("node `{other}`'s agents"), format!("unexpected reply {reply:?}"))),
+        Err(error) => Err(unavailable(&format!("node `{other}`'s agents"), error)),
+    }
 }
 
 async fn agents(
     State(view): State<Arc<ClusterView>>,
     Query(target): Query<Target>,
 ) -> Result<Json<AgentsJson>, ApiError> {
-    agents_json(&view, local(&view, &target)?).await
+    agents_call(&view, target, AgentsCommand::State).await
 }
 
-/// Starts the agents, and publishes it so the others balance queues here.
+/// Starts the agents; the node publishes it so the others balance queues
+/// to it.
 async fn start_agents(
     State(view): State<Arc<ClusterView>>,
     Query(target): Query<Target>,
 ) -> Result<Json<AgentsJson>, ApiError> {
-    let node = local(&view, &target)?;
-    if let Some(membership) = &view.membership {
-        membership.set_agents_started(true);
-    }
-    node.start_agents().await.map_err(|e| unavailable("the agents (start)", e))?;
-    tracing::info!(node = %view.me, "agents started by the admin API");
-    agents_json(&view, node).await
+    agents_call(&view, target, AgentsCommand::Start).await
 }
 
-/// Stops the agents (each hands its queue over in order), and publishes it
-/// so the others take the queues.
+/// Stops the agents (each hands its queue over in order); the node
+/// publishes it so the others take the queues.
 async fn stop_agents(
     State(view): State<Arc<ClusterView>>,
     Query(target): Query<Target>,
 ) -> Result<Json<AgentsJson>, ApiError> {
-    let node = local(&view, &target)?;
-    if let Some(membership) = &view.membership {
-        membership.set_agents_started(false);
-    }
-    node.stop_agents().await.map_err(|e| unavailable("the agents (stop)", e))?;
-    tracing::info!(node = %view.me, "agents stopped by the admin API");
-    agents_json(&view, node).await
+    agents_call(&view, target, AgentsCommand::Stop).await
 }
 
 async fn cluster(State(view): State<Arc<ClusterView>>) -> Result<Json<ClusterJson>, ApiError> {
@@ -268,11 +285,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn agents_calls_are_for_this_node_only() {
+    async fn agents_calls_need_a_node_behind_the_edge() {
         let router = admin_router(&AuthOptions::default(), view().await);
         let request = Request::post("/api/v1/admin/agents/stop?node=n2").body(Body::empty()).unwrap();
         let response = router.clone().oneshot(request).await.unwrap();
-        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         let request = Request::get("/api/v1/admin/agents").body(Body::empty()).unwrap();
         assert_eq!(router.oneshot(request).await.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
     }

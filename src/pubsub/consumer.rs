@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 
 use super::{StartPosition, SubscriptionId};
 use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
@@ -50,7 +51,8 @@ impl Delivery {
 }
 
 /// What the consumer wants after a delivery.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "outcome", content = "token")]
 pub enum DeliveryOutcome {
     /// Go on with the next batch.
     Continue,
@@ -60,7 +62,8 @@ pub enum DeliveryOutcome {
 }
 
 /// Why a consumer could not take a delivery or a handshake.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "error", content = "reason")]
 pub enum ConsumerError {
     /// It failed; the agent retries within the max delivery time.
     #[error("{0}")]
@@ -68,6 +71,11 @@ pub enum ConsumerError {
     /// It is gone (its node left, it unsubscribed); no retry.
     #[error("consumer unavailable: {0}")]
     Unavailable(String),
+    /// Its node is a live member but cannot be reached now (a link down,
+    /// a peer busy): the agent retries without a time limit and never
+    /// dead-letters for it, until the node answers or leaves the cluster.
+    #[error("consumer unreachable: {0}")]
+    Unreachable(String),
 }
 
 impl ConsumerError {

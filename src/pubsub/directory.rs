@@ -8,14 +8,35 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 
 use super::{ConsumerAddress, PubSubError, StreamConsumer};
-use crate::stream::NodeId;
+use crate::stream::{NodeId, QueueId};
+
+/// Who is calling a consumer: the queue of the delivering agent and the
+/// fencing token of the lease it runs under. A node that hosts consumers
+/// refuses calls carrying a lower token than the highest it has seen for
+/// that queue (a paused old owner's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Origin {
+    /// The delivering agent's queue.
+    pub queue: QueueId,
+    /// Its lease's fencing token, if its writes are fenced.
+    pub fence: Option<u64>,
+}
 
 /// Turns an address into something the agent can call.
 pub trait ConsumerResolver: Send + Sync + 'static {
     /// The consumer at `address`, if reachable.
     fn resolve(&self, address: &ConsumerAddress) -> Option<Arc<dyn StreamConsumer>>;
+
+    /// The consumer at `address`, called on behalf of `origin` (the cluster
+    /// transport carries it so the consumer's node can refuse a stale
+    /// owner). By default the origin is not needed.
+    fn resolve_from(&self, address: &ConsumerAddress, origin: Origin) -> Option<Arc<dyn StreamConsumer>> {
+        let _ = origin;
+        self.resolve(address)
+    }
 }
 
 /// The consumers hosted by one node, by name. Bounded.
@@ -93,6 +114,14 @@ impl ConsumerResolver for ConsumerDirectory {
             self.local.get(&address.name)
         } else {
             self.remote.as_ref()?.resolve(address)
+        }
+    }
+
+    fn resolve_from(&self, address: &ConsumerAddress, origin: Origin) -> Option<Arc<dyn StreamConsumer>> {
+        if &address.node == self.local.node() {
+            self.local.get(&address.name)
+        } else {
+            self.remote.as_ref()?.resolve_from(address, origin)
         }
     }
 }

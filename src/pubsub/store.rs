@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 
 use super::{Subscription, SubscriptionId, SubscriptionState};
-use crate::stream::StreamId;
+use crate::stream::{NodeId, StreamId};
 
 /// A pub-sub operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,6 +55,15 @@ pub trait PubSubStore: Send + Sync + 'static {
 
     /// Marks a subscription faulted with the cause; it gets no more events.
     async fn fault(&self, stream: &StreamId, id: SubscriptionId, reason: &str) -> Result<(), PubSubError>;
+
+    /// Removes every subscription whose consumer lives on `node` (a node
+    /// that died, or restarted: its consumers are gone); how many. A store
+    /// that cannot list by node keeps them (the default): their agents then
+    /// detach them when a handshake finds the consumer unavailable.
+    async fn remove_node(&self, node: &NodeId) -> Result<usize, PubSubError> {
+        let _ = node;
+        Ok(0)
+    }
 }
 
 /// The store's count and its subscriptions per stream.
@@ -120,5 +129,19 @@ impl PubSubStore for MemoryPubSubStore {
             sub.state = SubscriptionState::Faulted(reason.to_string());
         }
         Ok(())
+    }
+
+    async fn remove_node(&self, node: &NodeId) -> Result<usize, PubSubError> {
+        let mut guard = self.state.lock();
+        let (count, map) = &mut *guard;
+        let mut removed = 0;
+        map.retain(|_, subs| {
+            let before = subs.len();
+            subs.retain(|_, sub| &sub.consumer.node != node);
+            removed += before - subs.len();
+            !subs.is_empty()
+        });
+        *count -= removed;
+        Ok(removed)
     }
 }

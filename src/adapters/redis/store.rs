@@ -8,7 +8,7 @@ use super::fence;
 use crate::checkpoint::{CheckpointError, Checkpointer};
 use crate::pubsub::{PubSubError, PubSubStore, Subscription, SubscriptionId, SubscriptionState};
 use crate::queue::QueueId;
-use crate::stream::{SequenceToken, StreamId};
+use crate::stream::{NodeId, SequenceToken, StreamId};
 
 /// Checkpoints as strings at `{prefix}:{qn}:checkpoint` (under the queue's
 /// hash tag; see `fence.rs`). A fenced save checks the queue's fencing
@@ -82,12 +82,41 @@ impl Checkpointer for RedisCheckpointer {
 
 /// Inserts or replaces a subscription unless the stream already holds
 /// `ARGV[3]` others: one script, so two nodes cannot both pass the check.
+/// Stores a subscription and indexes it under its consumer's node
+/// (`KEYS[2]`), so that the subscriptions of a dead node can be purged.
 const UPSERT: &str = r"
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then
   return 0
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SADD', KEYS[2], KEYS[1] .. '\t' .. ARGV[1])
 return 1";
+
+/// Removes a subscription and its node index entry (`ARGV[2]` is the index
+/// keys' prefix; the node comes from the stored subscription).
+const REMOVE: &str = r"
+local stored = redis.call('HGET', KEYS[1], ARGV[1])
+if not stored then
+  return 0
+end
+local ok, sub = pcall(cjson.decode, stored)
+if ok and type(sub) == 'table' and type(sub.consumer) == 'table' and type(sub.consumer.node) == 'string' then
+  redis.call('SREM', ARGV[2] .. sub.consumer.node, KEYS[1] .. '\t' .. ARGV[1])
+end
+return redis.call('HDEL', KEYS[1], ARGV[1])";
+
+/// Removes every subscription indexed under one node (`KEYS[1]`).
+const REMOVE_NODE: &str = r"
+local entries = redis.call('SMEMBERS', KEYS[1])
+local removed = 0
+for _, entry in ipairs(entries) do
+  local tab = string.find(entry, '\t', 1, true)
+  if tab then
+    removed = removed + redis.call('HDEL', string.sub(entry, 1, tab - 1), string.sub(entry, tab + 1))
+  end
+end
+redis.call('DEL', KEYS[1])
+return removed";
 
 /// Subscriptions as one hash per stream, field = subscription id, at most
 /// `max_per_stream` of them.
@@ -96,13 +125,27 @@ pub struct RedisPubSubStore {
     prefix: String,
     max_per_stream: usize,
     upsert: redis::Script,
+    remove: redis::Script,
+    remove_node: redis::Script,
 }
 
 impl RedisPubSubStore {
     /// Over an existing connection; a stream holds at most `max_per_stream`
     /// subscriptions.
     pub fn new(conn: ConnectionManager, prefix: &str, max_per_stream: usize) -> Self {
-        Self { conn, prefix: prefix.to_string(), max_per_stream, upsert: redis::Script::new(UPSERT) }
+        Self {
+            conn,
+            prefix: prefix.to_string(),
+            max_per_stream,
+            upsert: redis::Script::new(UPSERT),
+            remove: redis::Script::new(REMOVE),
+            remove_node: redis::Script::new(REMOVE_NODE),
+        }
+    }
+
+    /// The prefix of the per-node index keys.
+    fn node_index_prefix(&self) -> String {
+        format!("{}:subs-of:", self.prefix)
     }
 
     /// Length-prefixed, so `a:b`/`c` and `a`/`b:c` never share a key.
@@ -136,6 +179,7 @@ impl PubSubStore for RedisPubSubStore {
         let stored: i64 = self
             .upsert
             .key(self.key(&subscription.stream))
+            .key(format!("{}{}", self.node_index_prefix(), subscription.consumer.node))
             .arg(subscription.id.to_string())
             .arg(json)
             .arg(self.max_per_stream)
@@ -153,13 +197,26 @@ impl PubSubStore for RedisPubSubStore {
 
     async fn remove(&self, stream: &StreamId, id: SubscriptionId) -> Result<bool, PubSubError> {
         let mut conn = self.conn.clone();
-        let removed: u64 = redis::cmd("HDEL")
-            .arg(self.key(stream))
+        let removed: u64 = self
+            .remove
+            .key(self.key(stream))
             .arg(id.to_string())
-            .query_async(&mut conn)
+            .arg(self.node_index_prefix())
+            .invoke_async(&mut conn)
             .await
             .map_err(store_error)?;
         Ok(removed > 0)
+    }
+
+    async fn remove_node(&self, node: &NodeId) -> Result<usize, PubSubError> {
+        let mut conn = self.conn.clone();
+        let removed: u64 = self
+            .remove_node
+            .key(format!("{}{node}", self.node_index_prefix()))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(store_error)?;
+        Ok(usize::try_from(removed).unwrap_or(usize::MAX))
     }
 
     async fn fault(&self, stream: &StreamId, id: SubscriptionId, reason: &str) -> Result<(), PubSubError> {

@@ -1,0 +1,453 @@
+//! The cluster transport: how the nodes of a multi-process cluster call each
+//! other. [`ClusterTransport`] is the seam (it also resolves consumers on
+//! other nodes, as [`ConsumerResolver`]); [`RactorTransport`] puts
+//! `ractor_cluster` behind it:
+//!
+//! - one `NodeServer` per process, in `Isolated` mode, bound to
+//!   `cluster.listen`, authenticating peers with the cluster cookie;
+//! - one remotable **gateway** actor per node, in the `pg` group named after
+//!   the node; calls are [`wire`](super::wire) envelopes, answered by the
+//!   [`Served`] handler the node installs;
+//! - a dialer that connects to every live member (from Redis membership) and
+//!   re-dials with backoff after a session drops;
+//! - per peer, a bounded number of calls in flight, each with
+//!   `cluster.call_timeout`.
+
+mod gateway;
+mod proxy;
+mod sessions;
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use ractor::ActorRef;
+use ractor::rpc::CallResult;
+use ractor_cluster::{NodeServer, NodeServerMessage};
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::redis_membership::Member;
+use super::wire::{self, Refusal, Reply, Request};
+use crate::pubsub::{ConsumerAddress, ConsumerResolver, Origin, StreamConsumer};
+use crate::retry::Backoff;
+use crate::stream::NodeId;
+use crate::tasks::Tasks;
+pub use gateway::GatewayMsg;
+use gateway::HandlerSlot;
+pub use proxy::FENCED_DELIVERIES;
+use sessions::{Link, Sessions};
+
+/// What a node answers calls with (the node installs it once it runs).
+#[async_trait]
+pub trait Served: Send + Sync + 'static {
+    /// Answers one call.
+    async fn serve(&self, request: Request) -> Reply;
+}
+
+/// A call to another node failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TransportError {
+    /// The peer is not a live member (it left, or died and its key lapsed).
+    #[error("node {0} is not a live member of the cluster")]
+    NotMember(NodeId),
+    /// No authenticated session with the peer now (it is being dialed).
+    #[error("no session with node {0} yet (re-dialing)")]
+    NoSession(NodeId),
+    /// The peer did not answer in time.
+    #[error("node {peer} did not answer within {after:?} (cluster.call_timeout)")]
+    Timeout {
+        /// The peer.
+        peer: NodeId,
+        /// How long it waited.
+        after: Duration,
+    },
+    /// The session broke during the call.
+    #[error("the link to node {peer} broke: {message}")]
+    Link {
+        /// The peer.
+        peer: NodeId,
+        /// What broke.
+        message: String,
+    },
+    /// The peer refused the call.
+    #[error("node {peer} refused the call: {refusal}")]
+    Refused {
+        /// The peer.
+        peer: NodeId,
+        /// Why.
+        refusal: Refusal,
+    },
+    /// The message is larger than the peers accept.
+    #[error("a message of {bytes} bytes to node {peer} exceeds cluster.max_message_bytes ({limit})")]
+    TooLarge {
+        /// The peer.
+        peer: NodeId,
+        /// Its size.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The message could not be encoded.
+    #[error("cannot encode a message to node {peer}: {message}")]
+    Encode {
+        /// The peer.
+        peer: NodeId,
+        /// Why.
+        message: String,
+    },
+    /// The node server could not start.
+    #[error("cannot start the cluster listener on {listen} (cluster.listen): {message}")]
+    Start {
+        /// Where it tried.
+        listen: SocketAddr,
+        /// Why.
+        message: String,
+    },
+    /// A live member did not authenticate this node.
+    #[error(
+        "node {peer} at {address} did not accept this node: {reason} (do all nodes share the same cluster cookie, \
+         cluster.cookie, cluster.cookie_file or TAILRACE_COOKIE?)"
+    )]
+    Rejected {
+        /// The peer.
+        peer: NodeId,
+        /// Where it was dialed.
+        address: String,
+        /// What happened.
+        reason: String,
+    },
+}
+
+impl TransportError {
+    /// Whether the peer may answer a retry (it is a member; the link or its
+    /// load was the problem).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            TransportError::NoSession(_) | TransportError::Timeout { .. } | TransportError::Link { .. } => true,
+            TransportError::Refused { refusal, .. } => matches!(refusal, Refusal::NotReady | Refusal::Busy(_)),
+            _ => false,
+        }
+    }
+}
+
+/// Calls to other nodes of the cluster.
+#[async_trait]
+pub trait ClusterTransport: ConsumerResolver {
+    /// Sends `request` to `peer` and waits for its reply (a `Refused` reply
+    /// comes back as [`TransportError::Refused`]).
+    async fn call(&self, peer: &NodeId, request: &Request) -> Result<Reply, TransportError>;
+
+    /// Whether `peer` is a live member now.
+    fn is_live(&self, peer: &NodeId) -> bool;
+}
+
+/// `[cluster]` as the transport needs it.
+#[derive(Clone, Debug)]
+pub struct TransportSettings {
+    /// This node.
+    pub me: NodeId,
+    /// Where to listen for other nodes.
+    pub listen: SocketAddr,
+    /// The shared secret.
+    pub cookie: String,
+    /// Limit of one call.
+    pub call_timeout: Duration,
+    /// Largest message, either way.
+    pub max_message_bytes: usize,
+    /// Most calls in flight to one peer, and served at once.
+    pub max_inflight: usize,
+    /// How often the dialer looks for peers to connect to.
+    pub redial: Duration,
+}
+
+/// The metric counting calls to peers, by peer and outcome.
+pub const TRANSPORT_CALLS: &str = "tailrace_transport_calls_total";
+/// The metric counting calls this node refused for a stale lease token.
+pub const FENCED_CALLS: &str = "tailrace_fenced_calls_total";
+/// The metric of live authenticated sessions.
+pub const TRANSPORT_SESSIONS: &str = "tailrace_transport_sessions";
+
+/// The `ractor_cluster` transport. Clones share it.
+#[derive(Clone)]
+pub struct RactorTransport {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: TransportSettings,
+    server: ActorRef<NodeServerMessage>,
+    gateway: ActorRef<GatewayMsg>,
+    handler: HandlerSlot,
+    members: watch::Receiver<Vec<Member>>,
+    sessions: Arc<Sessions>,
+    inflight: Mutex<HashMap<NodeId, Arc<Semaphore>>>,
+    tasks: Tasks,
+}
+
+/// The `pg` group of `node`'s gateway.
+fn group(node: &NodeId) -> String {
+    format!("tailrace-gateway:{node}")
+}
+
+impl RactorTransport {
+    /// Starts the node server and the gateway, and dials every live member
+    /// of `members` from then on (until [`RactorTransport::shutdown`]).
+    /// Calls are refused as not ready until [`RactorTransport::serve_with`].
+    pub async fn start(
+        settings: TransportSettings,
+        members: watch::Receiver<Vec<Member>>,
+    ) -> Result<Self, TransportError> {
+        let start_error = |message: String| TransportError::Start { listen: settings.listen, message };
+        let hostname = settings.listen.ip().to_string();
+        let server = NodeServer::new(
+            settings.listen.port(),
+            settings.cookie.clone(),
+            settings.me.to_string(),
+            hostname,
+            None,
+            Some(ractor_cluster::node::NodeConnectionMode::Isolated),
+        )
+        .with_listen_addr(settings.listen.ip())
+        .with_max_inbound_frame_size(frame_limit(settings.max_message_bytes));
+        let (server, _) = ractor::Actor::spawn(None, server, ()).await.map_err(|e| start_error(e.to_string()))?;
+        let sessions = Arc::new(Sessions::default());
+        let subscribed = server.cast(NodeServerMessage::SubscribeToEvents {
+            id: "tailrace-sessions".into(),
+            subscription: Box::new(sessions::Events(sessions.clone())),
+        });
+        let tasks = Tasks::new(CancellationToken::new());
+        let handler = HandlerSlot::default();
+        let spawned = gateway::spawn(&settings.me, handler.clone(), settings.max_inflight, tasks.clone()).await;
+        let gateway = match (subscribed, spawned) {
+            (Ok(()), Ok(gateway)) => gateway,
+            (subscribed, spawned) => {
+                server.stop(None);
+                let message = match (subscribed, spawned) {
+                    (Err(e), _) => e.to_string(),
+                    (_, Err(e)) => e.to_string(),
+                    _ => String::new(),
+                };
+                return Err(start_error(message));
+            }
+        };
+        ractor::pg::join(group(&settings.me), vec![gateway.get_cell()]);
+        let transport = Self {
+            inner: Arc::new(Inner {
+                settings,
+                server,
+                gateway,
+                handler,
+                members,
+                sessions,
+                inflight: Mutex::new(HashMap::new()),
+                tasks,
+            }),
+        };
+        let dialer = transport.clone();
+        transport.inner.tasks.spawn("cluster dialer", async move { dialer.dial_forever().await });
+        tracing::info!(node = %transport.inner.settings.me, listen = %transport.inner.settings.listen, "cluster transport listening");
+        Ok(transport)
+    }
+
+    /// Answers calls with `handler` from now on.
+    pub fn serve_with(&self, handler: Arc<dyn Served>) {
+        self.inner.handler.set(handler);
+    }
+
+    /// Dials every live member of `peers` and waits until each has
+    /// authenticated this node (within `deadline`); refuses with the first
+    /// peer that closed the handshake or never answered.
+    pub async fn authenticate(&self, peers: &[Member], deadline: Duration) -> Result<(), TransportError> {
+        let until = tokio::time::Instant::now() + deadline;
+        for peer in peers.iter().filter(|m| m.name != self.inner.settings.me) {
+            let mut dialed = 0u32;
+            loop {
+                let changed = self.inner.sessions.changed();
+                match self.inner.sessions.link(&peer.name) {
+                    Some(Link::Ready) => break,
+                    Some(Link::Opening) => {}
+                    Some(Link::ClosedBeforeAuth) | Some(Link::Down) | None => {
+                        if dialed >= 3 || tokio::time::Instant::now() >= until {
+                            let reason = match self.inner.sessions.link(&peer.name) {
+                                Some(Link::ClosedBeforeAuth) => "it closed the connection during the handshake",
+                                _ => "it did not complete the handshake in time",
+                            };
+                            return Err(TransportError::Rejected {
+                                peer: peer.name.clone(),
+                                address: peer.advertise.clone(),
+                                reason: reason.into(),
+                            });
+                        }
+                        dialed += 1;
+                        self.inner.sessions.opening(&peer.name);
+                        if let Err(error) = ractor_cluster::client_connect(&self.inner.server, &peer.advertise).await {
+                            tracing::warn!(peer = %peer.name, address = %peer.advertise, %error, "cannot dial");
+                            self.inner.sessions.down(&peer.name);
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            continue;
+                        }
+                    }
+                }
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    self.inner.sessions.down(&peer.name);
+                    continue;
+                }
+                let _ = tokio::time::timeout(left.min(Duration::from_millis(250)), changed).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops dialing and serving; the node server and its sessions end.
+    pub async fn shutdown(&self) {
+        self.inner.tasks.token().cancel();
+        ractor::pg::leave(group(&self.inner.settings.me), vec![self.inner.gateway.get_cell()]);
+        self.inner.gateway.stop(None);
+        self.inner.server.stop(None);
+        self.inner.tasks.stop(self.inner.settings.me.as_str(), Duration::from_secs(5)).await;
+    }
+
+    /// Peers with an authenticated session now.
+    pub fn connected(&self) -> BTreeSet<NodeId> {
+        self.inner.sessions.ready()
+    }
+
+    /// Connects to every live member without a session, each re-dialed with
+    /// backoff while it stays unreachable.
+    async fn dial_forever(self) {
+        const BACKOFF: Backoff =
+            Backoff::new(Duration::from_millis(200), Duration::from_secs(5), Duration::from_millis(200));
+        let stop = self.inner.tasks.token().clone();
+        let mut attempts: HashMap<NodeId, (u32, tokio::time::Instant)> = HashMap::new();
+        loop {
+            let members = self.inner.members.borrow().clone();
+            let now = tokio::time::Instant::now();
+            attempts.retain(|name, _| members.iter().any(|m| &m.name == name));
+            self.inner.inflight.lock().retain(|name, _| members.iter().any(|m| &m.name == name));
+            for member in members.iter().filter(|m| m.name != self.inner.settings.me && dialable(m)) {
+                // A link still opening is dialed again only when its backoff
+                // is over (a handshake cut before the peer named itself
+                // reports nothing).
+                if self.inner.sessions.link(&member.name) == Some(Link::Ready) {
+                    attempts.remove(&member.name);
+                    continue;
+                }
+                let (tries, next) = attempts.get(&member.name).copied().unwrap_or((0, now));
+                if now < next {
+                    continue;
+                }
+                attempts.insert(member.name.clone(), (tries + 1, now + BACKOFF.delay(tries)));
+                self.inner.sessions.opening(&member.name);
+                if let Err(error) = ractor_cluster::client_connect(&self.inner.server, &member.advertise).await {
+                    tracing::debug!(peer = %member.name, address = %member.advertise, %error, "dial failed; retrying");
+                    self.inner.sessions.down(&member.name);
+                }
+            }
+            metrics::gauge!(TRANSPORT_SESSIONS).set(self.inner.sessions.ready().len() as f64);
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(self.inner.settings.redial) => {}
+            }
+        }
+    }
+
+    fn permits(&self, peer: &NodeId) -> Arc<Semaphore> {
+        self.inner
+            .inflight
+            .lock()
+            .entry(peer.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.inner.settings.max_inflight)))
+            .clone()
+    }
+
+    /// The gateway of `peer`, if a session with it is up.
+    fn gateway_of(&self, peer: &NodeId) -> Option<ActorRef<GatewayMsg>> {
+        let cell = ractor::pg::get_members(&group(peer)).into_iter().find(|cell| !cell.get_id().is_local())?;
+        Some(cell.into())
+    }
+
+    async fn call_once(&self, peer: &NodeId, request: &Request) -> Result<Reply, TransportError> {
+        if !self.is_live(peer) {
+            return Err(TransportError::NotMember(peer.clone()));
+        }
+        let bytes = wire::encode(request).map_err(|message| TransportError::Encode { peer: peer.clone(), message })?;
+        let limit = self.inner.settings.max_message_bytes;
+        if bytes.len() > limit {
+            return Err(TransportError::TooLarge { peer: peer.clone(), bytes: bytes.len(), limit });
+        }
+        let after = self.inner.settings.call_timeout;
+        let permits = self.permits(peer);
+        let _permit = match tokio::time::timeout(after, permits.acquire_owned()).await {
+            Ok(Ok(permit)) => permit,
+            _ => {
+                return Err(TransportError::Refused {
+                    peer: peer.clone(),
+                    refusal: Refusal::Busy(self.inner.settings.max_inflight),
+                });
+            }
+        };
+        let gateway = self.gateway_of(peer).ok_or_else(|| TransportError::NoSession(peer.clone()))?;
+        let answer = gateway.call(|reply| GatewayMsg::new(bytes, reply), Some(after)).await;
+        let bytes = match answer {
+            Ok(CallResult::Success(bytes)) => bytes,
+            Ok(CallResult::Timeout) => return Err(TransportError::Timeout { peer: peer.clone(), after }),
+            Ok(CallResult::SenderError) => {
+                return Err(TransportError::Link { peer: peer.clone(), message: "the session closed".into() });
+            }
+            Err(error) => return Err(TransportError::Link { peer: peer.clone(), message: error.to_string() }),
+        };
+        match wire::decode::<Reply>(&bytes) {
+            Ok(Reply::Refused { refusal }) => Err(TransportError::Refused { peer: peer.clone(), refusal }),
+            Ok(reply) => Ok(reply),
+            Err(refusal) => Err(TransportError::Refused { peer: peer.clone(), refusal }),
+        }
+    }
+}
+
+/// The inbound frame limit: the largest message plus the protocol's own
+/// framing.
+fn frame_limit(max_message_bytes: usize) -> u64 {
+    u64::try_from(max_message_bytes).unwrap_or(u64::MAX).saturating_add(64 * 1024)
+}
+
+/// Whether a member accepts node connections (a `serve` process does not).
+fn dialable(member: &Member) -> bool {
+    member.advertise.parse::<SocketAddr>().is_ok()
+        || member.advertise.rsplit_once(':').is_some_and(|(h, _)| !h.is_empty())
+}
+
+#[async_trait]
+impl ClusterTransport for RactorTransport {
+    async fn call(&self, peer: &NodeId, request: &Request) -> Result<Reply, TransportError> {
+        let result = self.call_once(peer, request).await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(TransportError::Refused { refusal: Refusal::Fenced { .. }, .. }) => "fenced",
+            Err(TransportError::Refused { .. }) => "refused",
+            Err(TransportError::Timeout { .. }) => "timeout",
+            Err(TransportError::NotMember(_)) => "not_member",
+            Err(_) => "link",
+        };
+        metrics::counter!(TRANSPORT_CALLS, "peer" => peer.to_string(), "outcome" => outcome).increment(1);
+        result
+    }
+
+    fn is_live(&self, peer: &NodeId) -> bool {
+        self.inner.members.borrow().iter().any(|m| &m.name == peer)
+    }
+}
+
+impl ConsumerResolver for RactorTransport {
+    fn resolve(&self, address: &ConsumerAddress) -> Option<Arc<dyn StreamConsumer>> {
+        Some(Arc::new(proxy::Proxy::new(Arc::new(self.clone()), address.clone(), None)))
+    }
+
+    fn resolve_from(&self, address: &ConsumerAddress, origin: Origin) -> Option<Arc<dyn StreamConsumer>> {
+        Some(Arc::new(proxy::Proxy::new(Arc::new(self.clone()), address.clone(), Some(origin))))
+    }
+}
