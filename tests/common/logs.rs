@@ -292,8 +292,14 @@ impl Sse {
 
     /// The next event (heartbeats skipped), parsed.
     pub async fn event(&mut self) -> Option<Value> {
+        self.event_within(FRAME_WAIT).await
+    }
+
+    /// The next event (heartbeats skipped), parsed; panics if no frame
+    /// comes within `wait`.
+    pub async fn event_within(&mut self, wait: Duration) -> Option<Value> {
         loop {
-            let frame = self.frame_within(FRAME_WAIT).await?;
+            let frame = self.frame_within(wait).await?;
             if frame.starts_with(':') {
                 continue;
             }

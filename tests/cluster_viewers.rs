@@ -1,0 +1,190 @@
+//! Log viewers on a cluster of real `tailrace node` processes: every run
+//! is watched over SSE on a node that does not pull its queue (the lines
+//! reach the viewer's node over the cluster transport), lines are posted
+//! through every node, and each viewer disconnects and resumes by cursor on
+//! another node. An owner is killed with SIGKILL (and restarted), or leaves
+//! with SIGTERM; every viewer's log must equal the run's stored log, line
+//! for line, with no line twice.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::cluster::*;
+use common::logs::Sse;
+use common::redis_server::RedisServer;
+use tailrace::archive::RunKey;
+use tailrace::queue::QueueMapper;
+
+const FQN: &str = "svc.cluster";
+const RUNS: usize = 18;
+const LINES_PER_POST: usize = 20;
+/// How long a viewer may wait for its next frame: a dead owner's queues are
+/// re-owned within the lease TTL (6 s here) plus an acquire period.
+const FRAME_WAIT: Duration = Duration::from_secs(45);
+
+fn run_id(run: usize) -> String {
+    format!("run-{run}")
+}
+
+fn queue_of(run: usize) -> u64 {
+    let key = RunKey::new(FQN, &run_id(run)).unwrap();
+    u64::from(QueueMapper::new(QUEUES).queue_for(&key.stream()).0)
+}
+
+/// One browser tab: the lines it saw and its cursor.
+struct Viewer {
+    run: usize,
+    lines: Vec<String>,
+    after: Option<String>,
+    sse: Option<Sse>,
+}
+
+impl Viewer {
+    async fn open(&mut self, client: &reqwest::Client, node: &Proc) {
+        let query = self.after.as_ref().map(|a| format!("?after={a}")).unwrap_or_default();
+        let path = format!("/api/v1/services/ingestionPipelines/logs/{FQN}/stream/{}{query}", run_id(self.run));
+        let sse = Sse::open(client, &node.url(&path)).await;
+        assert_eq!(sse.status, 200, "viewer of run {} on {}", self.run, node.name);
+        self.sse = Some(sse);
+    }
+
+    /// Reads until it holds `total` lines.
+    async fn read_to(&mut self, total: usize) {
+        let sse = self.sse.as_mut().expect("open");
+        while self.lines.len() < total {
+            let event = sse.event_within(FRAME_WAIT).await.unwrap_or_else(|| {
+                panic!("the stream of run {} ended at {} of {total} lines", self.run, self.lines.len())
+            });
+            match event["eventType"].as_str() {
+                Some("logs") => {
+                    assert_eq!(event["truncated"], false, "run {}: a resume by cursor is exact: {event}", self.run);
+                    let text = event["logs"].as_str().unwrap();
+                    if !text.is_empty() {
+                        self.lines.extend(text.split('\n').map(str::to_string));
+                    }
+                    self.after = event["after"].as_str().map(str::to_string).or(self.after.take());
+                }
+                _ => panic!("run {}: unexpected event {event}", self.run),
+            }
+        }
+        assert_eq!(self.lines.len(), total, "run {}: no line more than posted", self.run);
+    }
+
+    /// Closes the connection (the browser tab reloads).
+    fn close(&mut self) {
+        self.sse = None;
+    }
+}
+
+/// Posts the next `LINES_PER_POST` lines of every run through `via`
+/// (round robin); `posted[run]` counts them.
+async fn post_round(client: &reqwest::Client, via: &[&Proc], posted: &mut [usize]) {
+    for (run, count) in posted.iter_mut().enumerate() {
+        let node = via[run % via.len()];
+        let body: String =
+            (*count..*count + LINES_PER_POST).map(|i| format!("run {run} line {i} via {}\n", node.name)).collect();
+        let url = node.url(&format!("/api/v1/logs/{FQN}/runs/{}/lines", run_id(run)));
+        let response = client.post(url).header("content-type", "text/plain").body(body).send().await.unwrap();
+        assert!(response.status().is_success(), "post to {}: {}", node.name, response.status());
+        *count += LINES_PER_POST;
+    }
+}
+
+/// The run's stored log, as the download endpoint of `node` serves it.
+async fn stored(client: &reqwest::Client, node: &Proc, run: usize) -> Vec<String> {
+    let url = node.url(&format!("/api/v1/services/ingestionPipelines/logs/{FQN}/last/download?runId={}", run_id(run)));
+    let text = client.get(url).send().await.unwrap().text().await.unwrap();
+    text.lines().map(str::to_string).collect()
+}
+
+/// Each viewer's log is the stored log, every line once, in order.
+async fn every_viewer_matches_the_store(client: &reqwest::Client, node: &Proc, viewers: &[Viewer], posted: &[usize]) {
+    for viewer in viewers {
+        let expected: Vec<String> =
+            (0..posted[viewer.run]).map(|i| format!("run {} line {i} via ", viewer.run)).collect();
+        assert_eq!(viewer.lines.len(), expected.len(), "run {}", viewer.run);
+        for (line, prefix) in viewer.lines.iter().zip(&expected) {
+            assert!(line.starts_with(prefix), "run {}: {line:?} where {prefix:?}… was due", viewer.run);
+        }
+        let store = stored(client, node, viewer.run).await;
+        assert_eq!(store, viewer.lines, "run {}: the viewer's log equals the stored log", viewer.run);
+    }
+}
+
+/// A node other than the holder of the run's queue and other than `avoid`.
+fn viewer_node(held: &BTreeMap<u64, (String, u64)>, run: usize, names: &[&str], avoid: &str) -> usize {
+    let owner = &held[&queue_of(run)].0;
+    let pick = names.iter().enumerate().filter(|(_, n)| *n != owner && **n != avoid).map(|(i, _)| i).nth(run % 2);
+    pick.or_else(|| names.iter().position(|n| n != owner && *n != avoid)).expect("a non-owner node")
+}
+
+async fn life(graceful: bool) {
+    let server = RedisServer::start();
+    let client = reqwest::Client::new();
+    let names = ["n1", "n2", "n3"];
+    let mut nodes: Vec<Proc> = names.iter().map(|n| Proc::node(&server, n)).collect();
+    let held = settle(&nodes[0], &[("n1", 2), ("n2", 2), ("n3", 2)]).await;
+    // n1 is the node that dies; no viewer watches from it.
+    let mut viewers: Vec<Viewer> =
+        (0..RUNS).map(|run| Viewer { run, lines: Vec::new(), after: None, sse: None }).collect();
+    let mut posted = vec![0usize; RUNS];
+    post_round(&client, &nodes.iter().collect::<Vec<_>>(), &mut posted).await;
+    for viewer in &mut viewers {
+        let at = viewer_node(&held, viewer.run, &names, "n1");
+        viewer.open(&client, &nodes[at]).await;
+    }
+    post_round(&client, &nodes.iter().collect::<Vec<_>>(), &mut posted).await;
+    for viewer in &mut viewers {
+        viewer.read_to(posted[viewer.run]).await;
+    }
+
+    // The owner of two queues goes away; lines keep coming through the others.
+    if graceful {
+        nodes[0].signal("TERM");
+        assert!(nodes[0].wait_exit().success(), "{}", nodes[0].log_text());
+    } else {
+        nodes[0].signal("KILL");
+        let _ = nodes[0].wait_exit();
+    }
+    let survivors = [&nodes[1], &nodes[2]];
+    post_round(&client, &survivors, &mut posted).await;
+    for viewer in &mut viewers {
+        viewer.read_to(posted[viewer.run]).await;
+    }
+    settle(&nodes[1], &[("n2", 3), ("n3", 3)]).await;
+
+    // Every viewer reloads and resumes by cursor on the other survivor.
+    for viewer in &mut viewers {
+        viewer.close();
+    }
+    post_round(&client, &survivors, &mut posted).await;
+    let held = settle(&nodes[1], &[("n2", 3), ("n3", 3)]).await;
+    for viewer in &mut viewers {
+        let at = viewer_node(&held, viewer.run, &names, "n1");
+        viewer.open(&client, &nodes[at]).await;
+        viewer.read_to(posted[viewer.run]).await;
+    }
+
+    // n1 comes back under its name and takes its share again.
+    nodes[0] = Proc::node(&server, "n1");
+    settle(&nodes[1], &[("n1", 2), ("n2", 2), ("n3", 2)]).await;
+    post_round(&client, &nodes.iter().collect::<Vec<_>>(), &mut posted).await;
+    for viewer in &mut viewers {
+        viewer.read_to(posted[viewer.run]).await;
+    }
+    every_viewer_matches_the_store(&client, &nodes[2], &viewers, &posted).await;
+    let lines: usize = posted.iter().sum();
+    assert_eq!(lines, RUNS * LINES_PER_POST * 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn viewers_on_other_nodes_lose_nothing_when_an_owner_is_killed() {
+    life(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn viewers_on_other_nodes_see_every_line_once_when_an_owner_leaves() {
+    life(true).await;
+}

@@ -1,0 +1,217 @@
+//! A cluster of real `tailrace node` processes on one private Redis, for
+//! the process tests: configs on free ports, a process with its log, and
+//! ownership read from the admin API and the Redis lease keys.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::redis_server::RedisServer;
+
+pub const QUEUES: u32 = 6;
+/// Generous bounds for what is polled (never how long anything must take).
+pub const START_WITHIN: Duration = Duration::from_secs(60);
+pub const SETTLE_WITHIN: Duration = Duration::from_secs(60);
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The config of node `name` with its edge on `port`.
+pub fn config(redis: &RedisServer, name: &str, port: u16) -> String {
+    let url = redis.url();
+    let cluster_port = free_port();
+    format!(
+        r#"[node]
+name = "{name}"
+[queues]
+adapter = "redis"
+count = {QUEUES}
+[adapters.redis]
+url = "{url}"
+[archive]
+store = "redis"
+redis_url = "{url}"
+[lease]
+ttl = "6s"
+renew = "2s"
+acquire = "1s"
+[membership]
+heartbeat = "500ms"
+ttl = "2s"
+[cluster]
+listen = "127.0.0.1:{cluster_port}"
+[edge]
+listen = "127.0.0.1:{port}"
+"#
+    )
+}
+
+/// The cookie every node of these tests shares.
+pub const COOKIE: &str = "a-test-cookie-of-at-least-32-characters";
+
+/// One `tailrace` process and its log.
+pub struct Proc {
+    pub name: String,
+    pub port: u16,
+    child: Option<Child>,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Proc {
+    /// Spawns `tailrace <args> --config <config>` (plus `extra`).
+    pub fn spawn(name: &str, port: u16, text: &str, args: &[&str], extra: &[String]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let log = dir.path().join(format!("{name}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_tailrace"))
+            .args(args)
+            .arg("--config")
+            .arg(&path)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .env("TAILRACE_COOKIE", COOKIE)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .unwrap();
+        Self { name: name.into(), port, child: Some(child), log, _dir: dir }
+    }
+
+    /// `tailrace node` under `name`, waited for until it serves.
+    pub fn node(redis: &RedisServer, name: &str) -> Self {
+        let port = free_port();
+        let mut node = Self::spawn(name, port, &config(redis, name, port), &["node"], &[]);
+        node.wait_serving();
+        node
+    }
+
+    pub fn wait_serving(&mut self) {
+        let stdout = self.child.as_mut().unwrap().stdout.take().unwrap();
+        let started = super::life::serving_within(stdout, START_WITHIN);
+        assert!(started, "{} did not serve within {START_WITHIN:?}:\n{}", self.name, self.log_text());
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the process to exit on its own; its status.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let deadline = std::time::Instant::now() + SETTLE_WITHIN;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                panic!("{} did not exit within {SETTLE_WITHIN:?}:\n{}", self.name, self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends `signal` (`TERM`, `KILL`).
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        assert!(Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap().success());
+    }
+
+    /// `http://127.0.0.1:<edge port><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub async fn cluster(&self) -> Option<Value> {
+        let url = format!("http://127.0.0.1:{}/api/v1/admin/cluster", self.port);
+        let response = reqwest::get(url).await.ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        response.json().await.ok()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Queue → holder, from an admin answer; `None` if a queue has no holder.
+pub fn holders(cluster: &Value) -> Option<BTreeMap<u64, (String, u64)>> {
+    let queues = cluster["queues"].as_array()?;
+    let mut held = BTreeMap::new();
+    for queue in queues {
+        let holder = queue["holder"].as_str()?.to_string();
+        held.insert(queue["queue"].as_u64()?, (holder, queue["token"].as_u64()?));
+    }
+    (held.len() == QUEUES as usize).then_some(held)
+}
+
+pub fn counts(held: &BTreeMap<u64, (String, u64)>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for (holder, _) in held.values() {
+        *counts.entry(holder.clone()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Polls `node`'s admin API until every queue is held and the holders'
+/// counts are `want`; the holders then.
+pub async fn settle(node: &Proc, want: &[(&str, usize)]) -> BTreeMap<u64, (String, u64)> {
+    let want: BTreeMap<String, usize> = want.iter().map(|(n, c)| (n.to_string(), *c)).collect();
+    let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
+    let mut last = None;
+    loop {
+        if let Some(held) = node.cluster().await.as_ref().and_then(holders) {
+            if counts(&held) == want {
+                return held;
+            }
+            last = Some(held);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "queues never split as {want:?}; last seen {last:?}\n{}",
+            node.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn redis(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url()).unwrap().get_multiplexed_async_connection().await.unwrap()
+}
+
+/// Every lease key agrees with what the admin API reported.
+pub async fn leases_in_redis_match(conn: &mut redis::aio::MultiplexedConnection, held: &BTreeMap<u64, (String, u64)>) {
+    for (queue, (holder, token)) in held {
+        let key = format!("tailrace:{{q{queue}}}:lease");
+        let (h, t): (Option<String>, Option<u64>) =
+            redis::cmd("HMGET").arg(&key).arg("holder").arg("token").query_async(conn).await.unwrap();
+        assert_eq!((h.as_deref(), t), (Some(holder.as_str()), Some(*token)), "{key}");
+    }
+}
+
+pub async fn fences(conn: &mut redis::aio::MultiplexedConnection) -> Vec<Option<u64>> {
+    let mut fences = Vec::new();
+    for queue in 0..QUEUES {
+        let fence: Option<u64> =
+            redis::cmd("GET").arg(format!("tailrace:{{q{queue}}}:fence")).query_async(conn).await.unwrap();
+        fences.push(fence);
+    }
+    fences
+}
+
+pub async fn member_exists(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> bool {
+    redis::cmd("EXISTS").arg(format!("tailrace:member:{name}")).query_async::<i64>(conn).await.unwrap() == 1
+}
