@@ -20,10 +20,32 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// How a node listens for the others and proves it belongs.
+pub struct Link {
+    /// Its `cluster.listen` port.
+    pub listen: u16,
+    /// Its `cluster.advertise` (default: the listen address).
+    pub advertise: Option<String>,
+    /// Its cookie.
+    pub cookie: &'static str,
+}
+
+impl Default for Link {
+    fn default() -> Self {
+        Self { listen: free_port(), advertise: None, cookie: COOKIE }
+    }
+}
+
 /// The config of node `name` with its edge on `port`.
 pub fn config(redis: &RedisServer, name: &str, port: u16) -> String {
+    config_linked(redis, name, port, &Link::default())
+}
+
+/// The config of node `name` with its edge on `port`, linked as `link` says.
+pub fn config_linked(redis: &RedisServer, name: &str, port: u16, link: &Link) -> String {
     let url = redis.url();
-    let cluster_port = free_port();
+    let cluster_port = link.listen;
+    let advertise = link.advertise.as_ref().map(|a| format!("advertise = \"{a}\"\n")).unwrap_or_default();
     format!(
         r#"[node]
 name = "{name}"
@@ -44,7 +66,7 @@ heartbeat = "500ms"
 ttl = "2s"
 [cluster]
 listen = "127.0.0.1:{cluster_port}"
-[edge]
+{advertise}[edge]
 listen = "127.0.0.1:{port}"
 "#
     )
@@ -65,6 +87,11 @@ pub struct Proc {
 impl Proc {
     /// Spawns `tailrace <args> --config <config>` (plus `extra`).
     pub fn spawn(name: &str, port: u16, text: &str, args: &[&str], extra: &[String]) -> Self {
+        Self::spawn_with_cookie(name, port, text, args, extra, COOKIE)
+    }
+
+    /// As [`Proc::spawn`], with `cookie` in `TAILRACE_COOKIE`.
+    pub fn spawn_with_cookie(name: &str, port: u16, text: &str, args: &[&str], extra: &[String], cookie: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(format!("{name}.toml"));
         std::fs::write(&path, text).unwrap();
@@ -75,7 +102,7 @@ impl Proc {
             .arg(&path)
             .args(extra)
             .env("RUST_LOG", "warn")
-            .env("TAILRACE_COOKIE", COOKIE)
+            .env("TAILRACE_COOKIE", cookie)
             .stdout(Stdio::piped())
             .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
             .spawn()
@@ -85,10 +112,22 @@ impl Proc {
 
     /// `tailrace node` under `name`, waited for until it serves.
     pub fn node(redis: &RedisServer, name: &str) -> Self {
-        let port = free_port();
-        let mut node = Self::spawn(name, port, &config(redis, name, port), &["node"], &[]);
+        Self::node_linked(redis, name, &Link::default())
+    }
+
+    /// `tailrace node` under `name` linked as `link` says, waited for until
+    /// it serves.
+    pub fn node_linked(redis: &RedisServer, name: &str, link: &Link) -> Self {
+        let mut node = Self::start_linked(redis, name, link);
         node.wait_serving();
         node
+    }
+
+    /// `tailrace node` under `name` linked as `link` says, not waited for.
+    pub fn start_linked(redis: &RedisServer, name: &str, link: &Link) -> Self {
+        let port = free_port();
+        let text = config_linked(redis, name, port, link);
+        Self::spawn_with_cookie(name, port, &text, &["node"], &[], link.cookie)
     }
 
     pub fn wait_serving(&mut self) {

@@ -134,6 +134,7 @@ pub mod logs;
 pub mod redis_server;
 pub mod scripted;
 pub mod store;
+pub mod tcp_proxy;
 
 use tailrace::agent::{AgentMsg, AgentStatus};
 use tailrace::cluster::NodeId;
