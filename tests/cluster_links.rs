@@ -139,3 +139,38 @@ async fn a_cut_link_heals_and_nothing_is_dead_lettered() {
         assert_eq!(metric(node, "tailrace_agent_dead_letters_total", None).await, 0.0, "{}", node.log_text());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_viewer_subscriptions_are_purged() {
+    let server = RedisServer::start();
+    let mut conn = redis(&server).await;
+    let client = reqwest::Client::new();
+    let n1 = Proc::node(&server, "n1");
+    let mut n2 = Proc::node(&server, "n2");
+    settle(&n1, &[("n1", 3), ("n2", 3)]).await;
+    let post = n1.url(&format!("/api/v1/logs/{FQN}/runs/run-1/lines"));
+    let answer = client.post(post).header("content-type", "text/plain").body("one\n").send().await.unwrap();
+    assert!(answer.status().is_success());
+    let path = format!("/api/v1/services/ingestionPipelines/logs/{FQN}/stream/run-1");
+    let mut sse = Sse::open(&client, &n2.url(&path)).await;
+    let mut lines = Vec::new();
+    read_to(&mut sse, &mut lines, 1).await;
+    let index = "tailrace:subs-of:n2";
+    let stored = || async {
+        let mut conn = redis(&server).await;
+        redis::cmd("SCARD").arg(index).query_async::<u64>(&mut conn).await.unwrap()
+    };
+    assert_eq!(stored().await, 1, "the viewer's node has one stored subscription");
+
+    n2.signal("KILL");
+    let _ = n2.wait_exit();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while stored().await > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the dead node's subscription stays:\n{}", n1.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let key = format!("tailrace:subs:4:logs:{FQN}/run-1");
+    let left: Vec<String> = redis::cmd("HVALS").arg(&key).query_async(&mut conn).await.unwrap();
+    assert!(left.iter().all(|s| !s.contains("\"n2\"")), "{left:?}");
+    assert_eq!(metric(&n1, "tailrace_purged_subscriptions_total", None).await, 1.0);
+}

@@ -66,6 +66,7 @@ heartbeat = "500ms"
 ttl = "2s"
 [cluster]
 listen = "127.0.0.1:{cluster_port}"
+purge_after = "2s"
 {advertise}[edge]
 listen = "127.0.0.1:{port}"
 "#
