@@ -568,6 +568,9 @@ impl Node {
             }
         }
         self.tasks.stop(self.id.as_str(), STOP_TIMEOUT).await;
+        if stopped.is_ok() {
+            ownership::release_leftovers(self.leases.as_ref(), self.mapper, &self.id).await;
+        }
         stopped
     }
 

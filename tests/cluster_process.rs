@@ -121,3 +121,32 @@ async fn stopping_a_nodes_agents_hands_its_queues_to_the_others_until_they_start
     let held = settle(&n2, &[("n1", 3), ("n2", 3)]).await;
     leases_in_redis_match(&mut conn, &held).await;
 }
+
+/// Orleans' scenario 27 from outside: a node told to stop while its lease
+/// calls are blocked (Redis frozen as it takes its share) still leaves in
+/// order once Redis answers: once it exited, no lease names it, and the
+/// other node takes every queue without waiting for a lease to lapse. (The
+/// grant whose answer the stopping balancer dropped is forced in
+/// `lease_balancer::a_lease_granted_to_a_stopping_node_is_released_by_its_shutdown`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopped_while_redis_is_frozen_leaves_no_lease_behind() {
+    let server = RedisServer::start();
+    let mut conn = redis(&server).await;
+    let n1 = Proc::node(&server, "n1");
+    settle(&n1, &[("n1", 6)]).await;
+    let mut n2 = Proc::node(&server, "n2");
+    // n2's balancer now takes the leases n1 frees; freeze Redis under it.
+    server.signal("STOP");
+    n2.signal("TERM");
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    server.signal("CONT");
+    let status = n2.wait_exit();
+    assert!(status.success(), "{}", n2.log_text());
+    for queue in 0..QUEUES {
+        let key = format!("tailrace:{{q{queue}}}:lease");
+        let holder: Option<String> = redis::cmd("HGET").arg(&key).arg("holder").query_async(&mut conn).await.unwrap();
+        assert_ne!(holder.as_deref(), Some("n2"), "{key} still names the node that left:\n{}", n2.log_text());
+    }
+    let held = settle(&n1, &[("n1", 6)]).await;
+    leases_in_redis_match(&mut conn, &held).await;
+}

@@ -114,3 +114,37 @@ async fn a_crashed_nodes_leases_expire_in_redis_and_are_claimed_under_higher_tok
     nodes[0].shutdown().await.unwrap();
     assert_eq!(observer.holders(&all).await.unwrap(), [], "released on a graceful stop");
 }
+
+/// Orleans' scenario 27 at its root: a lease the store granted to a node
+/// whose balancer stopped before it heard the answer (the node was told to
+/// stop during the acquire) is released by the node's shutdown, not left
+/// to lapse.
+#[tokio::test]
+async fn a_lease_granted_to_a_stopping_node_is_released_by_its_shutdown() {
+    let factory = Arc::new(MemoryAdapterFactory::new(4, MemoryOptions::default()));
+    let membership = Membership::new();
+    // A second member that never runs: `a` takes its share, 2 of 4.
+    membership.join(NodeId::new("ghost"));
+    let leases = Arc::new(tailrace::cluster::MemoryLeases::new());
+    let a = NodeId::new("a");
+    let node = Node::builder(a.clone(), factory)
+        .config(config())
+        .membership(membership)
+        .leases(leases.clone())
+        .start()
+        .await
+        .unwrap();
+    let all: Vec<QueueId> = (0..4).map(QueueId).collect();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while node.status().await.unwrap().running.len() != 2 {
+        assert!(tokio::time::Instant::now() < deadline, "a never took its share");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held = leases.holders(&all).await.unwrap();
+    let free = all.iter().copied().find(|q| held.iter().all(|l| l.queue != *q)).unwrap();
+    // The acquire whose answer the stopping balancer dropped.
+    let orphan = leases.acquire(free, &a, Duration::from_secs(60)).await.unwrap();
+    assert!(orphan.is_some());
+    node.shutdown().await.unwrap();
+    assert_eq!(leases.holders(&all).await.unwrap(), [], "every lease of `a` released, the orphan included");
+}

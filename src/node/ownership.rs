@@ -90,3 +90,25 @@ pub(super) async fn drive_leases(driver: LeaseDriver) {
         }
     }
 }
+
+/// After the manager stopped (its agents released their leases): releases
+/// every lease still held under `me`. A lease balancer stopped during an
+/// acquire that the lease store carried out anyway leaves one behind (its
+/// answer was dropped); without this it would block its queue until it
+/// lapses. Best effort: what cannot be released lapses after its TTL.
+pub(super) async fn release_leftovers(leases: &dyn QueueLeases, mapper: QueueMapper, me: &NodeId) {
+    let held = match leases.holders(&mapper.all_queues()).await {
+        Ok(held) => held,
+        Err(error) => {
+            tracing::warn!(node = %me, %error, "cannot list leases at shutdown; any left lapse after their ttl");
+            return;
+        }
+    };
+    for lease in held.into_iter().filter(|lease| &lease.holder == me) {
+        match leases.release(&lease).await {
+            Ok(true) => tracing::info!(node = %me, queue = %lease.queue, "released a lease left by a stopped acquire"),
+            Ok(false) => {}
+            Err(error) => tracing::warn!(node = %me, queue = %lease.queue, %error, "cannot release a leftover lease"),
+        }
+    }
+}

@@ -28,6 +28,13 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to the server: a stopped server
+    /// holds every call until it continues.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        assert!(Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap().success());
+    }
+
     pub fn dir(&self) -> PathBuf {
         self.dir.path().to_path_buf()
     }
