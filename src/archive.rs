@@ -20,6 +20,7 @@
 //! store is too big (`[archive.retention]`, see [`RetentionPolicy`]).
 
 mod archiver;
+mod audit;
 mod file_names;
 mod file_store;
 mod redis_store;
@@ -32,6 +33,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use archiver::{Archiver, Contents, RunLogReader, STATUS_ID_PREFIX, is_status, status_event};
+pub use audit::{AuditError, AuditLine, AuditLog};
 pub use file_store::FileRunLogStore;
 pub use redis_store::RedisRunLogStore;
 pub use retention::{MAX_REPORTED_RUNS, MAX_RUNS_PER_PRUNE, PruneReport, Retention, RetentionPolicy, Verdict};

@@ -3,6 +3,7 @@
 //! silently). `docs/operations.md` lists every section.
 
 mod cluster;
+mod diagnostics;
 mod edge;
 
 use std::path::Path;
@@ -19,6 +20,7 @@ use crate::checkpoint::CheckpointOptions;
 use crate::manager::ManagerOptions;
 use crate::pubsub::PubSubOptions;
 pub use cluster::{COOKIE_ENV, ClusterSection, ClusterTls, LeaseOptions, MIN_COOKIE_LEN, MembershipOptions};
+pub use diagnostics::DiagnosticsSection;
 pub(crate) use edge::secs;
 pub use edge::{AuthOptions, EdgeOptions, LogStreamSettings, Scope, TokenEntry};
 
@@ -56,6 +58,8 @@ pub struct Config {
     pub membership: MembershipOptions,
     /// Queue leases.
     pub lease: LeaseOptions,
+    /// What the node records for outside checks (the audit log).
+    pub diagnostics: DiagnosticsSection,
 }
 
 /// `[node]`
@@ -174,6 +178,7 @@ impl Config {
         self.cluster.check(std::env::var(COOKIE_ENV).ok()).map_err(invalid)?;
         self.membership.check().map_err(invalid)?;
         self.lease.check().map_err(invalid)?;
+        self.diagnostics.check().map_err(invalid)?;
         Ok(())
     }
 }
@@ -269,5 +274,21 @@ mod tests {
         assert!(!never.archive.retention.is_enabled());
         let err = Config::from_toml("[archive.retention]\nmax_ages = \"1d\"\n", "x.toml").unwrap_err().to_string();
         assert!(err.contains("max_ages"), "{err}");
+    }
+
+    #[test]
+    fn diagnostics_are_off_by_default_and_need_both_keys() {
+        let config = Config::from_toml("", "<test>").unwrap();
+        assert_eq!(config.diagnostics.audit(), None);
+        let config =
+            Config::from_toml("[diagnostics]\naudit_namespace = \"audit\"\naudit_path = \"a.jsonl\"\n", "<test>")
+                .unwrap();
+        assert_eq!(config.diagnostics.audit(), Some(("audit", std::path::Path::new("a.jsonl"))));
+        let err = Config::from_toml("[diagnostics]\naudit_namespace = \"audit\"\n", "x.toml").unwrap_err().to_string();
+        assert!(err.contains("diagnostics.audit_namespace needs diagnostics.audit_path"), "{err}");
+        let err = Config::from_toml("[diagnostics]\naudit_path = \"a\"\n", "x.toml").unwrap_err().to_string();
+        assert!(err.contains("diagnostics.audit_path needs"), "{err}");
+        let err = Config::from_toml("[diagnostics]\naudit_nmespace = \"a\"\n", "x.toml").unwrap_err().to_string();
+        assert!(err.contains("audit_nmespace"), "{err}");
     }
 }

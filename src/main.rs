@@ -50,11 +50,14 @@ enum Command {
     /// Run a benchmark scenario against its baseline; the last line is
     /// `RESULT scenario=... ratio=...`.
     Bench {
-        /// The scenario: pipeline, file, redis or sse.
+        /// The scenario: pipeline, file, redis, sse or failover.
         scenario: String,
         /// A shorter run (CI).
         #[arg(long)]
         quick: bool,
+        /// failover: stop the node with SIGTERM instead of `kill -9`.
+        #[arg(long)]
+        graceful: bool,
         /// The Redis server of the redis scenario (its keys are deleted
         /// after each round).
         #[arg(long, default_value = "redis://127.0.0.1:6379")]
@@ -92,7 +95,9 @@ fn main() -> anyhow::Result<()> {
             Command::Tail(args) => cli::tail::run(args).await,
             Command::BenchClient(args) => cli::bench::sse_client::run(args).await,
             Command::Handoff { command: HandoffCommand::Recover(args) } => cli::handoff::recover(args),
-            Command::Bench { scenario, quick, redis_url } => cli::bench::run(&scenario, quick, &redis_url).await,
+            Command::Bench { scenario, quick, graceful, redis_url } => {
+                cli::bench::run(&scenario, quick, graceful, &redis_url).await
+            }
         }
     })
 }

@@ -124,7 +124,11 @@ pub(super) async fn run_node(
 ) -> anyhow::Result<()> {
     let me = NodeId::new(config.node.name.clone());
     let archiver = Archiver::new(store.clone());
-    let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, archiver.clone());
+    let mut implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, archiver.clone());
+    if let Some((namespace, path)) = config.diagnostics.audit() {
+        let audit = tailrace::archive::AuditLog::open(path, me.as_str()).context("opening the audit log")?;
+        implicit = implicit.bind(namespace, audit);
+    }
     let checkpointer = backend.factory.create_checkpointer().await?;
     let queues = backend.factory.queue_mapper().all_queues();
     let mut builder = Node::builder(me.clone(), backend.factory)

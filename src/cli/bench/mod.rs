@@ -1,7 +1,10 @@
-//! `tailrace bench <scenario> [--quick]`: each scenario runs tailrace and a
-//! baseline of the same shape in one process and ends with
-//! `RESULT scenario=<name> tailrace_eps=… baseline_eps=… ratio=…`.
+//! `tailrace bench <scenario> [--quick]`: each throughput scenario runs
+//! tailrace and a baseline of the same shape in one process and ends with
+//! `RESULT scenario=<name> tailrace_eps=… baseline_eps=… ratio=…`;
+//! `failover` runs a cluster of node processes, kills one and ends with
+//! `RESULT scenario=failover … reown_ms=… lost=… duplicates=…`.
 
+mod failover;
 mod file;
 mod pipeline;
 mod redis;
@@ -13,14 +16,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Runs one scenario by name; `redis_url` is the server of `redis`.
-pub async fn run(scenario: &str, quick: bool, redis_url: &str) -> anyhow::Result<()> {
+/// Runs one scenario by name; `redis_url` is the server of `redis`;
+/// `graceful` stops the failover's node with SIGTERM instead of SIGKILL.
+pub async fn run(scenario: &str, quick: bool, graceful: bool, redis_url: &str) -> anyhow::Result<()> {
+    if graceful && scenario != "failover" {
+        anyhow::bail!("--graceful applies to the failover scenario only");
+    }
     match scenario {
+        "failover" => failover::run(quick, graceful).await,
         "pipeline" => pipeline::run(quick).await,
         "file" => file::run(quick).await,
         "redis" => redis::run(quick, redis_url).await,
         "sse" => sse::run(quick).await,
-        other => anyhow::bail!("unknown bench scenario `{other}` (known: pipeline, file, redis, sse)"),
+        other => anyhow::bail!("unknown bench scenario `{other}` (known: pipeline, file, redis, sse, failover)"),
     }
 }
 
