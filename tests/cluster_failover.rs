@@ -9,16 +9,14 @@
 //! - `tailrace bench failover --quick` reports no loss.
 
 mod common;
-#[path = "common/node_procs.rs"]
-mod node_procs;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use common::cluster::{Proc, QUEUES, config, free_port, held_by};
 use common::redis_server::{RedisServer, adapter_options};
-use node_procs::{NodeProc, free_port, held_by};
 use tailrace::adapters::redis::RedisAdapterFactory;
 use tailrace::archive::AuditLine;
 use tailrace::checkpoint::CheckpointError;
@@ -26,39 +24,15 @@ use tailrace::queue::{QueueAdapterFactory, QueueMapper};
 use tailrace::stream::{Event, EventId, QueueId, SequenceToken, StreamId};
 use tokio_util::sync::CancellationToken;
 
-const QUEUES: u32 = 6;
 const STREAMS: usize = 24;
 const TTL: Duration = Duration::from_secs(6);
-/// Generous bounds for what is polled (never how long anything must take).
-const START_WITHIN: Duration = Duration::from_secs(60);
-const SETTLE_WITHIN: Duration = Duration::from_secs(60);
+use common::cluster::SETTLE_WITHIN;
 
-fn config(redis: &RedisServer, name: &str, port: u16, audit: &std::path::Path) -> String {
-    let url = redis.url();
+/// A node of the common test cluster, with the audit log on.
+fn audited(redis: &RedisServer, name: &str, port: u16, audit: &std::path::Path) -> String {
     format!(
-        r#"[node]
-name = "{name}"
-[queues]
-adapter = "redis"
-count = {QUEUES}
-[adapters.redis]
-url = "{url}"
-[archive]
-store = "redis"
-redis_url = "{url}"
-[lease]
-ttl = "6s"
-renew = "2s"
-acquire = "1s"
-[membership]
-heartbeat = "500ms"
-ttl = "2s"
-[edge]
-listen = "127.0.0.1:{port}"
-[diagnostics]
-audit_namespace = "audit"
-audit_path = "{}"
-"#,
+        "{}[diagnostics]\naudit_namespace = \"audit\"\naudit_path = \"{}\"\n",
+        config(redis, name, port),
         audit.display()
     )
 }
@@ -98,10 +72,12 @@ async fn a_paused_owner_is_fenced_and_loses_nothing() {
     // Both nodes append to one file (append mode, one write per delivery).
     let audit = dir.path().join("audit.jsonl");
     let (p1, p2) = (free_port(), free_port());
-    let n1 = NodeProc::start("n1", p1, &config(&server, "n1", p1, &audit), START_WITHIN);
-    let n2 = NodeProc::start("n2", p2, &config(&server, "n2", p2, &audit), START_WITHIN);
+    let mut n1 = Proc::spawn("n1", p1, &audited(&server, "n1", p1, &audit), &["node"], &[]);
+    let mut n2 = Proc::spawn("n2", p2, &audited(&server, "n2", p2, &audit), &["node"], &[]);
+    n1.wait_serving();
+    n2.wait_serving();
     let held = wait_for(SETTLE_WITHIN, "the queues split 3/3", || async {
-        let held = n1.holders().await?;
+        let held = n1.queue_holders().await?;
         (held_by(&held, "n1") == 3 && held_by(&held, "n2") == 3).then_some(held)
     })
     .await;
@@ -182,7 +158,7 @@ async fn a_paused_owner_is_fenced_and_loses_nothing() {
     let paused = tokio::time::Instant::now();
     let produced_at_pause = produced.load(Ordering::Relaxed);
     wait_for(SETTLE_WITHIN, "n1 holds every queue", || async {
-        let held = n1.holders().await?;
+        let held = n1.queue_holders().await?;
         (held_by(&held, "n1") == QUEUES as usize).then_some(())
     })
     .await;
@@ -206,7 +182,7 @@ async fn a_paused_owner_is_fenced_and_loses_nothing() {
     // The resumed n2 finds its leases lapsed before it writes again: each
     // agent is killed with no ack and no checkpoint.
     let lost = wait_for(Duration::from_secs(30), "n2 gives up the leases it held", || async {
-        n2.metric_sum("tailrace_leases_lost_total").await.filter(|n| *n >= victim_queues.len() as f64)
+        n2.metric_sum("tailrace_leases_lost_total", None).await.filter(|n| *n >= victim_queues.len() as f64)
     })
     .await;
     // A write it could still have had under way carries its old fencing
@@ -222,10 +198,10 @@ async fn a_paused_owner_is_fenced_and_loses_nothing() {
         );
         assert_eq!(checkpoints.load(QueueId(*queue)).await.unwrap(), before, "q{queue}: the checkpoint moved");
     }
-    let fenced = n2.metric_sum("tailrace_fenced_writes_total").await.unwrap_or(0.0);
+    let fenced = n2.metric_sum("tailrace_fenced_writes_total", None).await.unwrap_or(0.0);
     // It rejoins and gets its share again (it is alive and serving).
     wait_for(SETTLE_WITHIN, "the queues split 3/3 again", || async {
-        let held = n1.holders().await?;
+        let held = n1.queue_holders().await?;
         (held_by(&held, "n1") == 3 && held_by(&held, "n2") == 3).then_some(())
     })
     .await;

@@ -17,13 +17,9 @@ use tailrace::queue::QueueMapper;
 
 const FQN: &str = "svc.links";
 
-/// The sum of a metric's samples (all labels) on `node`'s `/metrics`.
+/// The sum of a metric's samples (whose labels contain `label`) on `node`.
 async fn metric(node: &Proc, name: &str, label: Option<&str>) -> f64 {
-    let text = reqwest::get(node.url("/metrics")).await.unwrap().text().await.unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && label.is_none_or(|label| l.contains(label)))
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum()
+    node.metric_sum(name, label).await.expect("the node answers /metrics")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -168,6 +168,51 @@ impl Proc {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
+    /// Queue → holder (`None`: free), from this node's admin API; `None`
+    /// if it does not answer.
+    pub async fn queue_holders(&self) -> Option<BTreeMap<u64, Option<String>>> {
+        let body = self.cluster().await?;
+        let mut held = BTreeMap::new();
+        for queue in body["queues"].as_array()? {
+            held.insert(queue["queue"].as_u64()?, queue["holder"].as_str().map(str::to_string));
+        }
+        Some(held)
+    }
+
+    /// The sum of the samples of `metric` on this node's `/metrics` whose
+    /// labels contain `label` (all if `None`); `None` if it does not answer,
+    /// 0 if the metric is not there yet.
+    pub async fn metric_sum(&self, metric: &str, label: Option<&str>) -> Option<f64> {
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().ok()?;
+        let text = client.get(self.url("/metrics")).send().await.ok()?.text().await.ok()?;
+        let sum = text
+            .lines()
+            .filter(|l| l.starts_with(metric) && l[metric.len()..].starts_with(['{', ' ']))
+            .filter(|l| label.is_none_or(|label| l.contains(label)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        Some(sum)
+    }
+
+    /// SIGTERM and wait for the exit (SIGKILL after `within`); whether it
+    /// exited successfully.
+    pub fn stop(&mut self, within: Duration) -> bool {
+        let Some(mut child) = self.child.take() else { return false };
+        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub async fn cluster(&self) -> Option<Value> {
         let url = format!("http://127.0.0.1:{}/api/v1/admin/cluster", self.port);
         let response = reqwest::get(url).await.ok()?;
@@ -254,4 +299,9 @@ pub async fn fences(conn: &mut redis::aio::MultiplexedConnection) -> Vec<Option<
 
 pub async fn member_exists(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> bool {
     redis::cmd("EXISTS").arg(format!("tailrace:member:{name}")).query_async::<i64>(conn).await.unwrap() == 1
+}
+
+/// How many queues `node` holds in `held`.
+pub fn held_by(held: &BTreeMap<u64, Option<String>>, node: &str) -> usize {
+    held.values().filter(|h| h.as_deref() == Some(node)).count()
 }

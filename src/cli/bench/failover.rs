@@ -113,8 +113,9 @@ struct NodeProc {
 }
 
 impl NodeProc {
-    async fn spawn(dir: &Path, name: &str, redis_url: &str) -> anyhow::Result<Self> {
+    async fn spawn(dir: &Path, name: &str, redis_url: &str, cookie: &str) -> anyhow::Result<Self> {
         let port = free_port()?;
+        let cluster_port = free_port()?;
         let audit = dir.join(format!("audit-{name}.jsonl"));
         let config = format!(
             r#"[node]
@@ -131,6 +132,8 @@ redis_url = "{redis_url}"
 ttl = "8s"
 renew = "2s"
 acquire = "1s"
+[cluster]
+listen = "127.0.0.1:{cluster_port}"
 [edge]
 listen = "127.0.0.1:{port}"
 [diagnostics]
@@ -148,6 +151,7 @@ audit_path = "{}"
             .arg("--config")
             .arg(&path)
             .env("RUST_LOG", "warn")
+            .env(tailrace::config::COOKIE_ENV, cookie)
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .kill_on_drop(true)
@@ -280,6 +284,8 @@ impl Report {
 struct Bench {
     redis: Child,
     redis_url: String,
+    /// The cluster cookie of this run's nodes (random).
+    cookie: String,
     nodes: Vec<NodeProc>,
     http: reqwest::Client,
 }
@@ -316,9 +322,10 @@ impl Bench {
             shape.containers_per_sec * shape.batch,
             dir.display()
         );
-        let mut bench = Self { redis, redis_url, nodes: Vec::new(), http: reqwest::Client::new() };
+        let cookie = format!("{:032x}{:032x}", rand::random::<u128>(), rand::random::<u128>());
+        let mut bench = Self { redis, redis_url, cookie, nodes: Vec::new(), http: reqwest::Client::new() };
         for i in 1..=NODES {
-            let node = NodeProc::spawn(dir, &format!("n{i}"), &bench.redis_url).await?;
+            let node = NodeProc::spawn(dir, &format!("n{i}"), &bench.redis_url, &bench.cookie).await?;
             bench.nodes.push(node);
         }
         Ok(bench)
