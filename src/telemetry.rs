@@ -64,6 +64,19 @@ pub const EDGE_VIEWERS_DROPPED: &str = "tailrace_edge_viewers_dropped_total";
 /// Reads the edge made from the run log store (catch-ups, pages, downloads).
 pub const EDGE_STORE_READS: &str = "tailrace_edge_store_reads_total";
 
+/// Calls to another node's gateway, by peer and outcome (`ok`, `link`,
+/// `timeout`, `refused`, `fenced`, `not_member`).
+pub const TRANSPORT_CALLS: &str = "tailrace_transport_calls_total";
+/// Peers with an authenticated session now.
+pub const TRANSPORT_SESSIONS: &str = "tailrace_transport_sessions";
+/// Calls this node refused because they carried a stale lease token.
+pub const FENCED_CALLS: &str = "tailrace_fenced_calls_total";
+/// Deliveries and handshakes of this node's agents that a consumer's node
+/// refused for a stale lease token.
+pub const FENCED_DELIVERIES: &str = "tailrace_fenced_deliveries_total";
+/// Stored subscriptions removed because their consumer's node left.
+pub const PURGED_SUBSCRIPTIONS: &str = "tailrace_purged_subscriptions_total";
+
 /// Gives every metric above its help text (and unit) in the installed
 /// recorder. Call once, right after installing it.
 pub fn describe() {
@@ -79,6 +92,14 @@ pub fn describe() {
         (LEASES_LOST, Unit::Count, "Queue leases lost before being released (their agent was killed)."),
         (CHECKPOINT_WRITES, Unit::Count, "Checkpoints written."),
         (FENCED_WRITES, Unit::Count, "Writes of an old lease's owner refused because a newer lease was granted."),
+        (TRANSPORT_CALLS, Unit::Count, "Calls to other nodes, by peer and outcome."),
+        (FENCED_CALLS, Unit::Count, "Calls from other nodes refused for a stale lease token."),
+        (
+            FENCED_DELIVERIES,
+            Unit::Count,
+            "Calls of this node's agents refused by a consumer's node for a stale lease token.",
+        ),
+        (PURGED_SUBSCRIPTIONS, Unit::Count, "Stored subscriptions removed because their consumer's node left."),
         (ARCHIVE_LINES, Unit::Count, "Log lines the archiver stored in the run log store."),
         (ARCHIVE_RUNS_PRUNED, Unit::Count, "Runs removed from the run log store by retention."),
         (ARCHIVE_BYTES_PRUNED, Unit::Bytes, "Bytes freed in the run log store by retention."),
@@ -104,6 +125,7 @@ pub fn describe() {
         (LEASES_HELD, "Queue leases the node holds."),
         (EDGE_RUNS, "Runs with a tailer on this node (someone watches them)."),
         (EDGE_CONNECTIONS, "SSE viewers connected."),
+        (TRANSPORT_SESSIONS, "Other nodes with an authenticated session now."),
     ];
     for (name, help) in gauges {
         describe_gauge!(name, Unit::Count, help);
@@ -111,7 +133,7 @@ pub fn describe() {
 }
 
 /// Every name above, for tests that check each one is described.
-pub const ALL: [&str; 27] = [
+pub const ALL: [&str; 32] = [
     AGENT_EVENTS_READ,
     AGENT_EVENTS_DELIVERED,
     AGENT_EVENTS_UNSUBSCRIBED,
@@ -127,6 +149,11 @@ pub const ALL: [&str; 27] = [
     LEASES_LOST,
     CHECKPOINT_WRITES,
     FENCED_WRITES,
+    TRANSPORT_CALLS,
+    TRANSPORT_SESSIONS,
+    FENCED_CALLS,
+    FENCED_DELIVERIES,
+    PURGED_SUBSCRIPTIONS,
     ARCHIVE_LINES,
     ARCHIVE_RUNS_PRUNED,
     ARCHIVE_BYTES_PRUNED,

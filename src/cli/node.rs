@@ -105,6 +105,12 @@ fn load(path: &std::path::Path) -> anyhow::Result<Config> {
             config.queues.adapter
         );
     }
+    if config.cluster.tls.is_some() {
+        anyhow::bail!(
+            "{origin}: [cluster.tls] is not supported yet: node-to-node traffic is authenticated by the cookie but \
+             not encrypted; keep cluster.listen on a private network (or a tunnel) and remove [cluster.tls]"
+        );
+    }
     if config.archive.store != "redis" {
         anyhow::bail!(
             "{origin}: `tailrace node` needs [archive] store = \"redis\" (got `{}`): every node must read every \

@@ -36,9 +36,9 @@ use crate::pubsub::{ConsumerAddress, ConsumerResolver, Origin, StreamConsumer};
 use crate::retry::Backoff;
 use crate::stream::NodeId;
 use crate::tasks::Tasks;
+use crate::telemetry::{TRANSPORT_CALLS, TRANSPORT_SESSIONS};
 pub use gateway::GatewayMsg;
 use gateway::HandlerSlot;
-pub use proxy::FENCED_DELIVERIES;
 use sessions::{Link, Sessions};
 
 /// What a node answers calls with (the node installs it once it runs).
@@ -163,13 +163,6 @@ pub struct TransportSettings {
     /// How often the dialer looks for peers to connect to.
     pub redial: Duration,
 }
-
-/// The metric counting calls to peers, by peer and outcome.
-pub const TRANSPORT_CALLS: &str = "tailrace_transport_calls_total";
-/// The metric counting calls this node refused for a stale lease token.
-pub const FENCED_CALLS: &str = "tailrace_fenced_calls_total";
-/// The metric of live authenticated sessions.
-pub const TRANSPORT_SESSIONS: &str = "tailrace_transport_sessions";
 
 /// The `ractor_cluster` transport. Clones share it.
 #[derive(Clone)]

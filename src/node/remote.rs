@@ -28,9 +28,6 @@ use crate::cluster::{Member, Served};
 use crate::pubsub::{ConsumerError, Origin, StartPosition, StreamConsumer, Subscription, SubscriptionId};
 use crate::stream::{NodeId, QueueId, StreamId};
 
-/// The metric counting subscriptions purged because their node left.
-pub const PURGED_SUBSCRIPTIONS: &str = "tailrace_purged_subscriptions_total";
-
 impl Node {
     /// One attach on the lease holder of `subscription`'s queue, if another
     /// node holds it: `None` to try again (no holder yet, the queue moving,
@@ -127,7 +124,7 @@ async fn purge_loop(node: Weak<Node>, mut members: watch::Receiver<Vec<Member>>,
             seen.remove(&name);
             match node.store.remove_node(&name).await {
                 Ok(n) => {
-                    metrics::counter!(PURGED_SUBSCRIPTIONS).increment(n as u64);
+                    metrics::counter!(crate::telemetry::PURGED_SUBSCRIPTIONS).increment(n as u64);
                     tracing::info!(departed = %name, purged = n, "removed the subscriptions of a node that left");
                 }
                 Err(error) => tracing::warn!(departed = %name, %error, "cannot remove a departed node's subscriptions"),
@@ -158,7 +155,7 @@ impl RemoteCalls {
         let mut newest = self.newest.lock();
         let seen = newest.entry(queue).or_insert(token);
         if token < *seen {
-            metrics::counter!(crate::cluster::transport::FENCED_CALLS).increment(1);
+            metrics::counter!(crate::telemetry::FENCED_CALLS).increment(1);
             return Err(Refusal::Fenced { queue: queue.0, token, newest: *seen });
         }
         *seen = token;

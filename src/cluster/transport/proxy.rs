@@ -15,10 +15,6 @@ use crate::pubsub::{
     ConsumerAddress, ConsumerError, Delivery, DeliveryOutcome, Origin, StartPosition, StreamConsumer, SubscriptionInfo,
 };
 
-/// The metric counting calls a consumer's node refused for a stale lease
-/// token.
-pub const FENCED_DELIVERIES: &str = "tailrace_fenced_deliveries_total";
-
 pub(super) struct Proxy {
     transport: Arc<dyn ClusterTransport>,
     address: ConsumerAddress,
@@ -70,7 +66,7 @@ fn consumer_error(error: TransportError) -> ConsumerError {
     match error {
         TransportError::NotMember(_) => ConsumerError::Unavailable(error.to_string()),
         TransportError::Refused { refusal: Refusal::Fenced { .. }, .. } => {
-            metrics::counter!(FENCED_DELIVERIES).increment(1);
+            metrics::counter!(crate::telemetry::FENCED_DELIVERIES).increment(1);
             tracing::warn!(%error, "a consumer's node refused this agent's stale lease token");
             ConsumerError::Unavailable(error.to_string())
         }
