@@ -257,43 +257,60 @@ impl RactorTransport {
     pub async fn authenticate(&self, peers: &[Member], deadline: Duration) -> Result<(), TransportError> {
         let until = tokio::time::Instant::now() + deadline;
         for peer in peers.iter().filter(|m| m.name != self.inner.settings.me) {
-            let mut dialed = 0u32;
+            self.authenticate_with(peer, until).await?;
+        }
+        Ok(())
+    }
+
+    /// Dials `peer` until a session with it is ready. A peer not listening
+    /// yet (it joined the membership a moment before its listener) is
+    /// dialed again until `until`; a peer that closes the handshake twice
+    /// rejects this node (once may be a simultaneous dial it dropped).
+    async fn authenticate_with(&self, peer: &Member, until: tokio::time::Instant) -> Result<(), TransportError> {
+        const PAUSE: Duration = Duration::from_millis(200);
+        let rejected = |reason: &str| TransportError::Rejected {
+            peer: peer.name.clone(),
+            address: peer.advertise.clone(),
+            reason: reason.into(),
+        };
+        let mut closed = 0;
+        loop {
+            if self.inner.sessions.link(&peer.name) == Some(Link::Ready) {
+                return Ok(());
+            }
+            if closed >= 2 {
+                return Err(rejected("it closed the connection during the handshake"));
+            }
+            if tokio::time::Instant::now() >= until {
+                return Err(rejected("it could not be reached, or did not complete the handshake in time"));
+            }
+            self.inner.sessions.opening(&peer.name);
+            if let Err(error) = ractor_cluster::client_connect(&self.inner.server, &peer.advertise).await {
+                tracing::debug!(peer = %peer.name, address = %peer.advertise, %error, "cannot dial yet");
+                self.inner.sessions.down(&peer.name);
+                tokio::time::sleep(PAUSE).await;
+                continue;
+            }
+            // This dial's outcome: ready, closed, or still opening at the
+            // call timeout.
+            let settled = until.min(tokio::time::Instant::now() + self.inner.settings.call_timeout);
             loop {
                 let changed = self.inner.sessions.changed();
                 match self.inner.sessions.link(&peer.name) {
-                    Some(Link::Ready) => break,
-                    Some(Link::Opening) => {}
-                    Some(Link::ClosedBeforeAuth) | Some(Link::Down) | None => {
-                        if dialed >= 3 || tokio::time::Instant::now() >= until {
-                            let reason = match self.inner.sessions.link(&peer.name) {
-                                Some(Link::ClosedBeforeAuth) => "it closed the connection during the handshake",
-                                _ => "it did not complete the handshake in time",
-                            };
-                            return Err(TransportError::Rejected {
-                                peer: peer.name.clone(),
-                                address: peer.advertise.clone(),
-                                reason: reason.into(),
-                            });
-                        }
-                        dialed += 1;
-                        self.inner.sessions.opening(&peer.name);
-                        if let Err(error) = ractor_cluster::client_connect(&self.inner.server, &peer.advertise).await {
-                            tracing::warn!(peer = %peer.name, address = %peer.advertise, %error, "cannot dial");
-                            self.inner.sessions.down(&peer.name);
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                            continue;
-                        }
+                    Some(Link::Ready) => return Ok(()),
+                    Some(Link::ClosedBeforeAuth) => {
+                        closed += 1;
+                        break;
                     }
+                    Some(Link::Down) => break,
+                    Some(Link::Opening) | None => {}
                 }
-                let left = until.saturating_duration_since(tokio::time::Instant::now());
-                if left.is_zero() {
-                    self.inner.sessions.down(&peer.name);
-                    continue;
+                if tokio::time::timeout_at(settled, changed).await.is_err() {
+                    break;
                 }
-                let _ = tokio::time::timeout(left.min(Duration::from_millis(250)), changed).await;
             }
+            tokio::time::sleep(PAUSE).await;
         }
-        Ok(())
     }
 
     /// Stops dialing and serving; the node server and its sessions end.
