@@ -26,4 +26,4 @@ pub use membership::Membership;
 pub use redis_leases::{RedisLeases, queue_tag};
 pub use redis_membership::{Member, MembershipError, RedisMembership};
 pub use settings::{LeaseOptions, MembershipOptions};
-pub use transport::{ClusterTransport, RactorTransport, Served, TransportError, TransportSettings};
+pub use transport::{ClusterTransport, RactorTransport, Served, TlsFiles, TransportError, TransportSettings};

@@ -71,13 +71,13 @@ async fn three_node_processes_split_hand_over_and_survive_a_kill() {
 }
 
 #[test]
-fn node_refuses_queues_or_an_archive_that_are_not_in_redis_and_tls() {
+fn node_refuses_queues_or_an_archive_not_in_redis_and_tls_files_it_cannot_read() {
     let redis = "[queues]\nadapter = \"redis\"\n[archive]\nstore = \"redis\"\n";
     let tls = format!("{redis}[cluster.tls]\ncert = \"a.pem\"\nkey = \"a.key\"\nca = \"ca.pem\"\n");
     for (text, needs) in [
         ("[queues]\nadapter = \"file\"\n", "adapter = \"redis\""),
         ("[queues]\nadapter = \"redis\"\n[archive]\nstore = \"file\"\n", "store = \"redis\""),
-        (tls.as_str(), "[cluster.tls] is not supported yet"),
+        (tls.as_str(), "cluster.tls.cert: cannot read a.pem"),
     ] {
         let mut node = Proc::spawn("misfit", free_port(), text, &["node"], &[]);
         let status = node.wait_exit();

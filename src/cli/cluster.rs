@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tailrace::cluster::{
-    Member, Membership, MembershipError, NodeId, RactorTransport, RedisLeases, RedisMembership, TransportSettings,
+    Member, Membership, MembershipError, NodeId, RactorTransport, RedisLeases, RedisMembership, TlsFiles,
+    TransportSettings,
 };
 use tailrace::config::Config;
 
@@ -101,6 +102,11 @@ pub async fn connect(config: &Config, cookie: String, membership: &RedisMembersh
         max_message_bytes: config.cluster.max_message_bytes,
         max_inflight: config.cluster.max_inflight_calls,
         redial: config.membership.heartbeat,
+        tls: config.cluster.tls.as_ref().map(|tls| TlsFiles {
+            cert: tls.cert.clone(),
+            key: tls.key.clone(),
+            ca: tls.ca.clone(),
+        }),
     };
     let transport = RactorTransport::start(settings, membership.everyone()).await?;
     let peers: Vec<Member> =

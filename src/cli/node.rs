@@ -105,11 +105,9 @@ fn load(path: &std::path::Path) -> anyhow::Result<Config> {
             config.queues.adapter
         );
     }
-    if config.cluster.tls.is_some() {
-        anyhow::bail!(
-            "{origin}: [cluster.tls] is not supported yet: node-to-node traffic is authenticated by the cookie but \
-             not encrypted; keep cluster.listen on a private network (or a tunnel) and remove [cluster.tls]"
-        );
+    if let Some(tls) = &config.cluster.tls {
+        let files = tailrace::cluster::TlsFiles { cert: tls.cert.clone(), key: tls.key.clone(), ca: tls.ca.clone() };
+        files.check().map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
     }
     if config.archive.store != "redis" {
         anyhow::bail!(

@@ -16,6 +16,7 @@
 mod gateway;
 mod proxy;
 mod sessions;
+mod tls;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -40,6 +41,8 @@ use crate::telemetry::{TRANSPORT_CALLS, TRANSPORT_SESSIONS};
 pub use gateway::GatewayMsg;
 use gateway::HandlerSlot;
 use sessions::{Link, Sessions};
+use tls::Tls;
+pub use tls::TlsFiles;
 
 /// What a node answers calls with (the node installs it once it runs).
 #[async_trait]
@@ -162,6 +165,8 @@ pub struct TransportSettings {
     pub max_inflight: usize,
     /// How often the dialer looks for peers to connect to.
     pub redial: Duration,
+    /// TLS between nodes, if configured.
+    pub tls: Option<TlsFiles>,
 }
 
 /// The `ractor_cluster` transport. Clones share it.
@@ -172,6 +177,7 @@ pub struct RactorTransport {
 
 struct Inner {
     settings: TransportSettings,
+    tls: Option<Tls>,
     server: ActorRef<NodeServerMessage>,
     gateway: ActorRef<GatewayMsg>,
     handler: HandlerSlot,
@@ -196,12 +202,14 @@ impl RactorTransport {
     ) -> Result<Self, TransportError> {
         let start_error = |message: String| TransportError::Start { listen: settings.listen, message };
         let hostname = settings.listen.ip().to_string();
+        let tls = settings.tls.as_ref().map(Tls::load).transpose().map_err(start_error)?;
+        let encryption = tls.as_ref().map(|tls| ractor_cluster::IncomingEncryptionMode::Tls(tls.acceptor.clone()));
         let server = NodeServer::new(
             settings.listen.port(),
             settings.cookie.clone(),
             settings.me.to_string(),
             hostname,
-            None,
+            encryption,
             Some(ractor_cluster::node::NodeConnectionMode::Isolated),
         )
         .with_listen_addr(settings.listen.ip())
@@ -231,6 +239,7 @@ impl RactorTransport {
         let transport = Self {
             inner: Arc::new(Inner {
                 settings,
+                tls,
                 server,
                 gateway,
                 handler,
@@ -285,7 +294,7 @@ impl RactorTransport {
                 return Err(rejected("it could not be reached, or did not complete the handshake in time"));
             }
             self.inner.sessions.opening(&peer.name);
-            if let Err(error) = ractor_cluster::client_connect(&self.inner.server, &peer.advertise).await {
+            if let Err(error) = self.dial(&peer.advertise).await {
                 tracing::debug!(peer = %peer.name, address = %peer.advertise, %error, "cannot dial yet");
                 self.inner.sessions.down(&peer.name);
                 tokio::time::sleep(PAUSE).await;
@@ -353,7 +362,7 @@ impl RactorTransport {
                 }
                 attempts.insert(member.name.clone(), (tries + 1, now + BACKOFF.delay(tries)));
                 self.inner.sessions.opening(&member.name);
-                if let Err(error) = ractor_cluster::client_connect(&self.inner.server, &member.advertise).await {
+                if let Err(error) = self.dial(&member.advertise).await {
                     tracing::debug!(peer = %member.name, address = %member.advertise, %error, "dial failed; retrying");
                     self.inner.sessions.down(&member.name);
                 }
@@ -362,6 +371,20 @@ impl RactorTransport {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(self.inner.settings.redial) => {}
+            }
+        }
+    }
+
+    /// Opens a connection to `address` (over TLS if configured); the node
+    /// server runs the handshake from there.
+    async fn dial(&self, address: &str) -> Result<(), String> {
+        match &self.inner.tls {
+            None => ractor_cluster::client_connect(&self.inner.server, address).await.map_err(|e| e.to_string()),
+            Some(tls) => {
+                let name = tls::server_name(address)?;
+                ractor_cluster::client_connect_enc(&self.inner.server, address, tls.connector.clone(), name)
+                    .await
+                    .map_err(|e| e.to_string())
             }
         }
     }

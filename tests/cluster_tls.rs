@@ -1,0 +1,108 @@
+//! Nodes that talk TLS (`[cluster.tls]`): with certificates from the
+//! cluster's authority they link up and deliver across nodes; a node whose
+//! certificate comes from another authority is refused (even with the
+//! right cookie) and takes no lease. Certificates are made with `openssl`.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::cluster::*;
+use common::logs::Sse;
+use common::redis_server::RedisServer;
+use tailrace::archive::RunKey;
+use tailrace::queue::QueueMapper;
+
+const FQN: &str = "svc.tls";
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl is installed");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// An authority `ca` and, for each name, a certificate for 127.0.0.1.
+fn authority(dir: &Path, ca: &str, nodes: &[&str]) {
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    let ca_key = format!("{ca}.key");
+    let ca_pem = format!("{ca}.pem");
+    let subject = format!("/CN={ca}");
+    let mut args = vec!["req", "-x509"];
+    args.extend(ec);
+    args.extend(["-keyout", &ca_key, "-out", &ca_pem, "-days", "2", "-subj", &subject]);
+    openssl(dir, &args);
+    std::fs::write(
+        dir.join("node.ext"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    for node in nodes {
+        let (key, csr, pem, subject) =
+            (format!("{node}.key"), format!("{node}.csr"), format!("{node}.pem"), format!("/CN={node}"));
+        let mut args = vec!["req"];
+        args.extend(ec);
+        args.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
+        openssl(dir, &args);
+        openssl(
+            dir,
+            &["x509", "-req", "-in", &csr, "-CA", &ca_pem, "-CAkey", &ca_key, "-CAcreateserial", "-out", &pem]
+                .into_iter()
+                .chain(["-days", "2", "-extfile", "node.ext"])
+                .collect::<Vec<_>>(),
+        );
+    }
+}
+
+fn tls_node(server: &RedisServer, name: &str, dir: &Path, ca: &str) -> Proc {
+    let port = free_port();
+    let text = format!(
+        "{}[cluster.tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n",
+        config(server, name, port),
+        dir.join(format!("{name}.pem")).display(),
+        dir.join(format!("{name}.key")).display(),
+        dir.join(format!("{ca}.pem")).display()
+    );
+    Proc::spawn(name, port, &text, &["node"], &[])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_link_over_tls_and_a_node_of_another_authority_is_refused() {
+    let certs = tempfile::tempdir().unwrap();
+    authority(certs.path(), "cluster-ca", &["n1", "n2"]);
+    authority(certs.path(), "other-ca", &["n3"]);
+    let server = RedisServer::start();
+    let client = reqwest::Client::new();
+    let mut n1 = tls_node(&server, "n1", certs.path(), "cluster-ca");
+    n1.wait_serving();
+    let mut n2 = tls_node(&server, "n2", certs.path(), "cluster-ca");
+    n2.wait_serving();
+    let held = settle(&n1, &[("n1", 3), ("n2", 3)]).await;
+
+    // A run watched from the node that does not pull it: its lines cross TLS.
+    let run = "run-1";
+    let queue = QueueMapper::new(QUEUES).queue_for(&RunKey::new(FQN, run).unwrap().stream()).0;
+    let watcher = if held[&u64::from(queue)].0 == "n1" { &n2 } else { &n1 };
+    let url = n1.url(&format!("/api/v1/logs/{FQN}/runs/{run}/lines"));
+    let body: String = (0..50).map(|i| format!("line {i}\n")).collect();
+    assert!(
+        client.post(url).header("content-type", "text/plain").body(body).send().await.unwrap().status().is_success()
+    );
+    let path = format!("/api/v1/services/ingestionPipelines/logs/{FQN}/stream/{run}");
+    let mut sse = Sse::open(&client, &watcher.url(&path)).await;
+    let mut lines = Vec::new();
+    while lines.len() < 50 {
+        let event = sse.event_within(Duration::from_secs(30)).await.expect("the stream goes on");
+        lines.extend(event["logs"].as_str().unwrap().split('\n').map(str::to_string));
+    }
+    assert_eq!(lines, (0..50).map(|i| format!("line {i}")).collect::<Vec<_>>());
+
+    // The right cookie is not enough without the cluster's authority.
+    let mut stranger = tls_node(&server, "n3", certs.path(), "other-ca");
+    let status = stranger.wait_exit();
+    let log = stranger.log_text();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("did not accept this node"), "{log}");
+    let held = settle(&n1, &[("n1", 3), ("n2", 3)]).await;
+    assert!(held.values().all(|(holder, _)| holder != "n3"));
+}
