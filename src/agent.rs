@@ -27,12 +27,15 @@
 //! - `lookup.rs`: the store lookup of a new stream's subscriptions;
 //! - `delivery.rs`: deliveries in flight and how they end;
 //! - `shutdown.rs`: the ordered handoff and its bounded final I/O;
+//! - `messages.rs`: the messages, and how the agent sends them to itself
+//!   and to its work lane;
 //! - `calls.rs`, `worker.rs`, `status.rs`, `settings.rs`: retried consumer
 //!   calls, the work lane, status and metrics, settings and services.
 
 mod calls;
 mod delivery;
 mod lookup;
+mod messages;
 mod pump;
 mod settings;
 mod shutdown;
@@ -41,13 +44,11 @@ mod streams;
 mod subscription;
 mod worker;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -59,76 +60,18 @@ use crate::queue::{QueueError, QueueId};
 use crate::stream::{BatchContainer, StreamId};
 use calls::RetryLimits;
 use delivery::{Delivered, Dispatch, Settled};
-use lookup::Registered;
+use messages::{InternalMsg, Outbox};
 use pump::{Io, Pump, PumpError, PumpOutcome, Pumped, Tick};
 use shutdown::Shutdown;
 use status::AgentMetrics;
 use streams::{Next, Streams};
-use subscription::Handshaken;
 
+pub use messages::{AgentMsg, Internal};
+pub(crate) use pump::is_fenced;
 pub use settings::{AgentOptions, AgentServices};
 pub(crate) use shutdown::HANDED_OVER;
-
-/// Whether an agent failed because a newer receiver took its queue (its
-/// lease is gone: not a crash to restart).
-pub(crate) fn is_fenced(error: &ActorProcessingErr) -> bool {
-    matches!(error.downcast_ref::<PumpError>(), Some(PumpError::Fenced(_)))
-}
 pub use status::AgentStatus;
 pub use subscription::AttachError;
-
-/// Messages of the pulling agent.
-pub enum AgentMsg {
-    /// Attach a subscription (from `subscribe` or a re-attach); answers with
-    /// the concrete start position once its cursor is in place.
-    Attach {
-        /// The stored subscription.
-        subscription: Subscription,
-        /// Where the answer goes.
-        reply: RpcReplyPort<Result<StartPosition, AttachError>>,
-    },
-    /// Stop serving a subscription; its in-flight handshake and delivery are
-    /// revoked.
-    Detach {
-        /// Its stream.
-        stream: StreamId,
-        /// The subscription.
-        id: SubscriptionId,
-        /// Answered once detached.
-        reply: RpcReplyPort<()>,
-    },
-    /// Begin the ordered shutdown; answered when it is complete.
-    Shutdown(Option<RpcReplyPort<()>>),
-    /// Report status.
-    GetStatus(RpcReplyPort<AgentStatus>),
-    /// Internal bookkeeping (timers and task completions).
-    Internal(Internal),
-}
-
-/// An internal message of the agent (not constructible outside the crate).
-pub struct Internal(InternalMsg);
-
-/// Completions and timers, sent by the agent to itself.
-enum InternalMsg {
-    /// Time to pump.
-    Pump,
-    /// A pump came back.
-    PumpDone(Box<PumpOutcome>),
-    /// A new stream's subscriptions were looked up.
-    Registered(Registered),
-    /// A handshake answered.
-    HandshakeDone(Handshaken),
-    /// A delivery ended.
-    Delivered(Delivered),
-    /// A dead letter, fault report or notice was sent.
-    SideWorkDone,
-    /// A catch-up read that failed may be asked again.
-    RewindDue { stream: StreamId, id: SubscriptionId, epoch: u64 },
-    /// Several completions reported together by the work lane.
-    Batch(Vec<InternalMsg>),
-}
-
-impl ractor::Message for AgentMsg {}
 
 /// The pulling agent actor.
 pub struct PullingAgent;
@@ -145,7 +88,8 @@ pub struct AgentArgs {
 pub struct Agent {
     queue: QueueId,
     services: Arc<AgentServices>,
-    myself: ActorRef<AgentMsg>,
+    /// Where its own messages and its waiting work go.
+    outbox: Outbox,
     /// What was read and not yet done, with one cursor per subscription.
     cache: QueueCache,
     /// The receiver, the checkpoint and the read schedule.
@@ -154,10 +98,6 @@ pub struct Agent {
     streams: Streams,
     /// Set once the ordered shutdown began: admission is closed.
     shutdown: Option<Shutdown>,
-    /// Lookups, handshakes, deliveries and side work in flight on the lane.
-    work: usize,
-    /// Where waiting work goes (see `worker.rs`).
-    lane: UnboundedSender<worker::Job<InternalMsg>>,
     /// Cancelled at shutdown: tasks finish their current attempt, no retry.
     stop_retries: Arc<CancellationToken>,
     /// The node's kill switch (see [`AgentServices::kill`]).
@@ -194,7 +134,8 @@ impl Actor for PullingAgent {
             // The queue moves: admission closes, what is cached drains.
             AgentMsg::Shutdown(reply) => agent.begin_shutdown(reply),
             AgentMsg::GetStatus(reply) => {
-                let _ = reply.send(agent.status());
+                let shutting_down = agent.shutdown.is_some();
+                let _ = reply.send(agent.status.now(&agent.streams, &agent.cache, &agent.pump, shutting_down));
             }
             AgentMsg::Internal(Internal(msg)) => agent.on_internal(msg)?,
         }
@@ -219,7 +160,7 @@ impl Agent {
             InternalMsg::PumpDone(outcome) => self.on_pumped(*outcome)?,
             // A new stream's subscriptions: each starts its handshake.
             InternalMsg::Registered(registered) => {
-                self.work -= 1;
+                self.outbox.reported();
                 if !closing {
                     let options = &self.services.options;
                     let next = self.streams.on_registered(
@@ -233,7 +174,7 @@ impl Agent {
             }
             // A consumer said where to start: place its cursor, deliver.
             InternalMsg::HandshakeDone(done) => {
-                self.work -= 1;
+                self.outbox.reported();
                 let failure = self.services.failure.as_ref();
                 let rewindable = self.services.adapter.is_rewindable();
                 let next = self.streams.on_handshake_done(done, closing, &mut self.cache, failure, rewindable);
@@ -241,10 +182,10 @@ impl Agent {
             }
             // A delivery ended: move on, detach, park or give up.
             InternalMsg::Delivered(done) => {
-                self.work -= 1;
+                self.outbox.reported();
                 self.on_delivered(done);
             }
-            InternalMsg::SideWorkDone => self.work -= 1,
+            InternalMsg::SideWorkDone => self.outbox.reported(),
             // A failed catch-up read may be asked again.
             InternalMsg::RewindDue { stream, id, epoch } => {
                 let next = self.streams.on_rewind_due(stream, id, epoch);
@@ -269,20 +210,16 @@ impl Agent {
         let io = Io::open(&services, queue).await?;
         let span = tracing::info_span!("pulling_agent", node = %services.node, %queue);
         let kill = Arc::new(services.kill.clone());
-        let to = myself.clone();
-        let report = move |done| to.cast(AgentMsg::Internal(Internal(InternalMsg::Batch(done)))).is_ok();
-        let lane = worker::start(&services.tasks, report, kill.clone(), span.clone());
+        let outbox = Outbox::start(myself, &services.tasks, kill.clone(), span.clone());
         let mut cache = QueueCache::new(services.cache.clone());
         cache.set_purged_through(io.checkpoint.latest());
         let mut agent = Self {
             queue,
-            myself,
+            outbox,
             cache,
             pump: Pump::new(io),
             streams: Streams::new(),
             shutdown: None,
-            work: 0,
-            lane,
             stop_retries: Arc::new(CancellationToken::new()),
             kill,
             status: AgentStatus { queue: Some(queue), ..AgentStatus::default() },
@@ -308,8 +245,8 @@ impl Agent {
     /// in flight).
     fn schedule_pump(&mut self, delay: Duration) {
         match self.pump.schedule(delay, self.shutdown.is_some()) {
-            Some(Tick::Now) => self.send_self(InternalMsg::Pump),
-            Some(Tick::After(delay)) => self.send_self_after(delay, || InternalMsg::Pump),
+            Some(Tick::Now) => self.outbox.send_self(InternalMsg::Pump),
+            Some(Tick::After(delay)) => self.outbox.send_self_after(delay, || InternalMsg::Pump),
             None => {}
         }
     }
@@ -340,7 +277,7 @@ impl Agent {
         if run.reads() {
             self.status.read_calls += 1;
         }
-        let (myself, kill) = (self.myself.clone(), self.kill.clone());
+        let (myself, kill) = (self.outbox.myself().clone(), self.kill.clone());
         let task = async move {
             if let Some(outcome) = run.run(&kill).await {
                 let _ = myself.cast(AgentMsg::Internal(Internal(InternalMsg::PumpDone(Box::new(outcome)))));
@@ -435,7 +372,7 @@ impl Agent {
             Dispatch::Deliver(call) => {
                 let limits = RetryLimits::from(&self.services.options);
                 let (work, panicked) = call.start(limits, self.stop_retries.clone());
-                self.spawn_work(work.map(InternalMsg::Delivered), move |p| InternalMsg::Delivered(panicked(p)));
+                self.outbox.spawn_work(work.map(InternalMsg::Delivered), move |p| InternalMsg::Delivered(panicked(p)));
             }
         }
     }
@@ -474,7 +411,7 @@ impl Agent {
                 self.metrics.dead_letters.increment(gave_up.batches() as u64);
                 let (sink, timeout) =
                     (self.services.dead_letters.clone(), self.services.options.delivery_attempt_timeout);
-                self.spawn_side_work(gave_up.dead_letter(sink, timeout));
+                self.outbox.spawn_side_work(gave_up.dead_letter(sink, timeout));
                 if action == FailureAction::Fault {
                     let reason = format!("delivery failed after {attempts} attempts: {error}");
                     let next = self.streams.fault(&stream, id, reason, &mut self.cache);
@@ -497,7 +434,8 @@ impl Agent {
                     let store = self.services.store.clone();
                     let stop = self.stop_retries.clone();
                     let (work, panicked) = lookup::look_up(store, stream, after, &self.services.options, stop);
-                    self.spawn_work(work.map(InternalMsg::Registered), move |p| InternalMsg::Registered(panicked(p)));
+                    self.outbox
+                        .spawn_work(work.map(InternalMsg::Registered), move |p| InternalMsg::Registered(panicked(p)));
                 }
                 Next::Handshake(call) => {
                     let resolver = self.services.consumers.clone();
@@ -505,15 +443,17 @@ impl Agent {
                     let origin = Origin { queue: self.queue, fence: self.services.lease_token };
                     let (work, panicked) = call.start(resolver, origin, limits, self.stop_retries.clone());
                     let on_panic = move |p| InternalMsg::HandshakeDone(panicked(p));
-                    self.spawn_work(work.map(InternalMsg::HandshakeDone), on_panic);
+                    self.outbox.spawn_work(work.map(InternalMsg::HandshakeDone), on_panic);
                 }
                 Next::Dispatch(stream, id) => self.dispatch(&stream, id),
-                Next::Fault(faulted) => self.spawn_side_work(faulted.report(self.services.store.clone(), timeout)),
-                Next::Tell { consumer, info, error } => self.spawn_side_work(async move {
+                Next::Fault(faulted) => {
+                    self.outbox.spawn_side_work(faulted.report(self.services.store.clone(), timeout))
+                }
+                Next::Tell { consumer, info, error } => self.outbox.spawn_side_work(async move {
                     let _ = tokio::time::timeout(timeout, consumer.on_error(&info, &error)).await;
                 }),
                 Next::RewindLater { stream, id, epoch, after } => {
-                    self.send_self_after(after, move || InternalMsg::RewindDue { stream, id, epoch })
+                    self.outbox.send_self_after(after, move || InternalMsg::RewindDue { stream, id, epoch })
                 }
                 Next::Unsubscribed(events) => {
                     self.status.events_unsubscribed += events as u64;
@@ -522,35 +462,6 @@ impl Agent {
                 Next::CacheMiss => self.metrics.cache_misses.increment(1),
             }
         }
-    }
-
-    /// Runs `work` on the agent's lane, counted as in-flight work; its
-    /// result comes back as a message. A panic in it is reported through
-    /// `on_panic`; a node crash (the kill switch) drops it silently.
-    fn spawn_work(
-        &mut self,
-        work: impl Future<Output = InternalMsg> + Send + 'static,
-        on_panic: impl FnOnce(String) -> InternalMsg + Send + 'static,
-    ) {
-        self.work += 1;
-        // Fails only when the lane was killed, and then the node is gone.
-        let _ = self.lane.send(worker::job(work, on_panic));
-    }
-
-    /// Work whose only report is that it finished.
-    fn spawn_side_work(&mut self, work: impl Future<Output = ()> + Send + 'static) {
-        self.spawn_work(work.map(|()| InternalMsg::SideWorkDone), |_| InternalMsg::SideWorkDone);
-    }
-
-    /// Sends `msg` to this agent later.
-    fn send_self_after(&self, delay: Duration, msg: impl FnOnce() -> InternalMsg + Send + 'static) {
-        self.myself.send_after(delay, move || AgentMsg::Internal(Internal(msg())));
-    }
-
-    /// Sends `msg` to this agent now.
-    fn send_self(&self, msg: InternalMsg) {
-        // Only fails if the agent is gone, and then nobody needs the message.
-        let _ = self.myself.cast(AgentMsg::Internal(Internal(msg)));
     }
 
     /// Step 1 of the ordered shutdown (see `shutdown.rs`): admission closes
@@ -568,7 +479,7 @@ impl Agent {
 
     /// Steps 3 to 5, once nothing is in flight (checked after every message).
     async fn finish_shutdown_if_idle(&mut self) {
-        let busy = self.pump.in_flight() || self.work > 0;
+        let busy = self.pump.in_flight() || self.outbox.in_flight() > 0;
         let Some(waiters) = self.shutdown.as_mut().and_then(|s| s.finish_if_idle(busy)) else { return };
         let unresolved = self.streams.unresolved();
         let mut purged = self.cache.purge();
@@ -584,21 +495,6 @@ impl Agent {
         for waiter in waiters {
             let _ = waiter.send(());
         }
-        self.myself.stop(Some(HANDED_OVER.into()));
-    }
-
-    fn status(&self) -> AgentStatus {
-        let (streams, registering, subscriptions) = self.streams.counts();
-        AgentStatus {
-            streams,
-            registering,
-            subscriptions,
-            cached: self.cache.len(),
-            buckets: self.cache.bucket_count(),
-            under_pressure: self.cache.is_under_pressure(),
-            checkpoint: self.pump.checkpoint().map(|t| t.to_string()),
-            shutting_down: self.shutdown.is_some(),
-            ..self.status.clone()
-        }
+        self.outbox.myself().stop(Some(HANDED_OVER.into()));
     }
 }

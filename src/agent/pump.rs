@@ -93,6 +93,12 @@ pub(crate) enum PumpError {
     Fenced(QueueId),
 }
 
+/// Whether an agent failed because a newer receiver took its queue (its
+/// lease is gone: not a crash to restart).
+pub(crate) fn is_fenced(error: &ActorProcessingErr) -> bool {
+    matches!(error.downcast_ref::<PumpError>(), Some(PumpError::Fenced(_)))
+}
+
 /// When the agent should send itself the next pump tick.
 pub(crate) enum Tick {
     Now,

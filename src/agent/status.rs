@@ -5,6 +5,9 @@
 use crate::telemetry;
 use serde::Serialize;
 
+use super::pump::Pump;
+use super::streams::Streams;
+use crate::cache::QueueCache;
 use crate::queue::QueueId;
 
 /// What an agent reports about itself (tests and the admin API assert on it).
@@ -40,6 +43,24 @@ pub struct AgentStatus {
     pub checkpoint: Option<String>,
     /// Whether an ordered shutdown has begun.
     pub shutting_down: bool,
+}
+
+impl AgentStatus {
+    /// These counters, with what the agent's parts hold now.
+    pub(crate) fn now(&self, streams: &Streams, cache: &QueueCache, pump: &Pump, shutting_down: bool) -> Self {
+        let (streams, registering, subscriptions) = streams.counts();
+        AgentStatus {
+            streams,
+            registering,
+            subscriptions,
+            cached: cache.len(),
+            buckets: cache.bucket_count(),
+            under_pressure: cache.is_under_pressure(),
+            checkpoint: pump.checkpoint().map(|t| t.to_string()),
+            shutting_down,
+            ..self.clone()
+        }
+    }
 }
 
 /// Metric handles, created once per agent.

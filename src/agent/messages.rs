@@ -1,0 +1,144 @@
+//! The agent's messages, and how it sends them: to itself now or later,
+//! and as the report of work run on its lane (see `worker.rs`), which it
+//! counts until the report comes back.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use ractor::{ActorRef, RpcReplyPort};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use super::delivery::Delivered;
+use super::lookup::Registered;
+use super::pump::PumpOutcome;
+use super::status::AgentStatus;
+use super::subscription::{AttachError, Handshaken};
+use super::worker;
+use crate::pubsub::{StartPosition, Subscription, SubscriptionId};
+use crate::stream::StreamId;
+use crate::tasks::Tasks;
+
+/// Messages of the pulling agent.
+pub enum AgentMsg {
+    /// Attach a subscription (from `subscribe` or a re-attach); answers with
+    /// the concrete start position once its cursor is in place.
+    Attach {
+        /// The stored subscription.
+        subscription: Subscription,
+        /// Where the answer goes.
+        reply: RpcReplyPort<Result<StartPosition, AttachError>>,
+    },
+    /// Stop serving a subscription; its in-flight handshake and delivery are
+    /// revoked.
+    Detach {
+        /// Its stream.
+        stream: StreamId,
+        /// The subscription.
+        id: SubscriptionId,
+        /// Answered once detached.
+        reply: RpcReplyPort<()>,
+    },
+    /// Begin the ordered shutdown; answered when it is complete.
+    Shutdown(Option<RpcReplyPort<()>>),
+    /// Report status.
+    GetStatus(RpcReplyPort<AgentStatus>),
+    /// Internal bookkeeping (timers and task completions).
+    Internal(Internal),
+}
+
+/// An internal message of the agent (not constructible outside the crate).
+pub struct Internal(pub(super) InternalMsg);
+
+/// Completions and timers, sent by the agent to itself.
+pub(super) enum InternalMsg {
+    /// Time to pump.
+    Pump,
+    /// A pump came back.
+    PumpDone(Box<PumpOutcome>),
+    /// A new stream's subscriptions were looked up.
+    Registered(Registered),
+    /// A handshake answered.
+    HandshakeDone(Handshaken),
+    /// A delivery ended.
+    Delivered(Delivered),
+    /// A dead letter, fault report or notice was sent.
+    SideWorkDone,
+    /// A catch-up read that failed may be asked again.
+    RewindDue { stream: StreamId, id: SubscriptionId, epoch: u64 },
+    /// Several completions reported together by the work lane.
+    Batch(Vec<InternalMsg>),
+}
+
+impl ractor::Message for AgentMsg {}
+
+/// Where the agent's own messages and its waiting work go.
+pub(super) struct Outbox {
+    myself: ActorRef<AgentMsg>,
+    /// Where waiting work goes (see `worker.rs`).
+    lane: UnboundedSender<worker::Job<InternalMsg>>,
+    /// Lookups, handshakes, deliveries and side work in flight on the lane.
+    work: usize,
+}
+
+impl Outbox {
+    /// Starts the agent's work lane (a task of `tasks`), whose reports come
+    /// back to `myself` in batches.
+    pub(super) fn start(
+        myself: ActorRef<AgentMsg>,
+        tasks: &Tasks,
+        kill: Arc<CancellationToken>,
+        span: tracing::Span,
+    ) -> Self {
+        let to = myself.clone();
+        let report = move |done| to.cast(AgentMsg::Internal(Internal(InternalMsg::Batch(done)))).is_ok();
+        let lane = worker::start(tasks, report, kill, span);
+        Self { myself, lane, work: 0 }
+    }
+
+    /// The agent itself.
+    pub(super) fn myself(&self) -> &ActorRef<AgentMsg> {
+        &self.myself
+    }
+
+    /// A piece of work on the lane reported back.
+    pub(super) fn reported(&mut self) {
+        self.work -= 1;
+    }
+
+    /// Work sent to the lane and not reported back yet.
+    pub(super) fn in_flight(&self) -> usize {
+        self.work
+    }
+
+    /// Runs `work` on the agent's lane, counted as in-flight work; its
+    /// result comes back as a message. A panic in it is reported through
+    /// `on_panic`; a node crash (the kill switch) drops it silently.
+    pub(super) fn spawn_work(
+        &mut self,
+        work: impl Future<Output = InternalMsg> + Send + 'static,
+        on_panic: impl FnOnce(String) -> InternalMsg + Send + 'static,
+    ) {
+        self.work += 1;
+        // Fails only when the lane was killed, and then the node is gone.
+        let _ = self.lane.send(worker::job(work, on_panic));
+    }
+
+    /// Work whose only report is that it finished.
+    pub(super) fn spawn_side_work(&mut self, work: impl Future<Output = ()> + Send + 'static) {
+        self.spawn_work(work.map(|()| InternalMsg::SideWorkDone), |_| InternalMsg::SideWorkDone);
+    }
+
+    /// Sends `msg` to this agent later.
+    pub(super) fn send_self_after(&self, delay: Duration, msg: impl FnOnce() -> InternalMsg + Send + 'static) {
+        self.myself.send_after(delay, move || AgentMsg::Internal(Internal(msg())));
+    }
+
+    /// Sends `msg` to this agent now.
+    pub(super) fn send_self(&self, msg: InternalMsg) {
+        // Only fails if the agent is gone, and then nobody needs the message.
+        let _ = self.myself.cast(AgentMsg::Internal(Internal(msg)));
+    }
+}

@@ -1,0 +1,194 @@
+//! One tailer's state machine: it goes live once the store's position is
+//! known, the timer checks stalled viewers, lingering and the end
+//! conditions, and the end releases its run slot and its subscription.
+
+use std::sync::Arc;
+
+use parking_lot::MutexGuard;
+use tokio::time::Instant;
+
+use super::{Ending, Known, Phase, State, Tailer};
+use crate::config::secs;
+use crate::edge::frames::{self, EndReason};
+use crate::edge::window::Window;
+use crate::node::SubscriptionHandle;
+use crate::stream::SequenceToken;
+use crate::telemetry;
+
+impl Tailer {
+    pub(super) fn join(&self) -> bool {
+        let mut state = self.state.lock();
+        if state.phase == Phase::Ended {
+            return false;
+        }
+        state.joining += 1;
+        state.empty_since = None;
+        true
+    }
+
+    pub(super) fn go_live(
+        self: &Arc<Self>,
+        handle: SubscriptionHandle,
+        lines: u64,
+        token: Option<SequenceToken>,
+    ) -> bool {
+        let mut state = self.state.lock();
+        state.subscription = Some(handle);
+        if state.phase == Phase::Ended {
+            drop(state);
+            self.release();
+            return false;
+        }
+        state.phase = Phase::Live;
+        state.window = Window::new(self.key.run(), lines, self.settings.max_replay_bytes);
+        state.base_token = token;
+        drop(state);
+        self.phase.send_replace(Phase::Live);
+        true
+    }
+
+    pub(super) fn keep_subscription(&self, handle: SubscriptionHandle) {
+        self.state.lock().subscription = Some(handle);
+    }
+    pub(super) fn is_lingering(&self) -> bool {
+        self.state.lock().empty_since.is_some()
+    }
+
+    pub(super) fn empty_since(&self) -> Option<Instant> {
+        self.state.lock().empty_since
+    }
+
+    pub(super) fn linger_over(&self) -> bool {
+        self.empty_since().is_some_and(|since| since.elapsed() >= secs(self.settings.linger_seconds))
+    }
+
+    /// Nobody watches any more: end without a terminal frame.
+    pub(super) fn unwatched(self: &Arc<Self>) {
+        let state = self.state.lock();
+        self.end(state, None);
+    }
+
+    /// Cuts every viewer whose socket took nothing for
+    /// `stall_timeout_seconds` while it had lines to send.
+    pub(super) fn cut_stalled(&self) {
+        let limit = secs(self.settings.stall_timeout_seconds);
+        let mut state = self.state.lock();
+        let head = state.window.head();
+        state.viewers.retain(|viewer| {
+            let stalled = viewer.cursor() < head && viewer.stalled_for() >= limit;
+            if stalled {
+                tracing::debug!(run = %self.key, viewer = viewer.id(), "viewer stalled; cutting it");
+                viewer.cut();
+                metrics::counter!(telemetry::EDGE_VIEWERS_DROPPED).increment(1);
+            }
+            !stalled
+        });
+    }
+    pub(super) fn probe_due(&self) -> bool {
+        let state = self.state.lock();
+        state.known != Known::Finished
+            && state.bytes_since_tick == 0
+            && state.last_probe_at.is_none_or(|at| at.elapsed() >= secs(self.settings.run_probe_seconds))
+    }
+
+    /// The status lookup's result: finished or not, with the lines the
+    /// store held then; `None` without status.
+    pub(super) fn probed(&self, finished: Option<(bool, u64)>) {
+        let mut state = self.state.lock();
+        state.last_probe_at = Some(Instant::now());
+        state.known = match finished {
+            Some((true, lines)) if state.window.head() >= lines => Known::Finished,
+            Some(_) => Known::Running,
+            None => Known::Unknown,
+        };
+    }
+
+    /// The first end condition that holds, OpenMetadata's order.
+    pub(super) fn end_reason(&self) -> Option<EndReason> {
+        let mut state = self.state.lock();
+        let quiet_tick = std::mem::take(&mut state.bytes_since_tick) == 0;
+        let settings = &self.settings;
+        let quiet_for = state.last_content_at.elapsed();
+        if state.streamed_bytes >= settings.max_stream_bytes {
+            Some(EndReason::MaxBytes)
+        } else if state.started_at.elapsed() >= secs(settings.max_stream_seconds) {
+            Some(EndReason::MaxDuration)
+        } else if quiet_for >= secs(settings.max_idle_seconds) {
+            Some(EndReason::IdleTimeout)
+        } else if quiet_tick
+            && match state.known {
+                Known::Running => false,
+                Known::Finished => quiet_for >= secs(settings.finish_grace_seconds),
+                Known::Unknown => quiet_for >= secs(settings.unknown_run_grace_seconds),
+            }
+        {
+            Some(EndReason::RunFinished)
+        } else {
+            None
+        }
+    }
+
+    pub(super) fn complete(self: &Arc<Self>, reason: EndReason) {
+        let state = self.state.lock();
+        self.end(state, Some(Ending::Complete(reason)));
+    }
+
+    /// The edge stops: every viewer's stream ends (it reconnects with its
+    /// cursor), and the subscription is given back.
+    pub(super) fn stop(self: &Arc<Self>) {
+        let state = self.state.lock();
+        self.end(state, None);
+    }
+
+    /// A persistent failure: every viewer gets an `error` and is closed.
+    pub(super) fn fail(self: &Arc<Self>, message: &str) {
+        tracing::warn!(run = %self.key, %message, "tailer failed");
+        let state = self.state.lock();
+        self.end(state, Some(Ending::Error(message.to_string())));
+    }
+
+    /// Ends the tailer: viewers get what they have not pulled yet of the
+    /// window, then the terminal frame (if any); the run slot and the
+    /// subscription are released at once.
+    pub(super) fn end(self: &Arc<Self>, mut state: MutexGuard<'_, State>, ending: Option<Ending>) {
+        if state.phase == Phase::Ended {
+            return;
+        }
+        state.phase = Phase::Ended;
+        let head = state.window.head();
+        state.completed = match &ending {
+            Some(Ending::Complete(reason)) => Some(*reason),
+            _ => None,
+        };
+        state.terminal = match &ending {
+            Some(Ending::Complete(reason)) => Some(frames::complete(self.key.run(), Some(head), *reason)),
+            Some(Ending::Error(message)) => Some(frames::error(self.key.run(), message)),
+            None => None,
+        };
+        if let Some(Ending::Error(_)) = &ending {
+            state.failure = state.terminal.clone();
+        }
+        state.viewers.clear();
+        drop(state);
+        self.phase.send_replace(Phase::Ended);
+        self.version.send_modify(|v| *v += 1);
+        if let Some(reason) = &ending {
+            tracing::debug!(run = %self.key, ?reason, "tailer ended");
+        }
+        self.release();
+    }
+
+    /// Frees the run slot and ends the subscription (if it was made).
+    pub(super) fn release(self: &Arc<Self>) {
+        let Some(runs) = self.runs.upgrade() else { return };
+        runs.release(self);
+        if let Some(handle) = self.state.lock().subscription.take() {
+            let tasks = runs.tasks.clone();
+            tasks.spawn("tailer unsubscribe", async move {
+                if let Err(error) = runs.node.unsubscribe(&handle).await {
+                    tracing::warn!(%error, "could not end a tailer's subscription");
+                }
+            });
+        }
+    }
+}
