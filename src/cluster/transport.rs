@@ -6,7 +6,7 @@
 //! - one `NodeServer` per process, in `Isolated` mode, bound to
 //!   `cluster.listen`, authenticating peers with the cluster cookie;
 //! - one remotable **gateway** actor per node, in the `pg` group named after
-//!   the node; calls are [`wire`](super::wire) envelopes, answered by the
+//!   the node; calls are [`wire`] envelopes, answered by the
 //!   [`Served`] handler the node installs;
 //! - a dialer that connects to every live member (from Redis membership) and
 //!   re-dials with backoff after a session drops;
