@@ -15,33 +15,54 @@ use common::redis_server::RedisServer;
 use serde_json::Value;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_node_processes_split_hand_over_and_survive_a_kill() {
+async fn node_processes_split_hand_over_survive_a_kill_and_take_a_newcomer() {
     let server = RedisServer::start();
     let mut conn = redis(&server).await;
     let n1 = Proc::node(&server, "n1");
-    let mut n2 = Proc::node(&server, "n2");
+    let n2 = Proc::node(&server, "n2");
     let mut n3 = Proc::node(&server, "n3");
+    let mut n4 = Proc::node(&server, "n4");
 
-    // (a) Three nodes: two queues each, one holder per queue, as in Redis.
-    let held = settle(&n1, &[("n1", 2), ("n2", 2), ("n3", 2)]).await;
+    // Orleans' scenario 28 with six queues. (a) Four nodes own one or two
+    // each, one holder per queue, as in Redis.
+    let held = settle_shape(&n1, &["n1", "n2", "n3", "n4"], &[2, 2, 1, 1]).await;
     leases_in_redis_match(&mut conn, &held).await;
     let members = n2.cluster().await.unwrap()["members"].as_array().unwrap().len();
-    assert_eq!(members, 3);
+    assert_eq!(members, 4);
 
-    // (b) SIGTERM: a clean exit, its queues handed to the two others, its
-    // member key gone.
-    n3.signal("TERM");
-    let status = n3.wait_exit();
-    assert!(status.success(), "n3 exited with {status}:\n{}", n3.log_text());
-    assert!(!member_exists(&mut conn, "n3").await, "a graceful leave deletes the member key");
-    let held = settle(&n1, &[("n1", 3), ("n2", 3)]).await;
+    // (b) SIGTERM: a clean exit, its queues handed over, its member key
+    // gone: three nodes with two each.
+    n4.signal("TERM");
+    let status = n4.wait_exit();
+    assert!(status.success(), "n4 exited with {status}:\n{}", n4.log_text());
+    assert!(!member_exists(&mut conn, "n4").await, "a graceful leave deletes the member key");
+    let held = settle(&n1, &[("n1", 2), ("n2", 2), ("n3", 2)]).await;
     leases_in_redis_match(&mut conn, &held).await;
 
-    // (c) kill -9: the last node owns everything once the leases lapse.
-    n2.signal("KILL");
-    n2.wait_exit();
-    let held = settle(&n1, &[("n1", 6)]).await;
+    // (c) kill -9: once its leases lapse, two nodes with three each, under
+    // higher tokens.
+    n3.signal("KILL");
+    n3.wait_exit();
+    let killed = std::time::Instant::now();
+    let after = settle(&n1, &[("n1", 3), ("n2", 3)]).await;
+    eprintln!("n3's queues re-owned {:?} after its kill (lease ttl 6 s, acquire 1 s)", killed.elapsed());
+    leases_in_redis_match(&mut conn, &after).await;
+    for (queue, (holder, token)) in &held {
+        if holder == "n3" {
+            assert!(after[queue].1 > *token, "queue {queue}: {:?} after n3's token {token}", after[queue]);
+        }
+    }
+
+    // (d) A newcomer gets its share: three nodes with two each again.
+    let n5 = Proc::node(&server, "n5");
+    let held = settle(&n5, &[("n1", 2), ("n2", 2), ("n5", 2)]).await;
     leases_in_redis_match(&mut conn, &held).await;
+    let (mut n2, mut n5) = (n2, n5);
+    for node in [&mut n2, &mut n5] {
+        node.signal("TERM");
+        assert!(node.wait_exit().success(), "{}", node.log_text());
+    }
+    settle(&n1, &[("n1", 6)]).await;
 
     // (d) A second process under a live node's name is refused and takes
     // no lease: no grant happened (a grant raises its queue's fence).

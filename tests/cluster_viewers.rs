@@ -4,21 +4,22 @@
 //! through every node, and each viewer disconnects and resumes by cursor on
 //! another node. An owner is killed with SIGKILL (and restarted), or leaves
 //! with SIGTERM; every viewer's log must equal the run's stored log, line
-//! for line, with no line twice.
+//! for line, with no line twice, and the nodes' audit log must hold every
+//! line posted.
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use common::cluster::*;
 use common::logs::Sse;
 use common::redis_server::RedisServer;
-use tailrace::archive::RunKey;
+use tailrace::archive::{AuditLine, RunKey};
 use tailrace::queue::QueueMapper;
 
 const FQN: &str = "svc.cluster";
-const RUNS: usize = 18;
+const RUNS: usize = 64;
 const LINES_PER_POST: usize = 20;
 /// How long a viewer may wait for its next frame: a dead owner's queues are
 /// re-owned within the lease TTL (6 s here) plus an acquire period.
@@ -124,7 +125,10 @@ async fn life(graceful: bool) {
     let server = RedisServer::start();
     let client = reqwest::Client::new();
     let names = ["n1", "n2", "n3"];
-    let mut nodes: Vec<Proc> = names.iter().map(|n| Proc::node(&server, n)).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let audit_path = dir.path().join("audit.jsonl");
+    let audit = format!("[diagnostics]\naudit_namespace = \"logs\"\naudit_path = \"{}\"\n", audit_path.display());
+    let mut nodes: Vec<Proc> = names.iter().map(|n| Proc::node_with(&server, n, &audit)).collect();
     let held = settle(&nodes[0], &[("n1", 2), ("n2", 2), ("n3", 2)]).await;
     // n1 is the node that dies; no viewer watches from it.
     let mut viewers: Vec<Viewer> =
@@ -168,7 +172,7 @@ async fn life(graceful: bool) {
     }
 
     // n1 comes back under its name and takes its share again.
-    nodes[0] = Proc::node(&server, "n1");
+    nodes[0] = Proc::node_with(&server, "n1", &audit);
     settle(&nodes[1], &[("n1", 2), ("n2", 2), ("n3", 2)]).await;
     post_round(&client, &nodes.iter().collect::<Vec<_>>(), &mut posted).await;
     for viewer in &mut viewers {
@@ -177,6 +181,15 @@ async fn life(graceful: bool) {
     every_viewer_matches_the_store(&client, &nodes[2], &viewers, &posted).await;
     let lines: usize = posted.iter().sum();
     assert_eq!(lines, RUNS * LINES_PER_POST * 5);
+    // Every line was delivered to the owners' audit consumers (a kill may
+    // have delivered some twice: at least once).
+    let audited: HashSet<(String, String)> = std::fs::read_to_string(&audit_path)
+        .unwrap()
+        .lines()
+        .map(|l| AuditLine::parse(l).unwrap())
+        .map(|a| (a.stream, a.event))
+        .collect();
+    assert_eq!(audited.len(), lines, "the audit log holds every line posted, once per event id");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -116,6 +116,15 @@ impl Proc {
         Self::node_linked(redis, name, &Link::default())
     }
 
+    /// `tailrace node` under `name` with `extra` sections appended to its
+    /// config, waited for until it serves.
+    pub fn node_with(redis: &RedisServer, name: &str, extra: &str) -> Self {
+        let port = free_port();
+        let mut node = Self::spawn(name, port, &format!("{}{extra}", config(redis, name, port)), &["node"], &[]);
+        node.wait_serving();
+        node
+    }
+
     /// `tailrace node` under `name` linked as `link` says, waited for until
     /// it serves.
     pub fn node_linked(redis: &RedisServer, name: &str, link: &Link) -> Self {
@@ -267,6 +276,30 @@ pub async fn settle(node: &Proc, want: &[(&str, usize)]) -> BTreeMap<u64, (Strin
         assert!(
             tokio::time::Instant::now() < deadline,
             "queues never split as {want:?}; last seen {last:?}\n{}",
+            node.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls `node`'s admin API until every queue is held, only by `among`,
+/// with the holders' counts (largest first) `shape`; the holders then.
+pub async fn settle_shape(node: &Proc, among: &[&str], shape: &[usize]) -> BTreeMap<u64, (String, u64)> {
+    let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
+    let mut last = None;
+    loop {
+        if let Some(held) = node.cluster().await.as_ref().and_then(holders) {
+            let counts = counts(&held);
+            let mut sizes: Vec<usize> = counts.values().copied().collect();
+            sizes.sort_unstable_by(|a, b| b.cmp(a));
+            if sizes == shape && counts.keys().all(|n| among.contains(&n.as_str())) {
+                return held;
+            }
+            last = Some(held);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "queues never split as {shape:?} among {among:?}; last seen {last:?}\n{}",
             node.log_text()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
