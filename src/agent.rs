@@ -55,7 +55,7 @@ use tracing::Instrument;
 
 use crate::cache::QueueCache;
 use crate::failure::FailureAction;
-use crate::pubsub::{Origin, StartPosition, Subscription, SubscriptionId};
+use crate::pubsub::{ConsumerError, Origin, StartPosition, Subscription, SubscriptionId};
 use crate::queue::{QueueError, QueueId};
 use crate::stream::{BatchContainer, StreamId};
 use calls::RetryLimits;
@@ -175,6 +175,9 @@ impl Agent {
             // A consumer said where to start: place its cursor, deliver.
             InternalMsg::HandshakeDone(done) => {
                 self.outbox.reported();
+                if matches!(done.result, Err(ConsumerError::Fenced(_))) {
+                    return Err(PumpError::Fenced(self.queue).into());
+                }
                 let failure = self.services.failure.as_ref();
                 let rewindable = self.services.adapter.is_rewindable();
                 let next = self.streams.on_handshake_done(done, closing, &mut self.cache, failure, rewindable);
@@ -183,6 +186,11 @@ impl Agent {
             // A delivery ended: move on, detach, park or give up.
             InternalMsg::Delivered(done) => {
                 self.outbox.reported();
+                // A consumer's node saw a newer owner's token: this agent's
+                // lease is gone; it stops as when Redis fences it.
+                if done.fenced() {
+                    return Err(PumpError::Fenced(self.queue).into());
+                }
                 self.on_delivered(done);
             }
             InternalMsg::SideWorkDone => self.outbox.reported(),

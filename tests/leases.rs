@@ -15,7 +15,9 @@ use common::scripted::ScriptedFactory;
 use common::*;
 use tailrace::cluster::{Lease, LeaseError, MemoryLeases, NodeId, QueueLeases};
 use tailrace::manager::ManagerStatus;
-use tailrace::pubsub::ImplicitSubscriptions;
+use tailrace::pubsub::{
+    ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer,
+};
 use tailrace::queue::{QueueError, QueueId};
 use tokio::time::Instant;
 
@@ -210,4 +212,54 @@ async fn a_lease_stays_held_through_an_ordered_shutdown_longer_than_its_ttl() {
     assert_eq!(still.token, lease.token);
     wait_status(&node, "stopped", |s| s.stopping.is_empty() && s.running.is_empty()).await;
     assert_eq!(leases.holder(Q).await.unwrap(), None, "released once the handoff ended");
+}
+
+/// A consumer on another node whose node saw a newer owner's token.
+struct RefusesAsStale {
+    refused: AtomicBool,
+}
+
+#[async_trait]
+impl StreamConsumer for RefusesAsStale {
+    async fn deliver(&self, _: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        if !self.refused.swap(true, Ordering::SeqCst) {
+            return Err(ConsumerError::Fenced("queue 0: token 1 is older than 2".into()));
+        }
+        Ok(DeliveryOutcome::Continue)
+    }
+}
+
+struct RefusingFactory(Arc<RefusesAsStale>);
+
+impl ConsumerFactory for RefusingFactory {
+    fn name(&self) -> &str {
+        "refuses-as-stale"
+    }
+
+    fn create(&self, _: &tailrace::stream::StreamId) -> Arc<dyn StreamConsumer> {
+        self.0.clone()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_consumer_node_refusing_the_token_stops_the_agent_like_a_lost_lease() {
+    let leases = Arc::new(MemoryLeases::new());
+    let factory = ScriptedFactory::new();
+    let consumer = Arc::new(RefusesAsStale { refused: AtomicBool::new(false) });
+    let implicit = ImplicitSubscriptions::new().bind("t", Arc::new(RefusingFactory(consumer.clone())));
+    let node = TestNode::start_with(factory.clone(), quick_config(), implicit, |b| {
+        b.leases(leases.clone() as Arc<dyn QueueLeases>)
+    })
+    .await;
+    wait_status(&node, "running", running).await;
+    let before = leases.holder(Q).await.unwrap().unwrap();
+    factory.script.push(&stream("t", "a"), 1, &["a1"]);
+    assert!(eventually(WAIT, || factory.script.receivers.load(Ordering::SeqCst) == 2).await, "the agent stopped");
+    assert!(consumer.refused.load(Ordering::SeqCst));
+    let status = wait_status(&node, "running again", running).await;
+    assert_eq!(status.restarts, 0, "not counted as a crash");
+    assert_eq!(factory.checkpoints.writes(Q), 0, "no checkpoint after the refusal");
+    assert_eq!(factory.script.acked(), Vec::<u64>::new(), "nothing acked after the refusal");
+    let after = leases.holder(Q).await.unwrap().unwrap();
+    assert!(after.token > before.token, "runs again only under a fresh lease");
 }

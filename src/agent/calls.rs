@@ -24,6 +24,8 @@ pub(crate) enum Attempted<T> {
     Done(T),
     /// The consumer is gone; not retried.
     Unavailable(String),
+    /// The consumer's node refused this agent's lease token.
+    Fenced(String),
     /// Retries ran out; the last error.
     Failed { error: String, attempts: u32 },
     /// The subscription was removed or re-handshaken meanwhile.
@@ -85,6 +87,7 @@ where
         let error = match outcome {
             Ok(Ok(value)) => return Attempted::Done(value),
             Ok(Err(ConsumerError::Unavailable(reason))) => return Attempted::Unavailable(reason),
+            Ok(Err(ConsumerError::Fenced(reason))) => return Attempted::Fenced(reason),
             Ok(Err(ConsumerError::Unreachable(reason))) => {
                 // The consumer's node is live but its link is down: retried
                 // with a short backoff and no time limit (the budget starts

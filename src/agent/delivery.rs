@@ -51,6 +51,13 @@ pub(crate) struct Delivered {
     report: DeliveryReport,
 }
 
+impl Delivered {
+    /// Whether the consumer's node refused the agent's lease token.
+    pub(crate) fn fenced(&self) -> bool {
+        matches!(self.report, Attempted::Fenced(_))
+    }
+}
+
 /// What the agent does about a finished delivery.
 pub(crate) enum Settled {
     /// Deliver the subscription's next batch.
@@ -186,7 +193,9 @@ pub(crate) fn settle(sub: &mut Sub, cache: &mut QueueCache, done: Delivered, dra
             };
             Settled::Delivered { events, seek }
         }
-        Attempted::Unavailable(reason) => Settled::Unavailable(reason),
+        // The agent stops before settling a fenced delivery
+        // (`Delivered::fenced`); were it settled, it is as gone.
+        Attempted::Unavailable(reason) | Attempted::Fenced(reason) => Settled::Unavailable(reason),
         Attempted::Failed { error, .. } if draining => {
             // Draining: no retry and no dead letter; the next owner
             // delivers these again.

@@ -291,7 +291,7 @@ impl Streams {
         }
         let start = match result {
             Ok(answer) => answer.unwrap_or(sub.start),
-            Err(ConsumerError::Unavailable(reason)) => {
+            Err(ConsumerError::Unavailable(reason) | ConsumerError::Fenced(reason)) => {
                 tracing::warn!(%stream, subscription = %id, %reason, "consumer unavailable; subscription detached");
                 self.remove_sub(&stream, id, AttachError::ConsumerUnavailable { id, reason }, cache);
                 return next;

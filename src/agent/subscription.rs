@@ -288,6 +288,7 @@ impl HandshakeCall {
         let result = match attempted {
             Attempted::Done(start) => Ok(start),
             Attempted::Unavailable(reason) => Err(ConsumerError::Unavailable(reason)),
+            Attempted::Fenced(reason) => Err(ConsumerError::Fenced(reason)),
             Attempted::Failed { error, .. } => Err(ConsumerError::Failed(error)),
             Attempted::Revoked => Err(ConsumerError::Failed("revoked".into())),
         };

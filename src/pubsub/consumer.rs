@@ -76,6 +76,11 @@ pub enum ConsumerError {
     /// dead-letters for it, until the node answers or leaves the cluster.
     #[error("consumer unreachable: {0}")]
     Unreachable(String),
+    /// Its node refused the delivering agent's lease token: a newer owner
+    /// runs the queue. The agent stops as on a lost lease (no ack, no
+    /// checkpoint).
+    #[error("refused as a stale owner: {0}")]
+    Fenced(String),
 }
 
 impl ConsumerError {

@@ -2,7 +2,8 @@
 //! crosses the transport to the consumer's node with the agent's queue and
 //! lease token. A link that is down (while the node is a live member)
 //! answers `Unreachable`, which the agent retries without a time limit and
-//! never dead-letters; a node that left answers `Unavailable`. A delivery
+//! never dead-letters; a node that left answers `Unavailable`; a node that
+//! refused the agent's lease token answers `Fenced` (the agent stops). A delivery
 //! larger than `cluster.max_message_bytes` is sent as several, in order.
 
 use std::sync::Arc;
@@ -68,7 +69,7 @@ fn consumer_error(error: TransportError) -> ConsumerError {
         TransportError::Refused { refusal: Refusal::Fenced { .. }, .. } => {
             metrics::counter!(crate::telemetry::FENCED_DELIVERIES).increment(1);
             tracing::warn!(%error, "a consumer's node refused this agent's stale lease token");
-            ConsumerError::Unavailable(error.to_string())
+            ConsumerError::Fenced(error.to_string())
         }
         error if error.is_transient() => ConsumerError::Unreachable(error.to_string()),
         error => ConsumerError::Failed(error.to_string()),
