@@ -182,14 +182,18 @@ async fn life(graceful: bool) {
     let lines: usize = posted.iter().sum();
     assert_eq!(lines, RUNS * LINES_PER_POST * 5);
     // Every line was delivered to the owners' audit consumers (a kill may
-    // have delivered some twice: at least once).
-    let audited: HashSet<(String, String)> = std::fs::read_to_string(&audit_path)
+    // have delivered some twice: at least once; a graceful leave, once).
+    let entries: Vec<(String, String)> = std::fs::read_to_string(&audit_path)
         .unwrap()
         .lines()
         .map(|l| AuditLine::parse(l).unwrap())
         .map(|a| (a.stream, a.event))
         .collect();
+    let audited: HashSet<&(String, String)> = entries.iter().collect();
     assert_eq!(audited.len(), lines, "the audit log holds every line posted, once per event id");
+    if graceful {
+        assert_eq!(entries.len(), lines, "a graceful leave delivers no event twice");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
