@@ -15,6 +15,7 @@
 //! to write one and [`crate::conformance`] checks it.
 
 pub mod mapper;
+mod storage;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,12 +23,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::cache::CacheOptions;
-use crate::checkpoint::Checkpointer;
 use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
 
 pub use crate::stream::QueueId;
 pub use mapper::QueueMapper;
+pub use storage::{CacheOptions, CheckpointError, Checkpointer};
 
 /// What an adapter can do with its store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

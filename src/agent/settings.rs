@@ -10,11 +10,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::CacheOptions;
 use crate::checkpoint::{CheckpointOptions, Checkpointer};
-use crate::cluster::NodeId;
 use crate::failure::{DeadLetterSink, FailureHandler};
 use crate::pubsub::{ConsumerResolver, ImplicitSubscriptions, PubSubStore};
 use crate::queue::QueueAdapter;
 use crate::retry::Backoff;
+use crate::stream::NodeId;
 use crate::tasks::Tasks;
 
 /// An agent's settings. Defaults are Orleans' unless noted.

@@ -1,25 +1,9 @@
 //! The cache's public vocabulary: options, cursor ids, starts and positions,
 //! what `add` and `purge` report, and their errors.
 
-use serde::{Deserialize, Serialize};
-
 use crate::stream::SequenceToken;
 
-/// Size and shape of one queue's cache.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CacheOptions {
-    /// Most containers held at once (Orleans `CacheSize`, 4096).
-    pub cache_size: usize,
-    /// Pressure buckets (Orleans uses 10).
-    pub buckets: usize,
-}
-
-impl Default for CacheOptions {
-    fn default() -> Self {
-        Self { cache_size: 4096, buckets: 10 }
-    }
-}
+pub use crate::queue::CacheOptions;
 
 /// Identifies one cursor of one cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
