@@ -98,8 +98,24 @@ fn an_unknown_bench_scenario_is_a_clear_error() {
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr)
-            .contains("unknown bench scenario `nope` (known: pipeline, file, redis, sse, failover)")
+            .contains("unknown bench scenario `nope` (known: pipeline, file, redis, sse, transport, failover)")
     );
+}
+
+/// The transport bench delivers every event it sends across two linked
+/// transports (it fails otherwise) and reports its ratio to plain TCP.
+#[test]
+fn bench_transport_quick_delivers_everything_and_reports_a_ratio() {
+    let out = tailrace().args(["bench", "transport", "--quick"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let result = stdout.lines().find(|l| l.starts_with("RESULT scenario=transport ")).expect("a RESULT line");
+    let ratio: f64 = result
+        .split(' ')
+        .find_map(|kv| kv.strip_prefix("ratio="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no ratio in {result}"));
+    assert!(ratio > 0.0, "{result}");
 }
 
 #[test]

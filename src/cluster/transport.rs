@@ -222,7 +222,7 @@ impl RactorTransport {
         });
         let tasks = Tasks::new(CancellationToken::new());
         let handler = HandlerSlot::default();
-        let spawned = gateway::spawn(&settings.me, handler.clone(), settings.max_inflight, tasks.clone()).await;
+        let spawned = gateway::spawn(handler.clone(), settings.max_inflight, tasks.clone()).await;
         let gateway = match (subscribed, spawned) {
             (Ok(()), Ok(gateway)) => gateway,
             (subscribed, spawned) => {

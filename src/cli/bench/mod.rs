@@ -10,6 +10,7 @@ mod pipeline;
 mod redis;
 mod sse;
 pub mod sse_client;
+mod transport;
 
 use std::io::Write;
 use std::sync::Arc;
@@ -28,7 +29,10 @@ pub async fn run(scenario: &str, quick: bool, graceful: bool, redis_url: &str) -
         "file" => file::run(quick).await,
         "redis" => redis::run(quick, redis_url).await,
         "sse" => sse::run(quick).await,
-        other => anyhow::bail!("unknown bench scenario `{other}` (known: pipeline, file, redis, sse, failover)"),
+        "transport" => transport::run(quick).await,
+        other => {
+            anyhow::bail!("unknown bench scenario `{other}` (known: pipeline, file, redis, sse, transport, failover)")
+        }
     }
 }
 

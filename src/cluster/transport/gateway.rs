@@ -12,7 +12,6 @@ use tokio::sync::Semaphore;
 
 use super::Served;
 use crate::cluster::wire::{self, Refusal, Reply, Request};
-use crate::stream::NodeId;
 use crate::tasks::Tasks;
 
 /// One call: the request's bytes and where its reply's bytes go.
@@ -67,15 +66,15 @@ struct State {
     tasks: Tasks,
 }
 
-/// Starts `node`'s gateway (named after it).
+/// Starts a node's gateway. Unnamed: a peer in the same process (tests,
+/// benches) would otherwise register the same name for its remote copy.
 pub(super) async fn spawn(
-    node: &NodeId,
     handler: HandlerSlot,
     max_inflight: usize,
     tasks: Tasks,
 ) -> Result<ActorRef<GatewayMsg>, SpawnErr> {
     let state = State { handler, limit: Arc::new(Semaphore::new(max_inflight)), max_inflight, tasks };
-    let (gateway, _) = Actor::spawn(Some(format!("tailrace-gateway:{node}")), Gateway, state).await?;
+    let (gateway, _) = Actor::spawn(None, Gateway, state).await?;
     Ok(gateway)
 }
 
