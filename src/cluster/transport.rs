@@ -273,10 +273,13 @@ impl RactorTransport {
 
     /// Dials `peer` until a session with it is ready. A peer not listening
     /// yet (it joined the membership a moment before its listener) is
-    /// dialed again until `until`; a peer that closes the handshake twice
-    /// rejects this node (once may be a simultaneous dial it dropped).
+    /// dialed again until `until`; a peer that closes the handshake three
+    /// times rejects this node (a close may also be a simultaneous dial
+    /// from the other side, which the node server drops).
     async fn authenticate_with(&self, peer: &Member, until: tokio::time::Instant) -> Result<(), TransportError> {
-        const PAUSE: Duration = Duration::from_millis(200);
+        // Random, so that two nodes dialing each other at once (each drops
+        // both connections) do not meet again.
+        let pause = || Duration::from_millis(rand::random_range(150..600));
         let rejected = |reason: &str| TransportError::Rejected {
             peer: peer.name.clone(),
             address: peer.advertise.clone(),
@@ -287,7 +290,7 @@ impl RactorTransport {
             if self.inner.sessions.link(&peer.name) == Some(Link::Ready) {
                 return Ok(());
             }
-            if closed >= 2 {
+            if closed >= 3 {
                 return Err(rejected("it closed the connection during the handshake"));
             }
             if tokio::time::Instant::now() >= until {
@@ -297,7 +300,7 @@ impl RactorTransport {
             if let Err(error) = self.dial(&peer.advertise).await {
                 tracing::debug!(peer = %peer.name, address = %peer.advertise, %error, "cannot dial yet");
                 self.inner.sessions.down(&peer.name);
-                tokio::time::sleep(PAUSE).await;
+                tokio::time::sleep(pause()).await;
                 continue;
             }
             // This dial's outcome: ready, closed, or still opening at the
@@ -318,7 +321,7 @@ impl RactorTransport {
                     break;
                 }
             }
-            tokio::time::sleep(PAUSE).await;
+            tokio::time::sleep(pause()).await;
         }
     }
 
@@ -349,11 +352,16 @@ impl RactorTransport {
             attempts.retain(|name, _| members.iter().any(|m| &m.name == name));
             self.inner.inflight.lock().retain(|name, _| members.iter().any(|m| &m.name == name));
             for member in members.iter().filter(|m| m.name != self.inner.settings.me && dialable(m)) {
-                // A link still opening is dialed again only when its backoff
-                // is over (a handshake cut before the peer named itself
-                // reports nothing).
                 if self.inner.sessions.link(&member.name) == Some(Link::Ready) {
                     attempts.remove(&member.name);
+                    continue;
+                }
+                // A dial in progress (this node joining, or the last round)
+                // is not raced: two at once make the peer drop both. One
+                // that never settled (a handshake cut before the peer named
+                // itself reports nothing) is dialed again after a call
+                // timeout.
+                if self.inner.sessions.dialing(&member.name, self.inner.settings.call_timeout) {
                     continue;
                 }
                 let (tries, next) = attempts.get(&member.name).copied().unwrap_or((0, now));

@@ -9,6 +9,7 @@ use ractor::ActorId;
 use ractor_cluster::NodeEventSubscription;
 use ractor_cluster::node::NodeServerSessionInformation;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::stream::NodeId;
 
@@ -36,10 +37,12 @@ pub(super) struct Sessions {
     changed: Notify,
 }
 
-/// One peer: its sessions that are ready, and the last state otherwise.
+/// One peer: its sessions that are ready, the last state otherwise, and
+/// when it was last dialed.
 struct Peer {
     ready: BTreeSet<ActorId>,
     last: Link,
+    dialed: Option<Instant>,
 }
 
 impl Peer {
@@ -67,7 +70,19 @@ impl Sessions {
 
     /// Being dialed.
     pub(super) fn opening(&self, peer: &NodeId) {
-        self.update(peer, |p| p.last = Link::Opening);
+        self.update(peer, |p| {
+            p.last = Link::Opening;
+            p.dialed = Some(Instant::now());
+        });
+    }
+
+    /// Whether a dial of `peer` is still within `within` of its start and
+    /// has not settled (another dial now would only race it).
+    pub(super) fn dialing(&self, peer: &NodeId, within: std::time::Duration) -> bool {
+        self.links
+            .lock()
+            .get(peer)
+            .is_some_and(|p| p.link() == Link::Opening && p.dialed.is_some_and(|at| at.elapsed() < within))
     }
 
     /// A dial failed.
@@ -81,7 +96,11 @@ impl Sessions {
 
     fn update(&self, peer: &NodeId, change: impl FnOnce(&mut Peer)) {
         let mut links = self.links.lock();
-        change(links.entry(peer.clone()).or_insert_with(|| Peer { ready: BTreeSet::new(), last: Link::Down }));
+        change(links.entry(peer.clone()).or_insert_with(|| Peer {
+            ready: BTreeSet::new(),
+            last: Link::Down,
+            dialed: None,
+        }));
         drop(links);
         self.changed.notify_waiters();
     }
