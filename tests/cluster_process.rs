@@ -1,13 +1,17 @@
 //! A cluster of real `tailrace node` processes on one private Redis, with
 //! short leases and six queues, seen from outside: through each node's
 //! `GET /api/v1/admin/cluster` and the Redis lease, fence and member keys.
-//! Three nodes split the queues; one leaves with SIGTERM and the others
-//! take its queues; another is killed with SIGKILL and the last takes
-//! everything once its leases lapse; a second process under a live node's
-//! name, and a `serve` next to the cluster, are refused and take nothing.
+//! Four nodes split the queues; one leaves with SIGTERM and the others
+//! take its queues; another is killed with SIGKILL and the other two take
+//! its queues once its leases lapse; a newcomer gets its share, while a
+//! watcher sees no grant with two holders and no token going back. A second
+//! process under a live node's name, and a `serve` next to the cluster, are
+//! refused and take nothing; a node stopped while Redis is frozen leaves
+//! no lease; agents are stopped and started through another node's edge.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::process::Command;
 
 use common::cluster::*;
@@ -22,6 +26,7 @@ async fn node_processes_split_hand_over_survive_a_kill_and_take_a_newcomer() {
     let n2 = Proc::node(&server, "n2");
     let mut n3 = Proc::node(&server, "n3");
     let mut n4 = Proc::node(&server, "n4");
+    let watch = LeaseWatch::start(&server);
 
     // Orleans' scenario 28 with six queues. (a) Four nodes own one or two
     // each, one holder per queue, as in Redis.
@@ -57,6 +62,7 @@ async fn node_processes_split_hand_over_survive_a_kill_and_take_a_newcomer() {
     let n5 = Proc::node(&server, "n5");
     let held = settle(&n5, &[("n1", 2), ("n2", 2), ("n5", 2)]).await;
     leases_in_redis_match(&mut conn, &held).await;
+    watch.check().await;
     let (mut n2, mut n5) = (n2, n5);
     for node in [&mut n2, &mut n5] {
         node.signal("TERM");
@@ -173,4 +179,55 @@ async fn a_node_stopped_while_redis_is_frozen_leaves_no_lease_behind() {
     }
     let held = settle(&n1, &[("n1", 6)]).await;
     leases_in_redis_match(&mut conn, &held).await;
+}
+
+/// Samples every lease key every 20 ms while a test runs: a grant (a
+/// token) must never be seen with two holders, and a queue's token never
+/// goes back.
+struct LeaseWatch {
+    task: tokio::task::JoinHandle<Result<usize, String>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl LeaseWatch {
+    fn start(server: &RedisServer) -> Self {
+        let url = server.url();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut conn = redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap();
+            let mut grants: BTreeMap<(u32, u64), String> = BTreeMap::new();
+            let mut newest: BTreeMap<u32, u64> = BTreeMap::new();
+            let mut samples = 0;
+            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                for queue in 0..QUEUES {
+                    let key = format!("tailrace:{{q{queue}}}:lease");
+                    let (holder, token): (Option<String>, Option<u64>) =
+                        redis::cmd("HMGET").arg(&key).arg("holder").arg("token").query_async(&mut conn).await.unwrap();
+                    let (Some(holder), Some(token)) = (holder, token) else { continue };
+                    samples += 1;
+                    if let Some(other) = grants.insert((queue, token), holder.clone())
+                        && other != holder
+                    {
+                        return Err(format!("queue {queue}: token {token} held by {other} and by {holder}"));
+                    }
+                    let last = newest.entry(queue).or_insert(token);
+                    if token < *last {
+                        return Err(format!("queue {queue}: token {token} after {last}"));
+                    }
+                    *last = token;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Ok(samples)
+        });
+        Self { task, stop }
+    }
+
+    /// Stops sampling; fails on what it saw.
+    async fn check(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let samples = self.task.await.unwrap().unwrap_or_else(|error| panic!("{error}"));
+        assert!(samples > 0, "the lease keys were sampled");
+    }
 }
