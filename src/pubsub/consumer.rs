@@ -61,9 +61,11 @@ pub enum DeliveryOutcome {
     SeekAfter(SequenceToken),
 }
 
-/// Why a consumer could not take a delivery or a handshake.
+/// Why a consumer could not take a delivery or a handshake. More kinds
+/// may come (the cluster transport added two), so a match needs a `_` arm.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "error", content = "reason")]
+#[non_exhaustive]
 pub enum ConsumerError {
     /// It failed; the agent retries within the max delivery time.
     #[error("{0}")]
