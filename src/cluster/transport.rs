@@ -223,15 +223,14 @@ impl RactorTransport {
         let tasks = Tasks::new(CancellationToken::new());
         let handler = HandlerSlot::default();
         let spawned = gateway::spawn(handler.clone(), settings.max_inflight, tasks.clone()).await;
-        let gateway = match (subscribed, spawned) {
-            (Ok(()), Ok(gateway)) => gateway,
-            (subscribed, spawned) => {
+        let started = match subscribed {
+            Err(error) => Err(error.to_string()),
+            Ok(()) => spawned.map_err(|error| error.to_string()),
+        };
+        let gateway = match started {
+            Ok(gateway) => gateway,
+            Err(message) => {
                 server.stop(None);
-                let message = match (subscribed, spawned) {
-                    (Err(e), _) => e.to_string(),
-                    (_, Err(e)) => e.to_string(),
-                    _ => String::new(),
-                };
                 return Err(start_error(message));
             }
         };
@@ -458,8 +457,7 @@ fn frame_limit(max_message_bytes: usize) -> u64 {
 
 /// Whether a member accepts node connections (a `serve` process does not).
 fn dialable(member: &Member) -> bool {
-    member.advertise.parse::<SocketAddr>().is_ok()
-        || member.advertise.rsplit_once(':').is_some_and(|(h, _)| !h.is_empty())
+    member.advertise.rsplit_once(':').is_some_and(|(host, _)| !host.is_empty())
 }
 
 #[async_trait]
