@@ -6,9 +6,9 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
+use common::certs::authority;
 use common::cluster::*;
 use common::logs::Sse;
 use common::redis_server::RedisServer;
@@ -16,43 +16,6 @@ use tailrace::archive::RunKey;
 use tailrace::queue::QueueMapper;
 
 const FQN: &str = "svc.tls";
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl is installed");
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// An authority `ca` and, for each name, a certificate for 127.0.0.1.
-fn authority(dir: &Path, ca: &str, nodes: &[&str]) {
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
-    let ca_key = format!("{ca}.key");
-    let ca_pem = format!("{ca}.pem");
-    let subject = format!("/CN={ca}");
-    let mut args = vec!["req", "-x509"];
-    args.extend(ec);
-    args.extend(["-keyout", &ca_key, "-out", &ca_pem, "-days", "2", "-subj", &subject]);
-    openssl(dir, &args);
-    std::fs::write(
-        dir.join("node.ext"),
-        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n",
-    )
-    .unwrap();
-    for node in nodes {
-        let (key, csr, pem, subject) =
-            (format!("{node}.key"), format!("{node}.csr"), format!("{node}.pem"), format!("/CN={node}"));
-        let mut args = vec!["req"];
-        args.extend(ec);
-        args.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
-        openssl(dir, &args);
-        openssl(
-            dir,
-            &["x509", "-req", "-in", &csr, "-CA", &ca_pem, "-CAkey", &ca_key, "-CAcreateserial", "-out", &pem]
-                .into_iter()
-                .chain(["-days", "2", "-extfile", "node.ext"])
-                .collect::<Vec<_>>(),
-        );
-    }
-}
 
 fn tls_node(server: &RedisServer, name: &str, dir: &Path, ca: &str) -> Proc {
     let port = free_port();

@@ -127,6 +127,7 @@ pub fn stream(ns: &str, key: &str) -> StreamId {
     StreamId::new(ns, key)
 }
 
+pub mod certs;
 pub mod cluster;
 pub mod crash;
 pub mod life;
