@@ -1,6 +1,10 @@
-//! The one way tailrace replaces a small file whole (a checkpoint, a run's
-//! `meta.json`, a handoff state file): readers see the old contents or the
-//! new, never a torn mix, whatever crashes in between.
+//! The one way tailrace changes the file system durably: replacing a
+//! small file whole (a checkpoint, a run's `meta.json`, a handoff state
+//! file: readers see the old contents or the new, never a torn mix,
+//! whatever crashes in between), creating directories and syncing a
+//! directory's entries. A file's data survives a power loss once the file
+//! is synced, but its name only once its directory is: each creation,
+//! rename or removal that must survive one syncs the directory holding it.
 
 use std::io::Write;
 use std::path::Path;
@@ -33,6 +37,41 @@ pub(crate) fn replace(path: &Path, bytes: &[u8], durability: Durability) -> std:
             std::fs::rename(&temp, path)
         }
     }
+}
+
+/// Syncs the directory `dir`: the creations, renames and removals of
+/// names in it survive a power loss.
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Creates `dir` and its missing parents. With [`Durability::Synced`], the
+/// parent of each directory created, and `dir`'s own parent, are synced
+/// after, so `dir` is still there after a power loss.
+pub(crate) fn create_dir_all(dir: &Path, durability: Durability) -> std::io::Result<()> {
+    if durability == Durability::Unsynced {
+        return std::fs::create_dir_all(dir);
+    }
+    let mut missing = Vec::new();
+    let mut at = Some(dir);
+    while let Some(path) = at.filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
+        missing.push(path);
+        at = path.parent();
+    }
+    std::fs::create_dir_all(dir)?;
+    // Deepest first: each new name is synced into its parent; `dir`'s
+    // parent even when `dir` existed (a crash may have come between its
+    // creation and that sync).
+    let mut parents: Vec<&Path> = missing.iter().filter_map(|p| p.parent()).collect();
+    if missing.is_empty()
+        && let Some(parent) = dir.parent()
+    {
+        parents.push(parent);
+    }
+    for parent in parents.into_iter().filter(|p| !p.as_os_str().is_empty()) {
+        sync_dir(parent)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

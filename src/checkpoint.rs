@@ -86,7 +86,8 @@ impl FileCheckpointer {
     /// Uses (and creates) `dir`.
     pub fn new(dir: impl Into<PathBuf>) -> Result<Self, CheckpointError> {
         let dir = dir.into();
-        std::fs::create_dir_all(&dir).map_err(|source| CheckpointError::Io { path: dir.clone(), source })?;
+        atomic_file::create_dir_all(&dir, Durability::Synced)
+            .map_err(|source| CheckpointError::Io { path: dir.clone(), source })?;
         Ok(Self { dir })
     }
 
@@ -143,7 +144,7 @@ fn write_checkpoint(
     // A temp file an older release left behind would shadow this one on load.
     match std::fs::remove_file(temp) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(temp)(e)),
-        _ => std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir)),
+        _ => atomic_file::sync_dir(dir).map_err(io(dir)),
     }
 }
 

@@ -131,7 +131,7 @@ impl FileAdapterFactory {
         let mut queues = Vec::new();
         for queue in mapper.all_queues() {
             let dir = options.dir.join(queue.to_string());
-            std::fs::create_dir_all(&dir)
+            crate::atomic_file::create_dir_all(&dir, crate::atomic_file::Durability::Synced)
                 .map_err(|source| QueueError::Io { context: format!("creating {}", dir.display()), source })?;
             let sealed = Arc::new(Notify::new());
             let writer = if options.write {

@@ -71,6 +71,10 @@ struct Inner {
     trash_seq: AtomicU64,
 }
 
+fn durability(fsync: bool) -> Durability {
+    if fsync { Durability::Synced } else { Durability::Unsynced }
+}
+
 fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
     let context = context.into();
     move |source| StoreError::Io { context, source }
@@ -86,7 +90,7 @@ impl FileRunLogStore {
     /// As [`FileRunLogStore::open`], stamping runs with `clock`'s time.
     pub fn open_with_clock(root: impl Into<PathBuf>, fsync: bool, clock: Clock) -> Result<Self, StoreError> {
         let root = root.into();
-        std::fs::create_dir_all(&root).map_err(io(format!("creating {}", root.display())))?;
+        atomic_file::create_dir_all(&root, durability(fsync)).map_err(io(format!("creating {}", root.display())))?;
         let stripes = (0..STRIPES).map(|_| Mutex::new(())).collect();
         Ok(Self { inner: Arc::new(Inner { root, fsync, stripes, clock, trash_seq: AtomicU64::new(0) }) })
     }
@@ -141,8 +145,7 @@ impl Inner {
     fn write_meta(&self, dir: &Path, meta: &Meta) -> Result<(), StoreError> {
         let path = dir.join("meta.json");
         let json = serde_json::to_vec(meta).map_err(StoreError::Encode)?;
-        let durability = if self.fsync { Durability::Synced } else { Durability::Unsynced };
-        atomic_file::replace(&path, &json, durability).map_err(io(format!("writing {}", path.display())))
+        atomic_file::replace(&path, &json, durability(self.fsync)).map_err(io(format!("writing {}", path.display())))
     }
 
     /// The run's meta, creating the run if it is new.
@@ -153,7 +156,7 @@ impl Inner {
         // A prune may remove the pipeline's directory, emptied of its last
         // run, between the two levels create_dir_all makes: try again.
         let mut attempts = 0;
-        while let Err(e) = std::fs::create_dir_all(dir) {
+        while let Err(e) = atomic_file::create_dir_all(dir, durability(self.fsync)) {
             attempts += 1;
             if e.kind() != std::io::ErrorKind::NotFound || attempts == 3 {
                 return Err(io(format!("creating {}", dir.display()))(e));
@@ -219,18 +222,7 @@ impl Inner {
             log.sync_data().map_err(io(format!("syncing {}", log_path.display())))?;
         }
         if !index.is_empty() {
-            let idx_path = dir.join("log.idx");
-            let mut idx = OpenOptions::new()
-                .create(true)
-                .write(true)
-                .truncate(false)
-                .open(&idx_path)
-                .map_err(io(format!("opening {}", idx_path.display())))?;
-            let entries = meta.info.lines.div_ceil(INDEX_EVERY);
-            idx.set_len(entries * 8).map_err(io(format!("truncating {}", idx_path.display())))?;
-            idx.seek(SeekFrom::End(0))
-                .and_then(|_| idx.write_all(&index))
-                .map_err(io(format!("appending to {}", idx_path.display())))?;
+            self.append_index(&dir, &meta, &index)?;
         }
         meta.info.lines += lines.len() as u64;
         meta.info.bytes += buffer.len() as u64;
@@ -240,17 +232,55 @@ impl Inner {
         Ok(true)
     }
 
+    /// Appends `entries` (of the lines after `meta`'s) to the index. An
+    /// index shorter than `meta` says (a power cut lost its tail) is
+    /// rebuilt first, never padded; entries past it (a crashed append's)
+    /// are cut off.
+    fn append_index(&self, dir: &Path, meta: &Meta, entries: &[u8]) -> Result<(), StoreError> {
+        let idx_path = dir.join("log.idx");
+        let open = || {
+            OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(false)
+                .open(&idx_path)
+                .map_err(io(format!("opening {}", idx_path.display())))
+        };
+        let mut idx = open()?;
+        let kept = meta.info.lines.div_ceil(INDEX_EVERY) * 8;
+        let len = idx.metadata().map_err(io(format!("reading {}", idx_path.display())))?.len();
+        if len < kept {
+            drop(idx);
+            self.rebuild_index(dir, meta)?;
+            idx = open()?;
+        }
+        idx.set_len(kept).map_err(io(format!("truncating {}", idx_path.display())))?;
+        idx.seek(SeekFrom::End(0))
+            .and_then(|_| idx.write_all(entries))
+            .map_err(io(format!("appending to {}", idx_path.display())))?;
+        if self.fsync {
+            idx.sync_data().map_err(io(format!("syncing {}", idx_path.display())))?;
+        }
+        Ok(())
+    }
+
     /// The byte offset of line `entry * INDEX_EVERY`, rebuilding the index
-    /// when it is short (a crash before it was written).
-    fn index_entry(&self, run: &RunKey, dir: &Path, meta: &Meta, entry: u64) -> Result<u64, StoreError> {
+    /// when it is short or the entry does not start a line of `log` (a
+    /// crash or a power cut before the index was written or synced).
+    fn index_entry(&self, run: &RunKey, dir: &Path, meta: &Meta, log: &File, entry: u64) -> Result<u64, StoreError> {
         let idx_path = dir.join("log.idx");
         let needed = meta.info.lines.div_ceil(INDEX_EVERY);
-        let mut bytes = std::fs::read(&idx_path).unwrap_or_default();
-        if (bytes.len() as u64) < needed * 8 {
-            let _guard = self.lock(run);
-            bytes = self.rebuild_index(dir, meta)?;
-        }
+        let bytes = std::fs::read(&idx_path).unwrap_or_default();
         let at = (entry * 8) as usize;
+        let offset = (bytes.len() as u64 >= needed * 8)
+            .then(|| bytes.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes))
+            .flatten()
+            .filter(|&offset| starts_line(log, entry, offset, meta.info.bytes));
+        if let Some(offset) = offset {
+            return Ok(offset);
+        }
+        let _guard = self.lock(run);
+        let bytes = self.rebuild_index(dir, meta)?;
         let raw: [u8; 8] = bytes
             .get(at..at + 8)
             .and_then(|b| b.try_into().ok())
@@ -286,9 +316,9 @@ impl Inner {
         if from >= meta.info.lines || max_lines == 0 {
             return Ok(Vec::new());
         }
-        let start = self.index_entry(run, &dir, &meta, from / INDEX_EVERY)?;
         let log_path = dir.join("log.txt");
         let mut file = File::open(&log_path).map_err(io(format!("opening {}", log_path.display())))?;
+        let start = self.index_entry(run, &dir, &meta, &file, from / INDEX_EVERY)?;
         file.seek(SeekFrom::Start(start)).map_err(io(format!("seeking {}", log_path.display())))?;
         let mut reader = BufReader::new(file.take(meta.info.bytes.saturating_sub(start)));
         let (mut line, mut taken, mut out, mut buf) =
@@ -436,6 +466,11 @@ impl Inner {
                 _ => return Ok(false),
             }
             std::fs::rename(&dir, &trash).map_err(io(format!("moving {} to {}", dir.display(), trash.display())))?;
+            // The run is gone whole or there whole after a power cut, never
+            // there with some of its files deleted.
+            if self.fsync {
+                atomic_file::sync_dir(&self.root).map_err(io(format!("syncing {}", self.root.display())))?;
+            }
         }
         self.empty_trash(&trash);
         if let Some(pipeline) = dir.parent() {
@@ -453,6 +488,18 @@ impl Inner {
             tracing::warn!(path = %trash.display(), error = %e, "retention could not delete a removed run yet");
         }
     }
+}
+
+/// Whether `offset`, the index's entry `entry`, can start a line of `log`
+/// (whose first `len` bytes are the run's): the first entry is 0, any
+/// other follows a newline. Zeros or garbage from a lost write are not.
+fn starts_line(log: &File, entry: u64, offset: u64, len: u64) -> bool {
+    use std::os::unix::fs::FileExt;
+    if entry == 0 || offset == 0 {
+        return entry == 0 && offset == 0;
+    }
+    let mut byte = [0u8];
+    offset < len && log.read_exact_at(&mut byte, offset - 1).is_ok() && byte[0] == b'\n'
 }
 
 #[async_trait]

@@ -31,7 +31,8 @@ impl DataDirLock {
     /// [`HandoffError::DataDirBusy`] naming the process that holds it.
     pub fn acquire(dir: impl Into<PathBuf>) -> Result<Self, HandoffError> {
         let dir = dir.into();
-        std::fs::create_dir_all(&dir).map_err(HandoffError::io(format!("creating {}", dir.display())))?;
+        crate::atomic_file::create_dir_all(&dir, crate::atomic_file::Durability::Synced)
+            .map_err(HandoffError::io(format!("creating {}", dir.display())))?;
         let path = dir.join(DATA_DIR_LOCK);
         let io = |what: &str| HandoffError::io(format!("{what} {}", path.display()));
         let mut file = OpenOptions::new()

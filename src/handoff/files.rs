@@ -82,9 +82,7 @@ pub(crate) fn lock_path(dir: &Path, prefix: &str) -> PathBuf {
 
 /// fsyncs a directory (so a rename or create in it is durable).
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), HandoffError> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(HandoffError::io(format!("syncing directory {}", dir.display())))
+    crate::atomic_file::sync_dir(dir).map_err(HandoffError::io(format!("syncing directory {}", dir.display())))
 }
 
 #[cfg(test)]

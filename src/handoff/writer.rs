@@ -164,7 +164,8 @@ impl LoggingConsumer {
     ) -> Result<Self, HandoffError> {
         validate_prefix(prefix)?;
         let dir = dir.into();
-        std::fs::create_dir_all(&dir).map_err(HandoffError::io(format!("creating {}", dir.display())))?;
+        crate::atomic_file::create_dir_all(&dir, crate::atomic_file::Durability::Synced)
+            .map_err(HandoffError::io(format!("creating {}", dir.display())))?;
         let lock_file = lock_path(&dir, prefix);
         let lock = match PrefixLock::acquire(&dir, lock_file.clone())? {
             Acquired::Held(lock) => lock,

@@ -23,6 +23,8 @@ fn free_port() -> u16 {
 /// One `tailrace serve` on one data directory, over its lives.
 pub struct ServeNode {
     data: tempfile::TempDir,
+    /// Where the node keeps its data (`--data-dir`).
+    data_dir: PathBuf,
     config: PathBuf,
     port: u16,
     child: Option<Child>,
@@ -39,11 +41,20 @@ impl ServeNode {
         let path = data.path().join("tailrace.toml");
         std::fs::write(&path, config).unwrap();
         let log = data.path().join("serve.log");
-        Self { config: path, data, port: free_port(), child: None, lives: 0, log }
+        let data_dir = data.path().join("data");
+        Self { config: path, data, data_dir, port: free_port(), child: None, lives: 0, log }
+    }
+
+    /// A node whose data directory is `data_dir` (say, on a power-cut
+    /// file system); its config and log stay outside it.
+    pub fn with_data_dir(config: &str, data_dir: PathBuf) -> Self {
+        let mut node = Self::new(config);
+        node.data_dir = data_dir;
+        node
     }
 
     pub fn data_dir(&self) -> PathBuf {
-        self.data.path().join("data")
+        self.data_dir.clone()
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -368,6 +379,28 @@ pub enum Op {
     /// Redis down while `batches` one-line batches are posted to `run`
     /// (each may or may not be taken), then up again.
     ProduceWhileRedisDown { run: u32, batches: u32 },
+    /// A power cut (`kill -9`, then everything not synced is lost; with
+    /// `torn`, a random part of it survives), then a restart.
+    PowerCut { torn: Option<u64> },
+    /// The same while producers post, after `after_ms`.
+    PowerCutWhileProducing { run: u32, batches: u32, lines: u32, after_ms: u64, torn: Option<u64> },
+}
+
+/// Producers go on after the node came back: one batch to every run, so
+/// appends meet what the cut left before anything reads it.
+async fn post_to_every_run(client: &Client, model: &mut Model) -> Result<(), String> {
+    let runs: Vec<u32> = model.runs.keys().copied().collect();
+    for run in runs {
+        produce(client, model, run, 1, 3).await?;
+    }
+    Ok(())
+}
+
+/// Cuts the power of `power` (the node is dead already).
+fn cut(power: &mut Option<&mut crate::common::powercut::PowerCutFs>, torn: Option<u64>) -> Result<(), String> {
+    use crate::common::powercut::Cut;
+    let power = power.as_deref_mut().ok_or("a power cut needs the power-cut file system")?;
+    power.cut(torn.map_or(Cut::Clean, Cut::Torn))
 }
 
 /// The life tests' proptest settings: `TAILRACE_LIFE_CASES` cases (a few
@@ -438,7 +471,18 @@ pub async fn produce_maybe(client: &Client, model: &mut Model, run: u32, batches
 pub fn run_life(
     node: &mut ServeNode,
     ops: Vec<Op>,
+    redis: Option<&mut crate::common::redis_server::RedisServer>,
+) -> Result<(), String> {
+    run_life_on(node, ops, redis, None)
+}
+
+/// [`run_life`] with the node's data directory on `power`, a power-cut
+/// file system, so the power-cut steps can run.
+pub fn run_life_on(
+    node: &mut ServeNode,
+    ops: Vec<Op>,
     mut redis: Option<&mut crate::common::redis_server::RedisServer>,
+    mut power: Option<&mut crate::common::powercut::PowerCutFs>,
 ) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     node.start();
@@ -486,6 +530,27 @@ pub fn run_life(
                     redis.restart();
                     check(node, &model, &format!("step {step}: after Redis restarted"))?;
                 }
+            }
+            Op::PowerCut { torn } => {
+                node.kill9();
+                cut(&mut power, torn).map_err(|e| format!("step {step}: {e}"))?;
+                node.start();
+                runtime.block_on(post_to_every_run(&client, &mut model)).map_err(|e| format!("step {step}: {e}"))?;
+                check(node, &model, &format!("step {step}: after a power cut ({torn:?}) and a restart"))?;
+            }
+            Op::PowerCutWhileProducing { run, batches, lines, after_ms, torn } => {
+                runtime.block_on(async {
+                    let producing = produce_maybe(&client, &mut model, run, batches, lines);
+                    let killing = async {
+                        tokio::time::sleep(Duration::from_millis(after_ms)).await;
+                        tokio::task::block_in_place(|| node.kill9());
+                    };
+                    tokio::join!(producing, killing);
+                });
+                cut(&mut power, torn).map_err(|e| format!("step {step}: {e}"))?;
+                node.start();
+                runtime.block_on(post_to_every_run(&client, &mut model)).map_err(|e| format!("step {step}: {e}"))?;
+                check(node, &model, &format!("step {step}: after a power cut ({torn:?}) while producing"))?;
             }
             Op::ProduceWhileRedisDown { run, batches } => {
                 if let Some(redis) = redis.as_deref_mut() {

@@ -132,6 +132,7 @@ pub mod cluster;
 pub mod crash;
 pub mod life;
 pub mod logs;
+pub mod powercut;
 pub mod redis_server;
 pub mod scripted;
 pub mod store;
