@@ -22,7 +22,7 @@ use crate::pubsub::PubSubOptions;
 pub use cluster::{COOKIE_ENV, ClusterSection, ClusterTls, LeaseOptions, MIN_COOKIE_LEN, MembershipOptions};
 pub use diagnostics::DiagnosticsSection;
 pub(crate) use edge::secs;
-pub use edge::{AuthOptions, EdgeOptions, LogStreamSettings, Scope, TokenEntry};
+pub use edge::{AuthOptions, EdgeOptions, EdgeTls, LogStreamSettings, Scope, TokenEntry};
 
 /// A whole node configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

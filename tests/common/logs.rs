@@ -152,7 +152,7 @@ impl LogServer {
         let edge = LogEdge::new(node.clone(), archiver, options, stop.clone());
         let (bound, _server) =
             edge.serve("127.0.0.1:0".parse().unwrap(), axum::Router::new(), stop.clone()).await.unwrap();
-        Self { base: format!("http://{bound}"), edge, node, store, client: reqwest::Client::new(), stop, _dir: dir }
+        Self { base: format!("http://{bound}"), edge, node, store, client: super::http_client(), stop, _dir: dir }
     }
 
     pub fn url(&self, path: &str) -> String {
