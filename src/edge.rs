@@ -40,8 +40,8 @@ use tokio_util::sync::CancellationToken;
 pub use crate::config::{AuthOptions, EdgeOptions, EdgeTls, LogStreamSettings, Scope, TokenEntry};
 pub use admin::{ClusterView, admin_router};
 pub use auth::check_listen;
-pub use https::check_tls;
 pub use frames::{BYTES_MESSAGE, DURATION_MESSAGE, EndReason, IDLE_MESSAGE, TOO_MANY_RUNS, TOO_MANY_VIEWERS};
+pub use https::check_tls;
 
 use crate::archive::{Archiver, RunLogReader};
 use crate::node::Node;

@@ -102,16 +102,19 @@ pub fn roots(setting: &str, path: &Path) -> Result<RootCertStore, TlsError> {
 /// the file, on a file that does not read or a key that does not match.
 pub fn http_server(prefix: &str, cert: &Path, key: &Path) -> Result<rustls::ServerConfig, TlsError> {
     let chain = cert_chain(&format!("{prefix}.cert"), cert)?;
-    let key = private_key(&format!("{prefix}.key"), key)?;
+    let key_der = private_key(&format!("{prefix}.key"), key)?;
     let config_error = |reason: rustls::Error| TlsError::Config {
-        settings: format!("{prefix}.cert ({}) and {prefix}.key", cert.display()),
-        reason: reason.to_string(),
+        settings: format!("{prefix}.cert ({}) and {prefix}.key ({})", cert.display(), key.display()),
+        reason: match reason {
+            rustls::Error::InconsistentKeys(_) => "the key does not belong to the certificate".to_string(),
+            other => other.to_string(),
+        },
     };
     let mut server = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(config_error)?
         .with_no_client_auth()
-        .with_single_cert(chain, key)
+        .with_single_cert(chain, key_der)
         .map_err(config_error)?;
     server.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(server)

@@ -240,7 +240,12 @@ fn route(request: &httparse::Request<'_, '_>) -> Option<StreamRequest> {
     })
 }
 
-async fn serve_stream(mut stream: impl Connection, edge: &Arc<LogEdge>, request: StreamRequest, cut: &CancellationToken) {
+async fn serve_stream(
+    mut stream: impl Connection,
+    edge: &Arc<LogEdge>,
+    request: StreamRequest,
+    cut: &CancellationToken,
+) {
     // The same decisions and answers as the router's: auth, then `open`.
     if let Err(refusal) = edge.auth.check(true, request.authorization.as_deref()) {
         return answer(&mut stream, refusal.into_response()).await;
