@@ -2,7 +2,8 @@
 //! `GET /healthz`, and the log path: ingest, the SSE live tail (one tailer
 //! per watched run, shared by its viewers), the paginated and download
 //! endpoints, listings and the viewer page at `/`; the admin API
-//! ([`admin_router`]). `docs/sse.md` is the protocol.
+//! ([`admin_router`]). `docs/sse.md` is the protocol. With `[edge.tls]`
+//! every connection is HTTPS (`edge/https.rs`).
 //!
 //! Every task the edge spawns (one per accepted connection, one per tailer
 //! and per tailer's unsubscribe) belongs to its
