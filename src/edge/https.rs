@@ -56,3 +56,59 @@ pub(crate) async fn handshake(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// An acceptor with no certificate: these clients never get that far.
+    fn acceptor() -> TlsAcceptor {
+        #[derive(Debug)]
+        struct NoCertificate;
+        impl rustls::server::ResolvesServerCert for NoCertificate {
+            fn resolve(&self, _: rustls::server::ClientHello<'_>) -> Option<Arc<rustls::sign::CertifiedKey>> {
+                None
+            }
+        }
+        let config = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(NoCertificate));
+        TlsAcceptor::from(Arc::new(config))
+    }
+
+    async fn connected() -> (TcpStream, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (client, server)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_never_finishes_its_handshake_is_closed() {
+        let (mut client, server) = connected().await;
+        // The start of a handshake record, never finished.
+        client.write_all(&[0x16, 0x03, 0x01]).await.unwrap();
+        assert!(handshake(&acceptor(), server, &CancellationToken::new()).await.is_none());
+        let mut answer = Vec::new();
+        let _ = client.read_to_end(&mut answer).await;
+        assert!(answer.is_empty(), "closed without an answer: {answer:?}");
+    }
+
+    #[tokio::test]
+    async fn a_handshake_in_progress_ends_when_the_edge_stops() {
+        let (_client, server) = connected().await;
+        let stop = CancellationToken::new();
+        stop.cancel();
+        assert!(handshake(&acceptor(), server, &stop).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn plain_http_fails_the_handshake() {
+        let (mut client, server) = connected().await;
+        client.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+        assert!(handshake(&acceptor(), server, &CancellationToken::new()).await.is_none());
+    }
+}
