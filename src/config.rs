@@ -22,7 +22,7 @@ use crate::pubsub::PubSubOptions;
 pub use cluster::{COOKIE_ENV, ClusterSection, ClusterTls, LeaseOptions, MIN_COOKIE_LEN, MembershipOptions};
 pub use diagnostics::DiagnosticsSection;
 pub(crate) use edge::secs;
-pub use edge::{AuthOptions, EdgeOptions, LogStreamSettings, Scope, TokenEntry};
+pub use edge::{AuthOptions, EdgeOptions, EdgeTls, LogStreamSettings, Scope, TokenEntry};
 
 /// A whole node configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -236,6 +236,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("must not be more than edge.max_total_body_bytes"), "{err}");
+        let err = Config::from_toml("[edge.tls]\ncert = \"\"\nkey = \"edge.key\"\n", "x.toml").unwrap_err().to_string();
+        assert!(err.contains("edge.tls.cert must name a file"), "{err}");
+        let err = Config::from_toml("[edge.tls]\ncert = \"edge.pem\"\n", "x.toml").unwrap_err().to_string();
+        assert!(err.contains("key"), "{err}");
+    }
+
+    #[test]
+    fn edge_tls_is_off_unless_set() {
+        assert_eq!(Config::default().edge.tls, None);
+        let config = Config::from_toml("[edge.tls]\ncert = \"edge.pem\"\nkey = \"edge.key\"\n", "x.toml").unwrap();
+        let tls = config.edge.tls.unwrap();
+        assert_eq!((tls.cert.to_str(), tls.key.to_str()), (Some("edge.pem"), Some("edge.key")));
     }
 
     #[test]

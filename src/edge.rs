@@ -2,7 +2,8 @@
 //! `GET /healthz`, and the log path: ingest, the SSE live tail (one tailer
 //! per watched run, shared by its viewers), the paginated and download
 //! endpoints, listings and the viewer page at `/`; the admin API
-//! ([`admin_router`]). `docs/sse.md` is the protocol.
+//! ([`admin_router`]). `docs/sse.md` is the protocol. With `[edge.tls]`
+//! every connection is HTTPS (`edge/https.rs`).
 //!
 //! Every task the edge spawns (one per accepted connection, one per tailer
 //! and per tailer's unsubscribe) belongs to its
@@ -14,6 +15,7 @@ mod auth;
 mod body;
 mod direct;
 mod frames;
+mod https;
 mod incident;
 mod ingest;
 mod pages;
@@ -36,10 +38,11 @@ use axum::routing::{get, post, put};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
-pub use crate::config::{AuthOptions, EdgeOptions, LogStreamSettings, Scope, TokenEntry};
+pub use crate::config::{AuthOptions, EdgeOptions, EdgeTls, LogStreamSettings, Scope, TokenEntry};
 pub use admin::{ClusterView, admin_router};
 pub use auth::check_listen;
 pub use frames::{BYTES_MESSAGE, DURATION_MESSAGE, EndReason, IDLE_MESSAGE, TOO_MANY_RUNS, TOO_MANY_VIEWERS};
+pub use https::check_tls;
 
 use crate::archive::{Archiver, RunLogReader};
 use crate::node::Node;
@@ -64,6 +67,9 @@ pub enum EdgeError {
     /// The metrics recorder could not be installed.
     #[error("cannot install the metrics recorder: {0}")]
     Metrics(#[source] metrics_exporter_prometheus::BuildError),
+    /// `[edge.tls]` names files that do not make a TLS configuration.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -182,6 +188,8 @@ impl LogEdge {
     /// Binds `addr` and serves the log path (see [`LogEdge::router`]) and
     /// `extra` routes until `shutdown` fires. Log streams opened by a
     /// connection's first request are written straight on the socket.
+    /// With `[edge.tls]` every connection is HTTPS (both paths); its files
+    /// are read before anything is bound.
     ///
     /// When `shutdown` fires the edge stops as a whole: its streams end,
     /// its tailers end and give their subscriptions back, and the returned
@@ -243,6 +251,10 @@ async fn serve_with(
     logs: Option<Arc<LogEdge>>,
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<Result<(), EdgeError>>), EdgeError> {
+    let tls = match &logs {
+        Some(edge) => https::acceptor(&edge.options)?,
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| EdgeError::Bind { addr, source })?;
     let bound = listener.local_addr().map_err(|source| EdgeError::Bind { addr, source })?;
     // The edge's tasks, or the connections' own when there is no log path.
@@ -252,7 +264,7 @@ async fn serve_with(
     };
     // The server task is the owner of `tasks`: the caller holds its handle.
     let task = tokio::spawn(async move {
-        direct::accept_loop(listener, router, logs, shutdown, &tasks).await;
+        direct::accept_loop(listener, tls, router, logs, shutdown, &tasks).await;
         tasks.stop(&format!("edge on {bound}"), STOP_TIMEOUT).await;
         Ok(())
     });

@@ -36,3 +36,4 @@ pub mod retry;
 pub mod stream;
 pub mod tasks;
 pub mod telemetry;
+pub mod tls;

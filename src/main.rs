@@ -83,6 +83,9 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    // Every TLS this process speaks (the edge, the cluster, its HTTP
+    // clients) uses ring.
+    tailrace::tls::use_ring_by_default();
     let runtime =
         tokio::runtime::Builder::new_multi_thread().max_blocking_threads(MAX_BLOCKING_THREADS).enable_all().build()?;
     runtime.block_on(async move {

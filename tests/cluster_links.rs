@@ -59,7 +59,7 @@ async fn read_to(sse: &mut Sse, lines: &mut Vec<String>, total: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_link_heals_and_nothing_is_dead_lettered() {
     let server = RedisServer::start();
-    let client = reqwest::Client::new();
+    let client = common::http_client();
     // Each node is reached by the other only through its proxy.
     let (l1, l2) = (free_port(), free_port());
     let (p1, p2) = (TcpProxy::start(l1).await, TcpProxy::start(l2).await);
@@ -140,7 +140,7 @@ async fn a_cut_link_heals_and_nothing_is_dead_lettered() {
 async fn a_killed_nodes_viewer_subscriptions_are_purged() {
     let server = RedisServer::start();
     let mut conn = redis(&server).await;
-    let client = reqwest::Client::new();
+    let client = common::http_client();
     let n1 = Proc::node(&server, "n1");
     let mut n2 = Proc::node(&server, "n2");
     settle(&n1, &[("n1", 3), ("n2", 3)]).await;

@@ -35,7 +35,7 @@ async fn nodes_link_over_tls_and_a_node_of_another_authority_is_refused() {
     authority(certs.path(), "cluster-ca", &["n1", "n2"]);
     authority(certs.path(), "other-ca", &["n3"]);
     let server = RedisServer::start();
-    let client = reqwest::Client::new();
+    let client = common::http_client();
     let mut n1 = tls_node(&server, "n1", certs.path(), "cluster-ca");
     n1.wait_serving();
     let mut n2 = tls_node(&server, "n2", certs.path(), "cluster-ca");

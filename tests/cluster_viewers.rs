@@ -123,7 +123,7 @@ fn viewer_node(held: &BTreeMap<u64, (String, u64)>, run: usize, names: &[&str], 
 
 async fn life(graceful: bool) {
     let server = RedisServer::start();
-    let client = reqwest::Client::new();
+    let client = common::http_client();
     let names = ["n1", "n2", "n3"];
     let dir = tempfile::tempdir().unwrap();
     let audit_path = dir.path().join("audit.jsonl");

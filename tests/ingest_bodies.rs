@@ -139,7 +139,7 @@ async fn a_thousand_slow_bodies_are_cut_by_the_deadline_and_memory_stays_bounded
     node.start();
     let pid = node.pid().unwrap();
     let address = node.url("").trim_start_matches("http://").to_string();
-    let client = reqwest::Client::new();
+    let client = common::http_client();
     let warm = client.post(node.url(LINES)).header("content-type", "text/plain").body("warm\n").send().await.unwrap();
     assert_eq!(warm.status(), 202);
     let (before, _) = memory_kib(pid);

@@ -60,7 +60,7 @@ async fn stopping_the_edge_ends_its_streams_and_leaves_none_of_its_tasks_running
     let edge = LogEdge::new(node.clone(), archiver, options, stop.clone());
     let (bound, server) = edge.serve("127.0.0.1:0".parse().unwrap(), axum::Router::new(), stop.clone()).await.unwrap();
     let base = format!("http://{bound}");
-    let client = reqwest::Client::new();
+    let client = common::http_client();
 
     let posted = client
         .post(format!("{base}/api/v1/logs/svc.etl/runs/r-1/lines"))

@@ -126,12 +126,11 @@ async fn a_cursor_older_than_the_replay_buffer_resumes_exactly_from_the_store() 
     assert!(server.store.reads.load(std::sync::atomic::Ordering::SeqCst) >= 6, "served from the store");
 }
 
-/// 4, 17, 42, A3, A9: a cursor the server cannot place (garbage, another
-/// stream's, beyond the log once `resume_wait_seconds` passed) gets the
-/// truncation notice first, without a cursor, then the replay it holds;
-/// never a 400.
+/// 4, A3, A9: a cursor beyond the log, once `resume_wait_seconds` passed,
+/// gets the truncation notice first, without a cursor, then the replay the
+/// tailer holds; never a 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unplaceable_cursor_gets_the_truncation_notice_then_the_replay() {
+async fn a_cursor_beyond_the_log_gets_the_truncation_notice_then_the_replay() {
     let settings = LogStreamSettings { max_replay_bytes: 8, ..quick_settings() };
     let server = LogServer::start(settings).await;
     server.state("svc.etl", "r-1", "running").await;
@@ -139,18 +138,74 @@ async fn an_unplaceable_cursor_gets_the_truncation_notice_then_the_replay() {
     watcher.event().await.unwrap();
     server.lines("svc.etl", "r-1", "a very long line beyond the replay bytes").await;
     watcher.event().await.unwrap();
-    for cursor in ["garbage", "0:17", "999"] {
-        let mut sse = server.open("svc.etl", "r-1", Some(cursor)).await;
-        assert_eq!(sse.status, 200);
-        let notice = sse.event().await.unwrap();
-        assert_eq!(
-            notice,
-            serde_json::json!({"eventType": "logs", "runId": "r-1", "logs": "", "replay": true, "truncated": true})
-        );
-        let replay = sse.event().await.unwrap();
-        assert_eq!(replay["logs"], "a very long line beyond the replay bytes", "the newest chunk is always kept");
-        assert_eq!((replay["after"].as_str(), replay["replay"].as_bool()), (Some("2"), Some(true)));
+    let mut sse = server.open("svc.etl", "r-1", Some("999")).await;
+    assert_eq!(sse.status, 200);
+    assert_eq!(sse.event().await.unwrap(), notice("r-1"));
+    let replay = sse.event().await.unwrap();
+    assert_eq!(replay["logs"], "a very long line beyond the replay bytes", "the newest chunk is always kept");
+    assert_eq!((replay["after"].as_str(), replay["replay"].as_bool()), (Some("2"), Some(true)));
+}
+
+/// The truncation notice: no cursor, no lines.
+fn notice(run: &str) -> Value {
+    serde_json::json!({"eventType": "logs", "runId": run, "logs": "", "replay": true, "truncated": true})
+}
+
+/// 17, 42: on a finished run, a cursor the server cannot read (garbage,
+/// another server's) restarts from the beginning: the truncation notice,
+/// then every line of the log once, in order, as replay, then `complete`.
+/// Never a 400, never an empty log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_cursor_on_a_finished_run_replays_the_whole_log() {
+    let settings = LogStreamSettings { max_replay_bytes: 16, lines_per_read: 3, ..quick_settings() };
+    let server = LogServer::start(settings).await;
+    let expected: Vec<String> = (0..8).map(|i| format!("line-{i}")).collect();
+    for line in &expected {
+        server.lines("svc.etl", "r-1", line).await;
     }
+    server.state("svc.etl", "r-1", "success").await;
+    server.archived("svc.etl", "r-1", 8).await;
+    for cursor in ["not-a-cursor", "garbage", "0:17"] {
+        let mut sse = server.open("svc.etl", "r-1", Some(cursor)).await;
+        assert_eq!(sse.status, 200, "{cursor}");
+        let events = sse.rest().await;
+        assert_eq!(events[0], notice("r-1"), "{cursor}: the notice comes first");
+        let (last, logs) = events[1..].split_last().unwrap();
+        assert_eq!(text(logs), expected.join("\n"), "{cursor}: the whole log, once, in order");
+        assert!(logs.iter().all(|e| e["replay"] == true && e["truncated"] == false), "{cursor}: {logs:?}");
+        assert_eq!(
+            *last,
+            serde_json::json!({"eventType": "complete", "runId": "r-1", "after": "8", "reason": "runFinished"})
+        );
+    }
+}
+
+/// 42 on a running run: a viewer joining with an unreadable cursor gets
+/// the notice, the log so far as replay, then the lines that arrive after
+/// it joined, live: each line once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_cursor_on_a_running_run_replays_then_follows() {
+    let settings = LogStreamSettings { max_replay_bytes: 16, lines_per_read: 2, ..quick_settings() };
+    let server = LogServer::start(settings).await;
+    server.state("svc.etl", "r-1", "running").await;
+    let expected: Vec<String> = (0..10).map(|i| format!("line-{i}")).collect();
+    for line in &expected[..5] {
+        server.lines("svc.etl", "r-1", line).await;
+    }
+    server.archived("svc.etl", "r-1", 5).await;
+    let mut sse = server.open("svc.etl", "r-1", Some("garbage")).await;
+    assert_eq!(sse.status, 200);
+    assert_eq!(sse.event().await.unwrap(), notice("r-1"), "the notice comes first");
+    for line in &expected[5..] {
+        server.lines("svc.etl", "r-1", line).await;
+    }
+    let events = sse.lines(10).await;
+    assert_eq!(text(&events), expected.join("\n"), "every line once, in order");
+    for event in &events {
+        let after: u64 = event["after"].as_str().unwrap().parse().unwrap();
+        assert_eq!(event["replay"], after <= 5, "lines before the join are replay, later ones live: {event}");
+    }
+    assert!(sse.quiet_for(std::time::Duration::from_millis(300)).await, "nothing twice");
 }
 
 /// A viewer waiting on a cursor past the head when the stream completes

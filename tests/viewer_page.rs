@@ -71,7 +71,7 @@ impl Driver {
 
     /// Waits until chromedriver answers `/status` with `ready: true`.
     async fn ready(&mut self) -> Result<(), String> {
-        let http = reqwest::Client::new();
+        let http = common::http_client();
         let deadline = Instant::now() + START_WAIT;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {

@@ -21,9 +21,13 @@ pub enum Action {
 pub struct AgentsArgs {
     /// start, stop or state.
     action: Action,
-    /// The node's edge.
+    /// The node's edge (`http://` or `https://`).
     #[arg(long, default_value = "http://127.0.0.1:8585")]
     url: String,
+    /// A PEM file of the authority an HTTPS edge's certificate chains to
+    /// (a private CA; only it is then trusted).
+    #[arg(long, env = "TAILRACE_CA_FILE")]
+    ca_file: Option<std::path::PathBuf>,
     /// The node the edge must be (refused if it is another one).
     #[arg(long)]
     node: Option<String>,
@@ -34,7 +38,7 @@ pub struct AgentsArgs {
 
 pub async fn run(args: AgentsArgs) -> anyhow::Result<()> {
     let base = format!("{}/api/v1/admin/agents", args.url.trim_end_matches('/'));
-    let client = reqwest::Client::new();
+    let client = super::http_client(args.ca_file.as_deref())?;
     let mut request = match args.action {
         Action::State => client.get(&base),
         Action::Start => client.post(format!("{base}/start")),

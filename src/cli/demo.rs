@@ -120,9 +120,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
     let pipeline = super::pipelines::PIPELINES[0];
     let run = super::pipelines::run_id(pipeline, epoch, 1);
-    println!("viewer:  http://{bound}/?fqn={pipeline}&run={run}");
-    println!("tail:    tailrace tail --url http://{bound} --fqn {pipeline} --run {run}");
-    println!("metrics: http://{bound}/metrics   (Ctrl-C to stop)");
+    let base = format!("{}://{bound}", super::edge_scheme(&config));
+    println!("viewer:  {base}/?fqn={pipeline}&run={run}");
+    println!("tail:    tailrace tail --url {base} --fqn {pipeline} --run {run}");
+    println!("metrics: {base}/metrics   (Ctrl-C to stop)");
 
     let produced = Arc::new(AtomicU64::new(0));
     let producer = tokio::spawn(produce(adapter, streams.clone(), life, args.rate, produced.clone(), stop.clone()));

@@ -14,6 +14,7 @@ pub mod tail;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use tailrace::config::Config;
 
 /// The config a node command runs with: the file (or the defaults), its
@@ -30,7 +31,31 @@ pub fn node_config(file: Option<&PathBuf>, data_dir: &Path, listen: Option<Socke
         config.edge.listen = listen;
     }
     tailrace::edge::check_listen(config.edge.listen, &config.edge.auth).map_err(anyhow::Error::msg)?;
+    tailrace::edge::check_tls(&config.edge)?;
     Ok(config)
+}
+
+/// The scheme of the edge's URLs: `https` with `[edge.tls]`.
+pub fn edge_scheme(config: &Config) -> &'static str {
+    if config.edge.tls.is_some() { "https" } else { "http" }
+}
+
+/// An HTTP client for an edge (`http://` or `https://` URLs). With
+/// `ca_file`, an HTTPS edge's certificate must chain to the authorities
+/// in that PEM file (a private CA), and only to them; without it, to the
+/// system's trusted authorities.
+pub fn http_client(ca_file: Option<&Path>) -> anyhow::Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder();
+    if let Some(path) = ca_file {
+        let mut authorities = Vec::new();
+        for der in tailrace::tls::cert_chain("--ca-file", path)? {
+            let cert = reqwest::Certificate::from_der(&der)
+                .with_context(|| format!("--ca-file: {} holds a certificate reqwest cannot use", path.display()))?;
+            authorities.push(cert);
+        }
+        builder = builder.tls_certs_only(authorities);
+    }
+    builder.build().context("cannot make an HTTP client")
 }
 
 /// Ctrl-C (SIGINT) and SIGTERM, both asking for a graceful stop. Installed

@@ -30,6 +30,7 @@ pub struct NodeArgs {
 pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let config = load(&args.config)?;
     tailrace::edge::check_listen(config.edge.listen, &config.edge.auth).map_err(anyhow::Error::msg)?;
+    tailrace::edge::check_tls(&config.edge)?;
     let cookie = cluster_cookie(&config, &args.config)?;
     let signals = super::StopSignal::install()?;
     let view = Membership::new();

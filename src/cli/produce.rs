@@ -12,9 +12,13 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 /// The run a command talks to, and how to reach it.
 #[derive(clap::Args, Debug)]
 pub struct RunTarget {
-    /// The edge.
+    /// The edge (`http://` or `https://`).
     #[arg(long, default_value = "http://127.0.0.1:8585")]
     pub url: String,
+    /// A PEM file of the authority an HTTPS edge's certificate chains to
+    /// (a private CA; only it is then trusted).
+    #[arg(long, env = "TAILRACE_CA_FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
     /// The pipeline's fully qualified name.
     #[arg(long)]
     pub fqn: String,
@@ -27,6 +31,11 @@ pub struct RunTarget {
 }
 
 impl RunTarget {
+    /// A client for this edge.
+    pub fn client(&self) -> anyhow::Result<reqwest::Client> {
+        super::http_client(self.ca_file.as_deref())
+    }
+
     /// A request to `{url}{path}`, with `{fqn}` and `{run}` in `path`
     /// replaced by the percent-encoded pipeline and run, and the token.
     pub fn request(&self, client: &reqwest::Client, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
@@ -128,7 +137,7 @@ pub fn enc(segment: &str) -> String {
 pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
     let flush = Duration::from_millis(args.flush_ms.max(1));
     let batch = args.batch_lines.max(1);
-    let mut poster = Poster { client: reqwest::Client::new(), args, sent: 0 };
+    let mut poster = Poster { client: args.target.client()?, args, sent: 0 };
     let mut input = BufReader::new(tokio::io::stdin()).lines();
     let mut pending: Vec<String> = Vec::new();
     let mut deadline = tokio::time::Instant::now() + flush;

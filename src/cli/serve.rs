@@ -194,12 +194,13 @@ pub(super) async fn run_node(
         config.balancer,
         config.archive.store
     );
-    println!("  viewer:  http://{bound}/");
+    let base = format!("{}://{bound}", super::edge_scheme(config));
+    println!("  viewer:  {base}/");
     println!(
-        "  ingest:  curl -H 'content-type: text/plain' --data-binary @build.log http://{bound}/api/v1/logs/<pipeline>/runs/<run>/lines"
+        "  ingest:  curl -H 'content-type: text/plain' --data-binary @build.log {base}/api/v1/logs/<pipeline>/runs/<run>/lines"
     );
-    println!("  follow:  curl -N http://{bound}/api/v1/services/ingestionPipelines/logs/<pipeline>/stream/<run>");
-    println!("  cluster: curl http://{bound}/api/v1/admin/cluster");
+    println!("  follow:  curl -N {base}/api/v1/services/ingestionPipelines/logs/<pipeline>/stream/<run>");
+    println!("  cluster: curl {base}/api/v1/admin/cluster");
     let replaced = async {
         match heartbeat.as_mut() {
             Some(task) => task.await,

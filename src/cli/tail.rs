@@ -62,7 +62,7 @@ enum Ended {
 }
 
 pub async fn run(args: TailArgs) -> anyhow::Result<()> {
-    let client = reqwest::Client::new();
+    let client = args.target.client()?;
     let backoff = Backoff::new(
         Duration::from_millis(250),
         Duration::from_millis(args.max_backoff_ms.max(250)),

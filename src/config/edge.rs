@@ -38,6 +38,9 @@ pub struct EdgeOptions {
     pub status_wait_seconds: f64,
     /// Bearer tokens.
     pub auth: AuthOptions,
+    /// HTTPS (off unless set): with it the edge serves HTTPS only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<EdgeTls>,
     /// The SSE log stream.
     pub log_stream: LogStreamSettings,
 }
@@ -54,6 +57,7 @@ impl Default for EdgeOptions {
             max_listing: 200,
             status_wait_seconds: 5.0,
             auth: AuthOptions::default(),
+            tls: None,
             log_stream: LogStreamSettings::default(),
         }
     }
@@ -75,8 +79,25 @@ impl EdgeOptions {
                 self.max_body_bytes, self.max_total_body_bytes
             ));
         }
+        if let Some(tls) = &self.tls {
+            for (key, path) in [("cert", &tls.cert), ("key", &tls.key)] {
+                if path.as_os_str().is_empty() {
+                    return Err(format!("edge.tls.{key} must name a file"));
+                }
+            }
+        }
         self.log_stream.check()
     }
+}
+
+/// `[edge.tls]`: PEM files; with them the edge serves HTTPS only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeTls {
+    /// The edge's certificate chain (its own certificate first).
+    pub cert: std::path::PathBuf,
+    /// Its private key.
+    pub key: std::path::PathBuf,
 }
 
 /// What a token may do.

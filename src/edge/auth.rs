@@ -1,9 +1,11 @@
 //! Bearer tokens with `read`, `write` and `admin` scopes (`[edge.auth]`).
 //! On the log path reads (`GET`) need `read`, everything else `write`;
 //! everything under `/api/v1/admin/` needs `admin`. Without tokens the API
-//! is open, and [`check_listen`] keeps the edge on loopback.
+//! is open, and [`check_listen`] keeps the edge on loopback. A presented
+//! token is compared with every configured one in constant time (their
+//! SHA-256 digests, with `subtle`), so how long a refusal takes tells
+//! nothing about how much of a token was right, nor its length.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -11,18 +13,37 @@ use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 use super::problem::{ApiError, problem};
 use crate::config::{AuthOptions, Scope};
 
-/// The accepted tokens.
+/// The accepted tokens, by their SHA-256 digests.
 pub(crate) struct Auth {
-    tokens: HashMap<String, Vec<Scope>>,
+    tokens: Vec<([u8; 32], Vec<Scope>)>,
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
 }
 
 impl Auth {
     pub(crate) fn new(options: &AuthOptions) -> Arc<Self> {
-        Arc::new(Self { tokens: options.tokens.iter().map(|t| (t.token.clone(), t.scopes.clone())).collect() })
+        Arc::new(Self { tokens: options.tokens.iter().map(|t| (digest(&t.token), t.scopes.clone())).collect() })
+    }
+
+    /// The scopes of `token`: every configured token is compared, each in
+    /// constant time, whichever matches.
+    fn scopes_of(&self, token: &str) -> Option<&[Scope]> {
+        let presented = digest(token);
+        let mut found = None;
+        for (known, scopes) in &self.tokens {
+            if bool::from(known.ct_eq(&presented)) {
+                found = Some(scopes.as_slice());
+            }
+        }
+        found
     }
 }
 
@@ -68,7 +89,7 @@ impl Auth {
         let Some(token) = bearer else {
             return refuse(StatusCode::UNAUTHORIZED, "missing bearer token (Authorization: Bearer <token>)");
         };
-        match self.tokens.get(token) {
+        match self.scopes_of(token) {
             None => refuse(StatusCode::UNAUTHORIZED, "unknown bearer token"),
             Some(scopes) if !scopes.contains(&needed) => {
                 let scope = match needed {
@@ -98,5 +119,55 @@ pub(crate) async fn require_admin(State(auth): State<Arc<Auth>>, request: Reques
     match auth.check_scope(Scope::Admin, authorization) {
         Ok(()) => next.run(request).await,
         Err(refusal) => refusal.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TokenEntry;
+
+    fn auth() -> Arc<Auth> {
+        let entry = |token: &str, scopes: Vec<Scope>| TokenEntry { token: token.into(), scopes };
+        Auth::new(&AuthOptions {
+            tokens: vec![
+                entry("reader-token-0123456789", vec![Scope::Read]),
+                entry("writer-token-0123456789", vec![Scope::Read, Scope::Write]),
+            ],
+        })
+    }
+
+    fn message(refusal: ApiError) -> (StatusCode, String) {
+        let response = refusal.into_response();
+        let status = response.status();
+        let body = futures::executor::block_on(axum::body::to_bytes(response.into_body(), 4096)).unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn the_right_token_passes_with_its_scopes_only() {
+        let auth = auth();
+        assert!(auth.check(true, Some("Bearer reader-token-0123456789")).is_ok());
+        assert!(auth.check(false, Some("bearer writer-token-0123456789")).is_ok());
+        let (status, body) = message(auth.check(false, Some("Bearer reader-token-0123456789")).unwrap_err());
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(body.contains("this token lacks the `write` scope"), "{body}");
+    }
+
+    #[test]
+    fn a_wrong_token_of_the_same_length_or_another_length_is_refused() {
+        let auth = auth();
+        for wrong in [
+            "reader-token-0123456788",
+            "Reader-token-0123456789",
+            "reader-token-012345678",
+            "reader-token-01234567890",
+            "reader-token-0123456789reader-token-0123456789",
+            "x",
+        ] {
+            let (status, body) = message(auth.check(true, Some(&format!("Bearer {wrong}"))).unwrap_err());
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{wrong}");
+            assert!(body.contains("unknown bearer token"), "{wrong}: {body}");
+        }
     }
 }

@@ -9,6 +9,10 @@
 //! connection closes with it. Every other request, and every later
 //! request of a kept-alive connection, goes to the router through hyper
 //! (which serves the stream route too, so nothing depends on this path).
+//!
+//! With `[edge.tls]` each accepted socket first completes its TLS handshake
+//! in its connection's task (bounded, see `https.rs`); both paths then
+//! serve the TLS session as they serve a plain socket.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,10 +24,11 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::StreamExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::LogEdge;
+use super::https;
 use super::sse::ConnectionCut;
 use crate::tasks::Tasks;
 
@@ -38,14 +43,21 @@ const STREAM_PREFIX: &str = "/api/v1/services/ingestionPipelines/logs/";
 /// Largest refusal body this path writes.
 const MAX_ANSWER: usize = 64 * 1024;
 
-/// Serves `listener` until `shutdown`; stream requests go straight to
-/// `edge` when there is one. Each connection is a task of `tasks`. On
+/// What a connection is served over: a TCP socket, or a TLS session on one.
+trait Connection: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection for S {}
+
+/// Serves `listener` until `shutdown` (over TLS with `tls`: a socket that
+/// does not complete its handshake is closed); stream requests go straight
+/// to `edge` when there is one. Each connection is a task of `tasks`. On
 /// `shutdown` it cancels `tasks` (open streams end, a request head still
 /// awaited is given up) and gives hyper's connections a graceful close;
 /// the caller then waits for `tasks`. Meanwhile it does the metrics
 /// recorder's upkeep.
 pub(crate) async fn accept_loop(
     listener: tokio::net::TcpListener,
+    tls: Option<TlsAcceptor>,
     router: Router,
     edge: Option<Arc<LogEdge>>,
     shutdown: CancellationToken,
@@ -81,31 +93,51 @@ pub(crate) async fn accept_loop(
         };
         let _ = stream.set_nodelay(true);
         let (router, edge, builder, watcher) = (router.clone(), edge.clone(), builder.clone(), graceful.watcher());
-        let stop = tasks.token().clone();
+        let (stop, tls) = (tasks.token().clone(), tls.clone());
         tasks.spawn("connection", async move {
-            // Fired by a tailer when this connection's viewer stalled.
-            let cut = CancellationToken::new();
-            let (stream, head) = match &edge {
-                Some(edge) => match direct(stream, edge, &stop, &cut).await {
-                    Some(handed_back) => handed_back,
-                    None => return,
-                },
-                None => (stream, Vec::new()),
+            let Some(tls) = tls else {
+                return serve_connection(stream, router, edge, &builder, watcher, stop).await;
             };
-            // Boxed: a connection's task is allocated at the size of its
-            // largest state, and hyper's (about 8 KiB) is twice the direct
-            // path's; a direct viewer should not pay for it.
-            Box::pin(through_hyper(stream, head, router, &builder, watcher, cut)).await;
+            // Boxed: a TLS session is large, and a plain connection's task
+            // should not be allocated at its size.
+            if let Some(stream) = Box::pin(https::handshake(&tls, stream, &stop)).await {
+                Box::pin(serve_connection(stream, router, edge, &builder, watcher, stop)).await;
+            }
         });
     }
     tasks.token().cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await;
 }
 
+/// Serves one connection: its first request straight when it opens a log
+/// stream, everything else through hyper.
+async fn serve_connection(
+    stream: impl Connection,
+    router: Router,
+    edge: Option<Arc<LogEdge>>,
+    builder: &hyper::server::conn::http1::Builder,
+    watcher: hyper_util::server::graceful::Watcher,
+    stop: CancellationToken,
+) {
+    // Fired by a tailer when this connection's viewer stalled.
+    let cut = CancellationToken::new();
+    let (stream, head) = match &edge {
+        Some(edge) => match direct(stream, edge, &stop, &cut).await {
+            Some(handed_back) => handed_back,
+            None => return,
+        },
+        None => (stream, Vec::new()),
+    };
+    // Boxed: a connection's task is allocated at the size of its
+    // largest state, and hyper's (about 8 KiB) is twice the direct
+    // path's; a direct viewer should not pay for it.
+    Box::pin(through_hyper(stream, head, router, builder, watcher, cut)).await;
+}
+
 /// Serves a connection with hyper and the router (after `head`, the bytes
 /// already read), until it closes or `cut` fires.
-async fn through_hyper(
-    stream: TcpStream,
+async fn through_hyper<S: Connection>(
+    stream: S,
     head: Vec<u8>,
     router: Router,
     builder: &hyper::server::conn::http1::Builder,
@@ -129,12 +161,12 @@ async fn through_hyper(
 /// Reads the first request head. A log stream request is served here
 /// (`None`); anything else is handed back with the bytes read so far.
 /// Nothing is served once `stop` fired.
-async fn direct(
-    mut stream: TcpStream,
+async fn direct<S: Connection>(
+    mut stream: S,
     edge: &Arc<LogEdge>,
     stop: &CancellationToken,
     cut: &CancellationToken,
-) -> Option<(TcpStream, Vec<u8>)> {
+) -> Option<(S, Vec<u8>)> {
     let mut head = Vec::with_capacity(1024);
     let read_head = tokio::time::timeout(HEAD_TIMEOUT, async {
         loop {
@@ -208,7 +240,12 @@ fn route(request: &httparse::Request<'_, '_>) -> Option<StreamRequest> {
     })
 }
 
-async fn serve_stream(mut stream: TcpStream, edge: &Arc<LogEdge>, request: StreamRequest, cut: &CancellationToken) {
+async fn serve_stream(
+    mut stream: impl Connection,
+    edge: &Arc<LogEdge>,
+    request: StreamRequest,
+    cut: &CancellationToken,
+) {
     // The same decisions and answers as the router's: auth, then `open`.
     if let Err(refusal) = edge.auth.check(true, request.authorization.as_deref()) {
         return answer(&mut stream, refusal.into_response()).await;
@@ -224,7 +261,7 @@ async fn serve_stream(mut stream: TcpStream, edge: &Arc<LogEdge>, request: Strea
     if stream.write_all(head(&parts, framing).as_bytes()).await.is_err() {
         return;
     }
-    let (mut reader, mut writer) = stream.split();
+    let (mut reader, mut writer) = tokio::io::split(stream);
     let mut body = std::pin::pin!(body);
     let mut probe = [0u8; 1];
     loop {
@@ -269,7 +306,7 @@ async fn write_frame(writer: &mut (impl AsyncWrite + Unpin), frame: &Bytes, chun
 }
 
 /// Writes `response` (a refusal: small, fully buffered) and closes.
-async fn answer(stream: &mut TcpStream, response: Response) {
+async fn answer(stream: &mut impl Connection, response: Response) {
     let (parts, body) = response.into_parts();
     let Ok(body) = axum::body::to_bytes(body, MAX_ANSWER).await else { return };
     let mut bytes = head(&parts, &format!("content-length: {}\r\n", body.len())).into_bytes();
@@ -293,13 +330,13 @@ fn head(parts: &axum::http::response::Parts, framing: &str) -> String {
 }
 
 /// A socket whose first bytes were already read: they are read again first.
-struct Rewind {
+struct Rewind<S> {
     head: Vec<u8>,
     at: usize,
-    inner: TcpStream,
+    inner: S,
 }
 
-impl AsyncRead for Rewind {
+impl<S: Connection> AsyncRead for Rewind<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
         if this.at < this.head.len() {
@@ -316,7 +353,7 @@ impl AsyncRead for Rewind {
     }
 }
 
-impl AsyncWrite for Rewind {
+impl<S: Connection> AsyncWrite for Rewind<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
     }

@@ -9,7 +9,9 @@
 //! is behind the window (`replay: true` below the head at join; paced by
 //! `max_reads_per_tick` and `max_bytes_per_tick`), and it waits (with
 //! heartbeats) at the head. A cursor past what the stream or the store
-//! reached yet waits up to `resume_wait_seconds`. Dropping the body (the
+//! reached yet waits up to `resume_wait_seconds`; one that cannot be read
+//! (not a line offset) gets the truncation notice and the whole log from
+//! line 0, as replay. Dropping the body (the
 //! client left) frees both slots at once; a socket that takes nothing for
 //! `stall_timeout_seconds` is cut by the tailer through the connection's
 //! [`ConnectionCut`].
@@ -94,7 +96,7 @@ pub(crate) async fn open(
     }
     let start = match after {
         None => StartAt::Offset(0),
-        Some(text) => text.parse().map_or(StartAt::Unplaceable, StartAt::Offset),
+        Some(text) => text.parse().map_or(StartAt::Unreadable, StartAt::Offset),
     };
     let stop = edge.tasks.token().clone();
     let session = Session {

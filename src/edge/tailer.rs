@@ -60,8 +60,10 @@ pub(crate) enum Phase {
 pub(crate) enum StartAt {
     /// A line offset.
     Offset(u64),
-    /// A cursor this server cannot place (garbage, another server's).
-    Unplaceable,
+    /// A cursor this server cannot read (garbage, another server's): the
+    /// viewer restarts from the beginning of the log (OpenMetadata's rule),
+    /// told that it must reset its view.
+    Unreadable,
 }
 
 /// What a viewer gets next.
@@ -188,7 +190,9 @@ impl Tailer {
         }
         let (at, truncated) = match from {
             StartAt::Offset(at) => (at, false),
-            StartAt::Unplaceable => (state.window.front(), true),
+            // From line 0: what the window no longer holds is read from the
+            // store, so the viewer gets the whole log, never an empty one.
+            StartAt::Unreadable => (0, true),
         };
         state.joining = state.joining.saturating_sub(1);
         state.empty_since = None;
@@ -246,8 +250,8 @@ impl Tailer {
 pub(crate) struct Attached {
     /// The line offset it needs first.
     pub(crate) at: u64,
-    /// Its cursor could not be placed: it gets the truncation notice, then
-    /// the window from its start.
+    /// Its cursor could not be read: it gets the truncation notice, then
+    /// the whole log from line 0.
     pub(crate) truncated: bool,
     /// Lines below this offset are replay for it.
     pub(crate) replay_until: u64,

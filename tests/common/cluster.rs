@@ -192,7 +192,7 @@ impl Proc {
     /// labels contain `label` (all if `None`); `None` if it does not answer,
     /// 0 if the metric is not there yet.
     pub async fn metric_sum(&self, metric: &str, label: Option<&str>) -> Option<f64> {
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().ok()?;
+        let client = super::http().timeout(Duration::from_secs(5)).build().ok()?;
         let text = client.get(self.url("/metrics")).send().await.ok()?.text().await.ok()?;
         let sum = text
             .lines()
@@ -224,7 +224,7 @@ impl Proc {
 
     pub async fn cluster(&self) -> Option<Value> {
         let url = format!("http://127.0.0.1:{}/api/v1/admin/cluster", self.port);
-        let response = reqwest::get(url).await.ok()?;
+        let response = super::http_client().get(url).send().await.ok()?;
         if !response.status().is_success() {
             return None;
         }

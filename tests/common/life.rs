@@ -312,7 +312,7 @@ pub enum Posted {
 
 impl Client {
     pub fn new(node: &ServeNode) -> Self {
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+        let http = super::http().timeout(Duration::from_secs(30)).build().unwrap();
         Self { http, base: node.url("") }
     }
 

@@ -152,7 +152,7 @@ impl LogServer {
         let edge = LogEdge::new(node.clone(), archiver, options, stop.clone());
         let (bound, _server) =
             edge.serve("127.0.0.1:0".parse().unwrap(), axum::Router::new(), stop.clone()).await.unwrap();
-        Self { base: format!("http://{bound}"), edge, node, store, client: reqwest::Client::new(), stop, _dir: dir }
+        Self { base: format!("http://{bound}"), edge, node, store, client: super::http_client(), stop, _dir: dir }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -241,6 +241,8 @@ impl Drop for LogServer {
 pub struct Sse {
     pub status: u16,
     pub content_type: String,
+    /// The `connection` header (`close` on the direct path).
+    pub connection: String,
     body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
     buffer: Vec<u8>,
     ended: bool,
@@ -262,7 +264,16 @@ impl Sse {
         let status = response.status().as_u16();
         let content_type =
             response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-        Self { status, content_type, body: Box::pin(response.bytes_stream()), buffer: Vec::new(), ended: false }
+        let connection =
+            response.headers().get("connection").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        Self {
+            status,
+            content_type,
+            connection,
+            body: Box::pin(response.bytes_stream()),
+            buffer: Vec::new(),
+            ended: false,
+        }
     }
 
     /// The next raw frame (without its blank line), `None` at the end of

@@ -281,3 +281,15 @@ pub fn bind(
 ) -> ImplicitSubscriptions {
     implicit.bind(ns, Arc::new(SharedFactory { name: name.into(), consumer }))
 }
+
+/// An HTTP client builder: ring is made the process's TLS provider first
+/// (reqwest builds its TLS from the process default, and panics without).
+pub fn http() -> reqwest::ClientBuilder {
+    tailrace::tls::use_ring_by_default();
+    reqwest::Client::builder()
+}
+
+/// An HTTP client with the defaults (see [`http`]).
+pub fn http_client() -> reqwest::Client {
+    http().build().unwrap()
+}

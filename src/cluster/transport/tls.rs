@@ -2,16 +2,16 @@
 //! chained to the cluster's authority and accepts only peers that do (both
 //! ways: a node is a server to the nodes that dial it and a client to those
 //! it dials). The cookie is still checked inside the encrypted session.
+//! The files are read by `crate::tls`, as the edge's are.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use rustls::RootCertStore;
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use rustls::server::WebPkiClientVerifier;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use crate::tls;
 
 /// The PEM files of `[cluster.tls]`.
 #[derive(Clone, Debug)]
@@ -39,44 +39,22 @@ pub(super) struct Tls {
     pub(super) connector: TlsConnector,
 }
 
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-fn read_error(key: &str, path: &Path, error: impl std::fmt::Display) -> String {
-    format!("cluster.tls.{key}: cannot read {}: {error}", path.display())
-}
-
 impl Tls {
     /// Loads the files; errors name the key and the file.
     pub(super) fn load(files: &TlsFiles) -> Result<Self, String> {
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
-            .map_err(|e| read_error("cert", &files.cert, e))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| read_error("cert", &files.cert, e))?;
-        if chain.is_empty() {
-            return Err(format!("cluster.tls.cert: {} holds no certificate", files.cert.display()));
-        }
-        let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| read_error("key", &files.key, e))?;
-        let mut roots = RootCertStore::empty();
-        for ca in CertificateDer::pem_file_iter(&files.ca).map_err(|e| read_error("ca", &files.ca, e))? {
-            let ca = ca.map_err(|e| read_error("ca", &files.ca, e))?;
-            roots.add(ca).map_err(|e| read_error("ca", &files.ca, e))?;
-        }
-        if roots.is_empty() {
-            return Err(format!("cluster.tls.ca: {} holds no certificate", files.ca.display()));
-        }
-        let roots = Arc::new(roots);
-        let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
+        let chain = tls::cert_chain("cluster.tls.cert", &files.cert).map_err(|e| e.to_string())?;
+        let key = tls::private_key("cluster.tls.key", &files.key).map_err(|e| e.to_string())?;
+        let roots = Arc::new(tls::roots("cluster.tls.ca", &files.ca).map_err(|e| e.to_string())?);
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), tls::provider())
             .build()
             .map_err(|e| format!("cluster.tls.ca: {e}"))?;
-        let server = rustls::ServerConfig::builder_with_provider(provider())
+        let server = rustls::ServerConfig::builder_with_provider(tls::provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain.clone(), key.clone_key())
             .map_err(|e| format!("cluster.tls.cert and cluster.tls.key: {e}"))?;
-        let client = rustls::ClientConfig::builder_with_provider(provider())
+        let client = rustls::ClientConfig::builder_with_provider(tls::provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
             .with_root_certificates(roots)
