@@ -13,7 +13,7 @@
 mod common;
 
 use common::life::{Op, ServeNode, node_ops, run_life_on};
-use common::powercut::PowerCutFs;
+use common::powercut::{Cut, PowerCutFs};
 use proptest::prelude::*;
 
 /// Small files (many rotations and seals), the given checkpoint interval,
@@ -98,4 +98,111 @@ fn a_long_run_reads_back_exactly_after_power_cuts() {
         Op::Produce { run: 2, batches: 5, lines: 10 },
     ];
     live(ops, &config(16_384, 300)).unwrap();
+}
+
+/// Under `fsync = "never"` an acknowledged line is in the page cache, not
+/// on disk, until its queue file is sealed (fsync, rename, directory
+/// fsync: at most `max_file_age` after the file's first line, or when it
+/// fills); under `"group:10ms"` until the next group sync. A power cut
+/// loses what was acknowledged in that window and nothing before it: the
+/// lost batches are a tail of what was posted, and what survives is whole,
+/// in order, once. The tests print the window they measured (the docs
+/// quote it).
+#[test]
+fn under_fsync_never_a_power_cut_loses_only_a_tail() {
+    loses_only_a_tail("never");
+}
+
+#[test]
+fn under_group_fsync_a_power_cut_loses_only_a_tail() {
+    loses_only_a_tail("group:10ms");
+}
+
+fn loses_only_a_tail(policy: &str) {
+    use common::life::{Client, Model, Outcome, line, produce_maybe};
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mut power = match PowerCutFs::mount(&mnt) {
+        Ok(power) => power,
+        Err(why) => return eprintln!("skipped: {why}"),
+    };
+    let config = format!("[adapters.file.writer]\nfsync = \"{policy}\"\n");
+    let mut node = ServeNode::with_data_dir(&config, mnt.join("data"));
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    node.start();
+    let client = Client::new(&node);
+    let mut model = Model::default();
+    let (mut lost_lines, mut window) = (0u64, Duration::ZERO);
+    for round in 0..3u64 {
+        // Batch numbers posted before this round: the round's acks are
+        // timed from here.
+        let first = model.runs.get(&0).map_or(0, Vec::len);
+        let started = Instant::now();
+        let mut cut_at = started;
+        runtime.block_on(async {
+            let producing = produce_maybe(&client, &mut model, 0, 200, 20);
+            let killing = async {
+                tokio::time::sleep(Duration::from_millis(200 + 100 * round)).await;
+                tokio::task::block_in_place(|| node.kill9());
+                cut_at = Instant::now();
+            };
+            tokio::join!(producing, killing);
+        });
+        power.cut(Cut::Clean).unwrap();
+        node.start();
+        // A marker batch after the restart: once it is in the log, every
+        // batch before it that survived is too (one run, one queue).
+        let (marker, body) = model.next(0, 1);
+        assert!(matches!(runtime.block_on(client.post(0, body)), common::life::Posted::Acked));
+        model.record(0, 1, Outcome::Acked);
+        let deadline = Instant::now() + common::life::DRAIN_WITHIN;
+        let log = loop {
+            let log = runtime.block_on(client.log(0));
+            if log.last().is_some_and(|l| *l == line(0, marker, 0, 1)) || Instant::now() > deadline {
+                break log;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        // Which batches the log holds: whole, in order, once.
+        let batches = &model.runs[&0];
+        let mut present = Vec::new();
+        let mut at = 0;
+        while at < log.len() {
+            let b = (present.last().map_or(0, |p| p + 1)..batches.len())
+                .find(|&b| log[at] == line(0, b, 0, batches[b].lines))
+                .unwrap_or_else(|| panic!("line {at} `{}` starts no later batch", log[at]));
+            for i in 0..batches[b].lines {
+                assert_eq!(log.get(at + i as usize), Some(&line(0, b, i, batches[b].lines)), "batch {b} torn");
+            }
+            at += batches[b].lines as usize;
+            present.push(b);
+        }
+        assert_eq!(present.last(), Some(&marker), "the marker batch ends the log");
+        // Acknowledged and lost: only in this round, and only a tail of it.
+        let lost: Vec<usize> =
+            (0..marker).filter(|b| batches[*b].outcome == Outcome::Acked && !present.contains(b)).collect();
+        assert!(lost.iter().all(|&b| b >= first), "a batch acknowledged in an earlier round was lost: {lost:?}");
+        if let Some(&oldest) = lost.first() {
+            assert!(present.iter().all(|&p| p < oldest || p == marker), "a hole: {lost:?} lost, {present:?} kept");
+            lost_lines += lost.iter().map(|&b| u64::from(batches[b].lines)).sum::<u64>();
+            // Batches are acknowledged one after another: the round's
+            // share of acks before the oldest lost one, in time.
+            let acked = (first..marker).filter(|b| batches[*b].outcome == Outcome::Acked).count().max(1);
+            let lost_share = lost.len() as f64 / acked as f64;
+            window = window.max((cut_at - started).mul_f64(lost_share));
+        }
+        // Tell the model which batches are gone, so later rounds check the rest.
+        for b in lost {
+            model.runs.get_mut(&0).unwrap()[b].outcome = Outcome::Maybe;
+        }
+    }
+    node.stop();
+    eprintln!(
+        "fsync = {policy}: {lost_lines} of {} acknowledged lines lost over 3 power cuts; about {} ms of acknowledgements at most",
+        model.acked_lines() + lost_lines,
+        window.as_millis()
+    );
 }
