@@ -38,6 +38,7 @@ pub use file_store::FileRunLogStore;
 pub use redis_store::RedisRunLogStore;
 pub use retention::{MAX_REPORTED_RUNS, MAX_RUNS_PER_PRUNE, PruneReport, Retention, RetentionPolicy, Verdict};
 
+use crate::redis_conn::{RedisAccess, RedisEndpoint};
 use crate::stream::{Event, SequenceToken, StreamId};
 
 /// `[archive]`: where the archiver keeps run logs.
@@ -50,7 +51,8 @@ pub struct ArchiveOptions {
     pub dir: std::path::PathBuf,
     /// Sync each append to disk before the archiver acknowledges it.
     pub fsync: bool,
-    /// The Redis store's server.
+    /// The Redis store's server (`rediss://`: TLS); the user, password and
+    /// TLS files are `[adapters.redis]`'s.
     pub redis_url: String,
     /// Prefix of the Redis store's keys.
     pub redis_prefix: String,
@@ -71,11 +73,20 @@ impl Default for ArchiveOptions {
     }
 }
 
-/// Opens the store `options.store` names.
-pub async fn open_store(options: &ArchiveOptions) -> Result<Arc<dyn RunLogStore>, StoreError> {
+/// Opens the store `options.store` names. The Redis store reaches
+/// `redis_url` with `access` (`[adapters.redis]`'s user, password and TLS
+/// files: one set of secrets per process).
+pub async fn open_store(options: &ArchiveOptions, access: &RedisAccess) -> Result<Arc<dyn RunLogStore>, StoreError> {
     match options.store.as_str() {
         "file" => Ok(Arc::new(FileRunLogStore::open(&options.dir, options.fsync)?)),
-        "redis" => Ok(Arc::new(RedisRunLogStore::connect(&options.redis_url, &options.redis_prefix).await?)),
+        "redis" => {
+            let endpoint = RedisEndpoint {
+                url: options.redis_url.clone(),
+                url_setting: "[archive] redis_url".into(),
+                access: access.clone(),
+            };
+            Ok(Arc::new(RedisRunLogStore::connect_to(&endpoint, &options.redis_prefix).await?))
+        }
         other => Err(StoreError::Backend(format!("unknown archive store `{other}` (built in: file, redis)"))),
     }
 }

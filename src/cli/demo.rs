@@ -79,7 +79,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let owner = DataDirLock::acquire(&args.data_dir)?;
     let metrics = tailrace::edge::install_metrics()?;
     let stop = CancellationToken::new();
-    let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
+    let store = tailrace::archive::open_store(&config.archive, &config.adapters.redis.access())
+        .await
+        .context("opening the run log store")?;
     let retention = tailrace::archive::Retention::spawn(store.clone(), config.archive.retention.clone(), stop.clone());
     let factory = tailrace::backend::build(&config, Some(&owner)).await.context("opening the queues")?.factory;
     let adapter = factory.create_adapter().await?;
