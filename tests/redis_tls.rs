@@ -1,4 +1,5 @@
-//! Redis over TLS with an ACL user (the default user off), against a
+//! Redis over TLS with an ACL user (the `default` user behind another
+//! password), against a
 //! private `redis-server --tls-port … --port 0`: the Redis adapter passes
 //! the conformance kit with mutual TLS, a node takes its queues over TLS,
 //! and a wrong password, a missing password, an authority the server's
@@ -180,4 +181,44 @@ async fn a_node_with_a_ca_the_server_does_not_chain_to_fails_at_start_and_takes_
     let log = failed_start(&server, &keys, &[]);
     assert!(log.contains("[adapters.redis] tls_ca_file: the server's certificate is not signed by"), "{log}");
     assert_eq!(key_count(&server).await, 0, "a refused node writes nothing: no lease, no member key");
+}
+
+/// A Redis restart under a node over TLS: the connections come back (a
+/// new TLS session each), appends retried by the producer are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_redis_restart_mid_run_loses_nothing() {
+    use common::*;
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+    use tailrace::queue::QueueAdapter;
+    let mut server = RedisServer::start_secure("no");
+    let f =
+        Arc::new(RedisAdapterFactory::connect(2, redis_server::secure_adapter_options(&server), "n1").await.unwrap());
+    let adapter = f.adapter();
+    let recorder = Recorder::new();
+    let mut config = quick_config();
+    config.agent.reader_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(100));
+    let node = TestNode::start(f.clone(), config, implicit("t", &recorder)).await;
+    let s = stream("t", "restart");
+    let mut acked = BTreeSet::new();
+    for i in 0..200u64 {
+        if i == 100 {
+            server.restart();
+        }
+        loop {
+            match adapter.enqueue(&s, events("e", i..i + 1)).await {
+                Ok(_) => break,
+                Err(error) if error.is_transient() => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(error) => panic!("{error}"),
+            }
+        }
+        acked.insert(format!("e{i}"));
+    }
+    let delivered = || recorder.ids(&s).into_iter().collect::<BTreeSet<_>>();
+    assert!(
+        eventually(Duration::from_secs(30), || delivered().is_superset(&acked)).await,
+        "lost: {:?}",
+        acked.difference(&delivered()).take(5).collect::<Vec<_>>()
+    );
+    node.node.shutdown().await.unwrap();
 }

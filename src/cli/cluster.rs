@@ -84,10 +84,9 @@ pub async fn check_persistence(
     let line = persistence.describe();
     match (persistence.survives_restart(), persistence.loses_on_crash()) {
         (Some(false), _) if cluster && !config.lease.allow_volatile_redis => anyhow::bail!(
-            "{line}. `tailrace node` refuses a Redis that keeps nothing across a restart: the queues' fence counters \
-             would start again at 1 and the run log store would refuse the new owners' appends. Run Redis with \
-             appendonly yes (appendfsync always to lose no acknowledged write), or set [lease] allow_volatile_redis \
-             = true to run anyway"
+            "{line}. `tailrace node` refuses such a Redis: after its restart the queues' lease tokens would go back \
+             and the run log store would refuse the new owners' appends. Run Redis with appendonly yes (appendfsync \
+             always to lose no acknowledged write), or set [lease] allow_volatile_redis = true to run anyway"
         ),
         (Some(false), _) | (None, _) | (_, Some(true)) => tracing::warn!("{line}"),
         _ => tracing::info!("{line}"),

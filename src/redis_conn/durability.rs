@@ -2,6 +2,14 @@
 //! appendonly`, `appendfsync` and `save` at a node's start, and said in one
 //! line. Managed Redis often forbids `CONFIG`: then it is unknown, and said
 //! so.
+//!
+//! It also reads the `default` user (`ACL GETUSER default`, where allowed):
+//! Redis replays its append-only file as that user, and until the fix of
+//! redis/redis#14541 an `EXEC` it may not run is dropped at reload. Every
+//! tailrace script with more than one write is written to the file as a
+//! `MULTI`/`EXEC` block, so with the `default` user off or limited a
+//! restart silently loses lease grants, fence increments and run log
+//! appends.
 
 use redis::aio::ConnectionManager;
 
@@ -16,6 +24,9 @@ pub enum Persistence {
         appendfsync: String,
         /// The RDB snapshot points (`""`: none).
         save: String,
+        /// The `default` user is off or may not run every command (`None`:
+        /// `ACL GETUSER` refused).
+        default_user_limited: Option<bool>,
     },
     /// `CONFIG GET` was refused or failed: why.
     Unknown(String),
@@ -32,6 +43,26 @@ async fn config_get(conn: &mut ConnectionManager, name: &str) -> Result<String, 
     })
 }
 
+/// Whether the `default` user is off or limited, from `ACL GETUSER
+/// default` (flags, passwords, commands, … as name, value pairs).
+async fn default_user_limited(conn: &mut ConnectionManager) -> Option<bool> {
+    let reply: Vec<redis::Value> = redis::cmd("ACL").arg("GETUSER").arg("default").query_async(conn).await.ok()?;
+    let text = |value: &redis::Value| redis::from_redis_value_ref::<String>(value).ok();
+    let (mut on, mut all) = (false, false);
+    for pair in reply.chunks(2) {
+        let [name, value] = pair else { continue };
+        match text(name).as_deref() {
+            Some("flags") => {
+                let flags: Vec<String> = redis::from_redis_value_ref(value).ok()?;
+                on = flags.iter().any(|f| f == "on");
+            }
+            Some("commands") => all = text(value)?.trim() == "+@all",
+            _ => {}
+        }
+    }
+    Some(!(on && all))
+}
+
 impl Persistence {
     /// Reads the settings; a refusal (`CONFIG` renamed, forbidden by an ACL
     /// or the provider) is [`Persistence::Unknown`].
@@ -41,6 +72,7 @@ impl Persistence {
                 appendonly: config_get(conn, "appendonly").await? == "yes",
                 appendfsync: config_get(conn, "appendfsync").await?,
                 save: config_get(conn, "save").await?,
+                default_user_limited: default_user_limited(conn).await,
             })
         };
         read.await.unwrap_or_else(|e| Self::Unknown(e.to_string()))
@@ -51,6 +83,7 @@ impl Persistence {
     /// unknown.
     pub fn survives_restart(&self) -> Option<bool> {
         match self {
+            Self::Known { appendonly: true, default_user_limited: Some(true), .. } => Some(false),
             Self::Known { appendonly, save, .. } => Some(*appendonly || !save.trim().is_empty()),
             Self::Unknown(_) => None,
         }
@@ -70,6 +103,12 @@ impl Persistence {
     pub fn describe(&self) -> String {
         let what = "acknowledged events, checkpoints, run log lines and fence increments";
         match self {
+            Self::Known { appendonly: true, appendfsync, default_user_limited: Some(true), .. } => format!(
+                "Redis persistence: AOF appendfsync={appendfsync}, but the `default` user is off or may not run every \
+                 command: Redis replays the append-only file as that user and, until the fix of redis/redis#14541, \
+                 drops every MULTI/EXEC block it may not run, so a restart loses lease grants, fence increments and \
+                 run log appends; keep `default` on with +@all and a strong password (user default on >… ~* &* +@all)"
+            ),
             Self::Known { appendonly: true, appendfsync, .. } if appendfsync == "always" => format!(
                 "Redis persistence: AOF appendfsync=always: every write is on disk before Redis answers; a crash of \
                  Redis or its machine loses no {what}"

@@ -1,7 +1,9 @@
 //! A private redis-server for a test: a free loopback port, its own
 //! directory, append-only file with `fsync always` (a restart loses no
 //! acknowledged write). `start_secure` serves TLS only, with an ACL user
-//! and the default user off; `start_with` adds flags (later flags win).
+//! and the `default` user behind a password nobody is given (off, Redis
+//! would drop transactions when it replays its append-only file);
+//! `start_with` adds flags (later flags win).
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -54,8 +56,14 @@ impl RedisServer {
 
     /// TLS only (`--port 0`), clients' certificates `auth_clients` (`no`,
     /// `optional`, `yes`), the ACL user [`USER`] with [`PASSWORD`] and the
-    /// default user off.
+    /// `default` user on, all commands, behind a password nobody is given.
     pub fn start_secure(auth_clients: &str) -> Self {
+        Self::start_secure_with(auth_clients, &["on", ">an-admin-password-no-test-uses", "~*", "&*", "+@all"])
+    }
+
+    /// As [`RedisServer::start_secure`], with the `default` user's ACL
+    /// rules `default_user` (e.g. `["off"]`).
+    pub fn start_secure_with(auth_clients: &str, default_user: &[&str]) -> Self {
         let certs = tempfile::tempdir().unwrap();
         super::certs::authority(certs.path(), "ca", &["redis", "client"]);
         super::certs::authority(certs.path(), "other", &[]);
@@ -66,9 +74,9 @@ impl RedisServer {
         {
             args.extend([flag.to_string(), secure.file(file).display().to_string()]);
         }
-        args.extend(
-            ["--tls-auth-clients", auth_clients, "--user", "default", "off", "--user", USER, "on"].map(String::from),
-        );
+        args.extend(["--tls-auth-clients", auth_clients, "--user", "default"].map(String::from));
+        args.extend(default_user.iter().map(|rule| rule.to_string()));
+        args.extend(["--user", USER, "on"].map(String::from));
         args.extend([format!(">{PASSWORD}"), "~*".into(), "&*".into(), "+@all".into()]);
         let port = args[3].parse().unwrap();
         let mut server = Self { child: None, port, dir: tempfile::tempdir().unwrap(), args, secure: Some(secure) };
