@@ -1,5 +1,5 @@
-//! Redis over TLS with an ACL user (the `default` user behind another
-//! password), against a
+//! Redis over TLS with an ACL user (no one can log in as `default`),
+//! against a
 //! private `redis-server --tls-port … --port 0`: the Redis adapter passes
 //! the conformance kit with mutual TLS, a node takes its queues over TLS,
 //! and a wrong password, a missing password, an authority the server's

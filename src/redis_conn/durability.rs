@@ -107,15 +107,16 @@ impl Persistence {
                 "Redis persistence: AOF appendfsync={appendfsync}, but the `default` user is off or may not run every \
                  command: Redis replays the append-only file as that user and, until the fix of redis/redis#14541, \
                  drops every MULTI/EXEC block it may not run, so a restart loses lease grants, fence increments and \
-                 run log appends; keep `default` on with +@all and a strong password (user default on >… ~* &* +@all)"
+                 run log appends; keep `default` on with +@all and no password to log in with (user default on \
+                 resetpass ~* &* +@all)"
             ),
             Self::Known { appendonly: true, appendfsync, .. } if appendfsync == "always" => format!(
                 "Redis persistence: AOF appendfsync=always: every write is on disk before Redis answers; a crash of \
                  Redis or its machine loses no {what}"
             ),
             Self::Known { appendonly: true, appendfsync, .. } if appendfsync == "everysec" => format!(
-                "Redis persistence: AOF appendfsync=everysec: a crash of the Redis process loses nothing, a crash of \
-                 its machine (power, kernel) can lose up to about 1 s (at worst 2 s) of {what}"
+                "Redis persistence: AOF appendfsync=everysec: a crash of the Redis process normally loses nothing, a \
+                 crash of its machine (power, kernel) can lose up to about 1 s (at worst 2 s) of {what}"
             ),
             Self::Known { appendonly: true, appendfsync, .. } => format!(
                 "Redis persistence: AOF appendfsync={appendfsync}: the kernel decides when the file reaches disk; a \

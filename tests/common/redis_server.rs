@@ -1,8 +1,8 @@
 //! A private redis-server for a test: a free loopback port, its own
 //! directory, append-only file with `fsync always` (a restart loses no
 //! acknowledged write). `start_secure` serves TLS only, with an ACL user
-//! and the `default` user behind a password nobody is given (off, Redis
-//! would drop transactions when it replays its append-only file);
+//! and the `default` user on but with no password to log in with (off,
+//! Redis would drop transactions when it replays its append-only file);
 //! `start_with` adds flags (later flags win).
 #![allow(dead_code)]
 
@@ -56,9 +56,9 @@ impl RedisServer {
 
     /// TLS only (`--port 0`), clients' certificates `auth_clients` (`no`,
     /// `optional`, `yes`), the ACL user [`USER`] with [`PASSWORD`] and the
-    /// `default` user on, all commands, behind a password nobody is given.
+    /// `default` user on, all commands, and no password to log in with.
     pub fn start_secure(auth_clients: &str) -> Self {
-        Self::start_secure_with(auth_clients, &["on", ">an-admin-password-no-test-uses", "~*", "&*", "+@all"])
+        Self::start_secure_with(auth_clients, &["on", "resetpass", "~*", "&*", "+@all"])
     }
 
     /// As [`RedisServer::start_secure`], with the `default` user's ACL
