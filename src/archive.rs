@@ -41,8 +41,9 @@ pub use retention::{MAX_REPORTED_RUNS, MAX_RUNS_PER_PRUNE, PruneReport, Retentio
 use crate::redis_conn::{RedisAccess, RedisEndpoint};
 use crate::stream::{Event, SequenceToken, StreamId};
 
-/// `[archive]`: where the archiver keeps run logs.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// `[archive]`: where the archiver keeps run logs. `Debug` shows
+/// `redis_url` without its password.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ArchiveOptions {
     /// `file` (embedded, the default) or `redis` (every node reads every run).
@@ -58,6 +59,19 @@ pub struct ArchiveOptions {
     pub redis_prefix: String,
     /// `[archive.retention]`: when finished runs are removed.
     pub retention: RetentionPolicy,
+}
+
+impl std::fmt::Debug for ArchiveOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArchiveOptions")
+            .field("store", &self.store)
+            .field("dir", &self.dir)
+            .field("fsync", &self.fsync)
+            .field("redis_url", &crate::redis_conn::redact(&self.redis_url))
+            .field("redis_prefix", &self.redis_prefix)
+            .field("retention", &self.retention)
+            .finish()
+    }
 }
 
 impl Default for ArchiveOptions {

@@ -222,3 +222,20 @@ async fn a_tls_redis_restart_mid_run_loses_nothing() {
     );
     node.node.shutdown().await.unwrap();
 }
+
+/// A config printed for debugging (`{:?}`) shows neither the password
+/// key nor a password in a URL.
+#[test]
+fn settings_printed_for_debugging_hold_no_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.toml");
+    let text = "[adapters.redis]\nurl = \"rediss://tailrace:url-s3cret@10.0.0.5:6380\"\npassword = \"key-s3cret\"\n\
+                [archive]\nstore = \"redis\"\nredis_url = \"redis://tailrace:archive-s3cret@10.0.0.6:6379\"\n";
+    std::fs::write(&path, text).unwrap();
+    let config = tailrace::config::Config::load(&path).unwrap();
+    let shown = format!("{config:?}");
+    for secret in ["url-s3cret", "key-s3cret", "archive-s3cret"] {
+        assert!(!shown.contains(secret), "{secret} is shown: {shown}");
+    }
+    assert!(shown.contains("rediss://tailrace:***@10.0.0.5:6380"), "{shown}");
+}

@@ -65,8 +65,9 @@ pub enum TrimPolicy {
     Never,
 }
 
-/// Settings of the Redis adapter (`[adapters.redis]`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Settings of the Redis adapter (`[adapters.redis]`). `Debug` shows
+/// neither the password nor the URL's.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisOptions {
     /// The server, `redis://[user:password@]host:port/db` (`rediss://`:
@@ -125,6 +126,21 @@ impl Default for RedisOptions {
             trim_every: Duration::from_secs(10),
             response_timeout: Duration::from_secs(5),
         }
+    }
+}
+
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("url", &redis_conn::redact(&self.url))
+            .field("access", &self.access())
+            .field("key_prefix", &self.key_prefix)
+            .field("group", &self.group)
+            .field("block", &self.block)
+            .field("trim", &self.trim)
+            .field("trim_every", &self.trim_every)
+            .field("response_timeout", &self.response_timeout)
+            .finish()
     }
 }
 
