@@ -206,20 +206,42 @@ impl RedisEndpoint {
         }
         let client_tls = match (&access.tls_cert_file, &access.tls_key_file) {
             (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-                client_cert: self.read("tls_cert_file", cert)?,
-                client_key: self.read("tls_key_file", key)?,
+                client_cert: self.certificates("tls_cert_file", cert)?,
+                client_key: self.private_key(key)?,
             }),
             (None, None) => None,
             (Some(_), None) => return Err(self.invalid("tls_key_file", "tls_cert_file needs tls_key_file")),
             (None, Some(_)) => return Err(self.invalid("tls_cert_file", "tls_key_file needs tls_cert_file")),
         };
-        let root_cert = access.tls_ca_file.as_ref().map(|ca| self.read("tls_ca_file", ca)).transpose()?;
+        let root_cert = access.tls_ca_file.as_ref().map(|ca| self.certificates("tls_ca_file", ca)).transpose()?;
         install_crypto_provider();
-        let client =
-            redis::Client::build_with_tls(info, redis::TlsCertificates { client_tls, root_cert }).map_err(|e| {
-                self.invalid(if access.tls_ca_file.is_some() { "tls_ca_file" } else { "tls_cert_file" }, e.to_string())
-            })?;
+        let client = redis::Client::build_with_tls(info, redis::TlsCertificates { client_tls, root_cert })
+            .map_err(|e| self.invalid("tls_ca_file", e.to_string()))?;
         Ok((client, password_setting))
+    }
+
+    /// The PEM file `path` (setting `key`), checked to hold certificates.
+    fn certificates(&self, key: &str, path: &Path) -> Result<Vec<u8>, RedisConnError> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let pem = self.read(key, path)?;
+        let certs = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.invalid(key, format!("{} is not PEM: {e}", path.display())))?;
+        if certs.is_empty() {
+            return Err(self.invalid(key, format!("{} holds no PEM certificate", path.display())));
+        }
+        Ok(pem)
+    }
+
+    /// The PEM private key `path` (`tls_key_file`), checked to hold one.
+    fn private_key(&self, path: &Path) -> Result<Vec<u8>, RedisConnError> {
+        use rustls::pki_types::PrivateKeyDer;
+        use rustls::pki_types::pem::PemObject;
+        let pem = self.read("tls_key_file", path)?;
+        PrivateKeyDer::from_pem_slice(&pem)
+            .map_err(|e| self.invalid("tls_key_file", format!("{} holds no PEM private key: {e}", path.display())))?;
+        Ok(pem)
     }
 
     /// Connects: one connection is tried first, so that a refused password
@@ -240,8 +262,14 @@ impl RedisEndpoint {
             return Err(refused);
         }
         client.get_connection_manager_with_config(config).await.map_err(|error| {
-            self.refusal(&error, &password_setting)
-                .unwrap_or_else(|| RedisConnError::Unreachable { url: self.shown(), message: error.to_string() })
+            self.refusal(&error, &password_setting).unwrap_or_else(|| {
+                let hint = if error.is_timeout() && self.url.starts_with("rediss:") {
+                    " (no TLS answer: does the server serve TLS on that port?)"
+                } else {
+                    ""
+                };
+                RedisConnError::Unreachable { url: self.shown(), message: format!("{error}{hint}") }
+            })
         })
     }
 
@@ -281,7 +309,11 @@ impl RedisEndpoint {
                 self.url_setting.clone(),
                 format!("the server's certificate is not valid for the host of `{}` ({tls})", self.shown()),
             ),
-            rustls::Error::InvalidCertificate(_) => match &self.access.tls_ca_file {
+            rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer
+                | rustls::CertificateError::BadSignature
+                | rustls::CertificateError::UnsupportedSignatureAlgorithmForPublicKeyContext { .. },
+            ) => match &self.access.tls_ca_file {
                 Some(ca) => (
                     self.setting("tls_ca_file"),
                     format!("the server's certificate is not signed by the authority in {} ({tls})", ca.display()),
@@ -294,6 +326,13 @@ impl RedisEndpoint {
                     ),
                 ),
             },
+            rustls::Error::InvalidCertificate(_) => {
+                (self.setting("tls_ca_file"), format!("the server's certificate is not acceptable ({tls})"))
+            }
+            rustls::Error::InvalidMessage(_) => (
+                self.url_setting.clone(),
+                format!("Redis at {} did not answer in TLS ({tls}); does it serve TLS on that port?", self.shown()),
+            ),
             rustls::Error::AlertReceived(_) => (
                 self.setting("tls_cert_file"),
                 format!("the server refused the TLS handshake ({tls}); does it require a client certificate?"),

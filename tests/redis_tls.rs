@@ -239,3 +239,24 @@ fn settings_printed_for_debugging_hold_no_password() {
     }
     assert!(shown.contains("rediss://tailrace:***@10.0.0.5:6380"), "{shown}");
 }
+
+#[tokio::test]
+async fn a_ca_file_without_a_certificate_is_refused_before_dialling() {
+    let server = RedisServer::start_secure("no");
+    let not_pem = server.secure().file("redis.key");
+    let options = RedisOptions { tls_ca_file: Some(not_pem.clone()), ..redis_server::secure_adapter_options(&server) };
+    let message = refusal(options).await;
+    assert!(message.contains("[adapters.redis] tls_ca_file: "), "{message}");
+    assert!(message.contains(&format!("{} holds no PEM certificate", not_pem.display())), "{message}");
+}
+
+#[tokio::test]
+async fn a_rediss_url_to_a_plain_server_asks_whether_it_serves_tls() {
+    let server = RedisServer::start();
+    let url = format!("rediss://127.0.0.1:{}", server.port);
+    let message = refusal(RedisOptions { url, ..redis_server::adapter_options(&server) }).await;
+    // A plain server waits for the rest of what it took for a command: the
+    // handshake times out.
+    assert!(message.contains("cannot reach Redis at rediss://127.0.0.1:"), "{message}");
+    assert!(message.contains("does the server serve TLS on that port?"), "{message}");
+}
