@@ -35,7 +35,8 @@ stop() {
 start() {
     if ! redis_up; then
         echo "starting redis-server on 127.0.0.1:6379 (data in $run)"
-        redis-server --port 6379 --bind 127.0.0.1 --appendonly yes --dir "$run" \
+        # fsync before every reply: a crash loses no acknowledged write.
+        redis-server --port 6379 --bind 127.0.0.1 --appendonly yes --appendfsync always --dir "$run" \
             --daemonize no >"$run/redis.log" 2>&1 &
         echo $! >"$run/redis.pid"
         for _ in $(seq 1 100); do redis_up && break; sleep 0.1; done

@@ -38,10 +38,12 @@ pub use file_store::FileRunLogStore;
 pub use redis_store::RedisRunLogStore;
 pub use retention::{MAX_REPORTED_RUNS, MAX_RUNS_PER_PRUNE, PruneReport, Retention, RetentionPolicy, Verdict};
 
+use crate::redis_conn::{RedisAccess, RedisEndpoint};
 use crate::stream::{Event, SequenceToken, StreamId};
 
-/// `[archive]`: where the archiver keeps run logs.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// `[archive]`: where the archiver keeps run logs. `Debug` shows
+/// `redis_url` without its password.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ArchiveOptions {
     /// `file` (embedded, the default) or `redis` (every node reads every run).
@@ -50,12 +52,26 @@ pub struct ArchiveOptions {
     pub dir: std::path::PathBuf,
     /// Sync each append to disk before the archiver acknowledges it.
     pub fsync: bool,
-    /// The Redis store's server.
+    /// The Redis store's server (`rediss://`: TLS); the user, password and
+    /// TLS files are `[adapters.redis]`'s.
     pub redis_url: String,
     /// Prefix of the Redis store's keys.
     pub redis_prefix: String,
     /// `[archive.retention]`: when finished runs are removed.
     pub retention: RetentionPolicy,
+}
+
+impl std::fmt::Debug for ArchiveOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArchiveOptions")
+            .field("store", &self.store)
+            .field("dir", &self.dir)
+            .field("fsync", &self.fsync)
+            .field("redis_url", &crate::redis_conn::redact(&self.redis_url))
+            .field("redis_prefix", &self.redis_prefix)
+            .field("retention", &self.retention)
+            .finish()
+    }
 }
 
 impl Default for ArchiveOptions {
@@ -71,11 +87,20 @@ impl Default for ArchiveOptions {
     }
 }
 
-/// Opens the store `options.store` names.
-pub async fn open_store(options: &ArchiveOptions) -> Result<Arc<dyn RunLogStore>, StoreError> {
+/// Opens the store `options.store` names. The Redis store reaches
+/// `redis_url` with `access` (`[adapters.redis]`'s user, password and TLS
+/// files: one set of secrets per process).
+pub async fn open_store(options: &ArchiveOptions, access: &RedisAccess) -> Result<Arc<dyn RunLogStore>, StoreError> {
     match options.store.as_str() {
         "file" => Ok(Arc::new(FileRunLogStore::open(&options.dir, options.fsync)?)),
-        "redis" => Ok(Arc::new(RedisRunLogStore::connect(&options.redis_url, &options.redis_prefix).await?)),
+        "redis" => {
+            let endpoint = RedisEndpoint {
+                url: options.redis_url.clone(),
+                url_setting: "[archive] redis_url".into(),
+                access: access.clone(),
+            };
+            Ok(Arc::new(RedisRunLogStore::connect_to(&endpoint, &options.redis_prefix).await?))
+        }
         other => Err(StoreError::Backend(format!("unknown archive store `{other}` (built in: file, redis)"))),
     }
 }

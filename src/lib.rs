@@ -32,6 +32,7 @@ pub mod manager;
 pub mod node;
 pub mod pubsub;
 pub mod queue;
+pub mod redis_conn;
 pub mod retry;
 pub mod stream;
 pub mod tasks;

@@ -7,12 +7,13 @@
 //! appears whole or not at all.
 //!
 //! `cargo test` runs a few cases; `TAILRACE_LIFE_CASES=50 cargo test --test
-//! life_redis` runs more.
+//! life_redis` runs more. One fixed life runs on a Redis that serves TLS
+//! only, as an ACL user.
 
 mod common;
 
 use common::life::{Op, ServeNode, node_ops, proptest_config, run_life};
-use common::redis_server::RedisServer;
+use common::redis_server::{PASSWORD, RedisServer, USER};
 use proptest::prelude::*;
 
 /// A node's steps, and Redis restarted or down under it.
@@ -31,10 +32,15 @@ fn config(redis: &RedisServer, persist_ms: u64) -> String {
     )
 }
 
-fn live(mut ops: Vec<Op>, persist_ms: u64) -> Result<(), TestCaseError> {
+fn live(ops: Vec<Op>, persist_ms: u64) -> Result<(), TestCaseError> {
+    let redis = RedisServer::start();
+    let config = config(&redis, persist_ms);
+    live_on(redis, &config, ops)
+}
+
+fn live_on(mut redis: RedisServer, config: &str, mut ops: Vec<Op>) -> Result<(), TestCaseError> {
     ops.insert(0, Op::Produce { run: 0, batches: 3, lines: 5 });
-    let mut redis = RedisServer::start();
-    let mut node = ServeNode::new(&config(&redis, persist_ms));
+    let mut node = ServeNode::new(config);
     let outcome = run_life(&mut node, ops, Some(&mut redis));
     prop_assert!(outcome.is_ok(), "{}", outcome.unwrap_err());
     Ok(())
@@ -72,4 +78,26 @@ fn six_lives_on_redis_lose_nothing() {
         5_000,
     )
     .unwrap();
+}
+
+/// The same over TLS as an ACL user: kills, a
+/// Ctrl-C, a Redis restart and producers posting while it is down.
+#[test]
+fn a_life_on_a_tls_redis_as_an_acl_user_loses_nothing() {
+    let redis = RedisServer::start_secure("no");
+    let access = format!(
+        "username = \"{USER}\"\npassword = \"{PASSWORD}\"\ntls_ca_file = \"{}\"\n",
+        redis.secure().file("ca.pem").display()
+    );
+    let config = config(&redis, 300).replacen("\n\n[archive]", &format!("\n{access}\n[archive]"), 1);
+    assert!(config.contains("rediss://") && config.contains(&access), "{config}");
+    let ops = vec![
+        Op::Produce { run: 0, batches: 20, lines: 50 },
+        Op::KillWhileProducing { run: 1, batches: 40, lines: 50, after_ms: 200 },
+        Op::RestartRedis,
+        Op::Stop,
+        Op::ProduceWhileRedisDown { run: 2, batches: 2 },
+        Op::Produce { run: 1, batches: 3, lines: 7 },
+    ];
+    live_on(redis, &config, ops).unwrap();
 }

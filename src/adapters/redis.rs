@@ -34,6 +34,7 @@ mod fence;
 mod receiver;
 mod store;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +49,7 @@ use entry::encode_entry;
 
 use super::{BuiltInFactory, MappedAdapter};
 use crate::queue::{Direction, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver};
+use crate::redis_conn::{self, RedisAccess, RedisConnError, RedisEndpoint};
 use crate::stream::{Event, SequenceToken, StreamId};
 
 const NAME: &str = "redis";
@@ -63,12 +65,33 @@ pub enum TrimPolicy {
     Never,
 }
 
-/// Settings of the Redis adapter (`[adapters.redis]`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Settings of the Redis adapter (`[adapters.redis]`). `Debug` shows
+/// neither the password nor the URL's.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisOptions {
-    /// The server, `redis://host:port/db`.
+    /// The server, `redis://[user:password@]host:port/db` (`rediss://`:
+    /// TLS).
     pub url: String,
+    /// The ACL user (instead of the URL's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// The password (instead of the URL's; `TAILRACE_REDIS_PASSWORD` wins).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// A file holding the password (excludes `password`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    /// PEM authority the server's certificate must chain to (`rediss://`;
+    /// the system's roots without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate chain, for mutual TLS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<PathBuf>,
     /// Prefix of every key tailrace writes.
     pub key_prefix: String,
     /// The consumer group (one per provider).
@@ -90,6 +113,12 @@ impl Default for RedisOptions {
     fn default() -> Self {
         Self {
             url: "redis://127.0.0.1:6379".into(),
+            username: None,
+            password: None,
+            password_file: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
             key_prefix: "tailrace".into(),
             group: "tailrace".into(),
             block: Duration::from_millis(100),
@@ -100,16 +129,52 @@ impl Default for RedisOptions {
     }
 }
 
-/// Connects to Redis with reconnection and backoff.
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("url", &redis_conn::redact(&self.url))
+            .field("access", &self.access())
+            .field("key_prefix", &self.key_prefix)
+            .field("group", &self.group)
+            .field("block", &self.block)
+            .field("trim", &self.trim)
+            .field("trim_every", &self.trim_every)
+            .field("response_timeout", &self.response_timeout)
+            .finish()
+    }
+}
+
+impl RedisOptions {
+    /// The user, password and TLS files of `[adapters.redis]` (the
+    /// `[archive]` Redis store uses them too).
+    pub fn access(&self) -> RedisAccess {
+        RedisAccess {
+            section: "[adapters.redis]".into(),
+            username: self.username.clone(),
+            password: self.password.clone(),
+            password_file: self.password_file.clone(),
+            tls_ca_file: self.tls_ca_file.clone(),
+            tls_cert_file: self.tls_cert_file.clone(),
+            tls_key_file: self.tls_key_file.clone(),
+        }
+    }
+
+    /// The queues' Redis: `url` with [`RedisOptions::access`].
+    pub fn endpoint(&self) -> RedisEndpoint {
+        RedisEndpoint { url: self.url.clone(), url_setting: "[adapters.redis] url".into(), access: self.access() }
+    }
+}
+
+/// Connects to Redis with reconnection and backoff; a refused password or
+/// certificate is a configuration error naming the setting.
 pub(crate) async fn connect(options: &RedisOptions) -> Result<ConnectionManager, QueueError> {
-    let client = redis::Client::open(options.url.as_str())
-        .map_err(|e| QueueError::Config(format!("redis url `{}`: {e}", options.url)))?;
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_response_timeout(Some(options.response_timeout.max(options.block + Duration::from_secs(1))))
-        .set_connection_timeout(Some(Duration::from_secs(2)))
-        .set_max_delay(Duration::from_secs(5))
-        .set_number_of_retries(6);
-    client.get_connection_manager_with_config(config).await.map_err(|e| backend(&e, "connecting"))
+    let timeout = options.response_timeout.max(options.block + Duration::from_secs(1));
+    options.endpoint().connect(redis_conn::reconnecting(timeout)).await.map_err(|e| match e {
+        RedisConnError::Unreachable { .. } => {
+            QueueError::Backend { adapter: NAME.into(), message: format!("connecting: {e}"), transient: true }
+        }
+        other => QueueError::Config(other.to_string()),
+    })
 }
 
 /// A Redis error as a queue error (transient when a retry may help).

@@ -35,6 +35,7 @@ use redis::aio::ConnectionManager;
 
 use super::retention::{Candidate, Planner};
 use super::{Clock, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError};
+use crate::redis_conn::RedisEndpoint;
 use crate::stream::SequenceToken;
 use crate::telemetry;
 
@@ -165,10 +166,20 @@ impl RedisRunLogStore {
         self
     }
 
-    /// Connects to `url`.
+    /// Connects to `url` (credentials in the URL).
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(|e| StoreError::Backend(format!("redis url `{url}`: {e}")))?;
-        Ok(Self::new(client.get_connection_manager().await.map_err(backend)?, prefix))
+        Self::connect_to(&RedisEndpoint::from_url(url, "url"), prefix).await
+    }
+
+    /// Connects to `endpoint`, reconnecting with backoff when the
+    /// connection drops. A refused password or certificate names the
+    /// setting.
+    pub async fn connect_to(endpoint: &RedisEndpoint, prefix: &str) -> Result<Self, StoreError> {
+        let conn = endpoint
+            .connect(redis::aio::ConnectionManagerConfig::new())
+            .await
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        Ok(Self::new(conn, prefix))
     }
 
     fn run_key(&self, run: &RunKey) -> String {

@@ -10,6 +10,7 @@ use tailrace::cluster::{
     TransportSettings,
 };
 use tailrace::config::Config;
+use tailrace::redis_conn::durability::Persistence;
 
 /// What a `serve` process advertises: it accepts no node connections, and
 /// `tailrace node` refuses to join next to it.
@@ -38,9 +39,12 @@ pub async fn join(
     agents_started: bool,
 ) -> anyhow::Result<RedisCluster> {
     let redis = &config.adapters.redis;
-    let leases = RedisLeases::connect(&redis.url, &redis.key_prefix, redis.response_timeout)
+    let endpoint = redis.endpoint();
+    let leases = RedisLeases::connect_to(&endpoint, &redis.key_prefix, redis.response_timeout)
         .await
-        .with_context(|| format!("connecting to Redis at {} for leases and membership", redis.url))?;
+        .with_context(|| format!("connecting to Redis at {} for leases and membership", endpoint.shown()))?;
+    // Before the member key: a node refused here takes no lease.
+    check_persistence(config, &mut leases.connection(), advertise != SERVE_ADVERTISE).await?;
     let me = NodeId::new(config.node.name.clone());
     let options = config.membership.clone();
     let deadline = tokio::time::Instant::now() + options.ttl + options.heartbeat;
@@ -64,6 +68,30 @@ pub async fn join(
             Err(error) => return Err(error.into()),
         }
     }
+}
+
+/// Reads what Redis keeps across a crash and logs it in one line. With
+/// `cluster` (`tailrace node`), refuses a Redis that keeps nothing across a
+/// restart unless `[lease] allow_volatile_redis`: its fence counters would
+/// start again at 1, and the run log store would refuse the new owners'
+/// appends.
+pub async fn check_persistence(
+    config: &Config,
+    conn: &mut redis::aio::ConnectionManager,
+    cluster: bool,
+) -> anyhow::Result<()> {
+    let persistence = Persistence::read(conn).await;
+    let line = persistence.describe();
+    match (persistence.survives_restart(), persistence.loses_on_crash()) {
+        (Some(false), _) if cluster && !config.lease.allow_volatile_redis => anyhow::bail!(
+            "{line}. `tailrace node` refuses such a Redis: after its restart the queues' lease tokens would go back \
+             and the run log store would refuse the new owners' appends. Run Redis with appendonly yes (appendfsync \
+             always to lose no acknowledged write), or set [lease] allow_volatile_redis = true to run anyway"
+        ),
+        (Some(false), _) | (None, _) | (_, Some(true)) => tracing::warn!("{line}"),
+        _ => tracing::info!("{line}"),
+    }
+    Ok(())
 }
 
 /// The live members other than `me` that `refuse` picks, waited for up to

@@ -77,9 +77,19 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut signals = super::StopSignal::install()?;
     // Held until the process ends: what a crash left in the queues is ours.
     let owner = DataDirLock::acquire(&args.data_dir)?;
+    if config.queues.adapter == "redis" {
+        // Said, not enforced: the demo's leases are in memory.
+        let redis = &config.adapters.redis;
+        let endpoint = redis.endpoint();
+        let reconnecting = tailrace::redis_conn::reconnecting(redis.response_timeout);
+        let mut conn = endpoint.connect(reconnecting).await?;
+        super::cluster::check_persistence(&config, &mut conn, false).await?;
+    }
     let metrics = tailrace::edge::install_metrics()?;
     let stop = CancellationToken::new();
-    let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
+    let store = tailrace::archive::open_store(&config.archive, &config.adapters.redis.access())
+        .await
+        .context("opening the run log store")?;
     let retention = tailrace::archive::Retention::spawn(store.clone(), config.archive.retention.clone(), stop.clone());
     let factory = tailrace::backend::build(&config, Some(&owner)).await.context("opening the queues")?.factory;
     let adapter = factory.create_adapter().await?;

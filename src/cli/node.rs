@@ -53,7 +53,9 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         transport = Some(link.clone());
         membership.set_agents_started(true);
         let metrics = tailrace::edge::install_metrics()?;
-        let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
+        let store = tailrace::archive::open_store(&config.archive, &config.adapters.redis.access())
+            .await
+            .context("opening the run log store")?;
         let backend = tailrace::backend::build(&config, None).await.context("opening the queues")?;
         let leases: Arc<dyn QueueLeases> = Arc::new(joined.leases);
         let plan = Plan {

@@ -51,7 +51,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let metrics = tailrace::edge::install_metrics()?;
     let served = async {
-        let store = tailrace::archive::open_store(&config.archive).await.context("opening the run log store")?;
+        let store = tailrace::archive::open_store(&config.archive, &config.adapters.redis.access())
+            .await
+            .context("opening the run log store")?;
         let backend = tailrace::backend::build(&config, Some(&owner)).await.context("opening the queues")?;
         let adapter = backend.factory.create_adapter().await?;
         let plan = Plan {
@@ -90,7 +92,7 @@ async fn join_alone(config: &tailrace::config::Config) -> anyhow::Result<RedisMe
     anyhow::bail!(
         "another process is a live member on Redis {} under the key prefix `{}`: {}; `tailrace serve` pulls every \
          queue and must run alone on its Redis; run every process as `tailrace node --config FILE` to share the queues",
-        config.adapters.redis.url,
+        tailrace::redis_conn::redact(&config.adapters.redis.url),
         config.adapters.redis.key_prefix,
         cluster::names(&others)
     )

@@ -30,6 +30,10 @@ pub enum LeaseError {
         /// Why it failed.
         message: String,
     },
+    /// The connection settings are wrong, or Redis refused them: the
+    /// message names the setting.
+    #[error("{0}")]
+    Refused(String),
     /// The store failed or could not be reached (a retry may help).
     #[error("queue lease store: {operation} of {queue}: {message}")]
     Backend {

@@ -22,6 +22,7 @@ use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use super::lease::{Lease, LeaseError, QueueLeases};
+use crate::redis_conn::{self, RedisConnError, RedisEndpoint};
 use crate::stream::{NodeId, QueueId};
 
 /// Takes the lease (KEYS[1]) if free or already ARGV[1]'s, with a new token
@@ -90,18 +91,25 @@ impl RedisLeases {
         }
     }
 
-    /// Connects to `url` (`redis://host:port/db`), reconnecting with
-    /// backoff when the connection drops; every command is bounded by
-    /// `response_timeout`. Keys start with `prefix`.
+    /// Connects to `url` (`redis://host:port/db`, credentials in the URL);
+    /// see [`RedisLeases::connect_to`].
     pub async fn connect(url: &str, prefix: &str, response_timeout: Duration) -> Result<Self, LeaseError> {
-        let connect = |e: redis::RedisError| LeaseError::Connect { url: url.to_string(), message: e.to_string() };
-        let client = redis::Client::open(url).map_err(connect)?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_response_timeout(Some(response_timeout))
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_max_delay(Duration::from_secs(5))
-            .set_number_of_retries(6);
-        let conn = client.get_connection_manager_with_config(config).await.map_err(connect)?;
+        Self::connect_to(&RedisEndpoint::from_url(url, "url"), prefix, response_timeout).await
+    }
+
+    /// Connects to `endpoint`, reconnecting with backoff when the
+    /// connection drops; every command is bounded by `response_timeout`.
+    /// Keys start with `prefix`. A refused password or certificate is
+    /// [`LeaseError::Refused`], naming the setting.
+    pub async fn connect_to(
+        endpoint: &RedisEndpoint,
+        prefix: &str,
+        response_timeout: Duration,
+    ) -> Result<Self, LeaseError> {
+        let conn = endpoint.connect(redis_conn::reconnecting(response_timeout)).await.map_err(|e| match e {
+            RedisConnError::Unreachable { url, message } => LeaseError::Connect { url, message },
+            other => LeaseError::Refused(other.to_string()),
+        })?;
         Ok(Self::new(conn, prefix))
     }
 

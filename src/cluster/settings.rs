@@ -61,11 +61,20 @@ pub struct LeaseOptions {
     /// How often the lease balancer tries to take free leases.
     #[serde(with = "humantime_serde")]
     pub acquire: Duration,
+    /// Let `tailrace node` run on a Redis that keeps nothing across a
+    /// restart (no AOF, no RDB `save`): its fence counters would start
+    /// again at 1.
+    pub allow_volatile_redis: bool,
 }
 
 impl Default for LeaseOptions {
     fn default() -> Self {
-        Self { ttl: Duration::from_secs(8), renew: Duration::from_secs(2), acquire: Duration::from_secs(1) }
+        Self {
+            ttl: Duration::from_secs(8),
+            renew: Duration::from_secs(2),
+            acquire: Duration::from_secs(1),
+            allow_volatile_redis: false,
+        }
     }
 }
 

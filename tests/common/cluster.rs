@@ -93,6 +93,19 @@ impl Proc {
 
     /// As [`Proc::spawn`], with `cookie` in `TAILRACE_COOKIE`.
     pub fn spawn_with_cookie(name: &str, port: u16, text: &str, args: &[&str], extra: &[String], cookie: &str) -> Self {
+        Self::spawn_with_env(name, port, text, args, extra, &[("TAILRACE_COOKIE", cookie)])
+    }
+
+    /// As [`Proc::spawn`], with `env` set (after `RUST_LOG=warn` and the
+    /// test cookie, which it may override).
+    pub fn spawn_with_env(
+        name: &str,
+        port: u16,
+        text: &str,
+        args: &[&str],
+        extra: &[String],
+        env: &[(&str, &str)],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(format!("{name}.toml"));
         std::fs::write(&path, text).unwrap();
@@ -103,7 +116,8 @@ impl Proc {
             .arg(&path)
             .args(extra)
             .env("RUST_LOG", "warn")
-            .env("TAILRACE_COOKIE", cookie)
+            .env("TAILRACE_COOKIE", COOKIE)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
             .spawn()

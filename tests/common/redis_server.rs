@@ -1,6 +1,9 @@
 //! A private redis-server for a test: a free loopback port, its own
 //! directory, append-only file with `fsync always` (a restart loses no
-//! acknowledged write).
+//! acknowledged write). `start_secure` serves TLS only, with an ACL user
+//! and the `default` user on but with no password to log in with (off,
+//! Redis would drop transactions when it replays its append-only file);
+//! `start_with` adds flags (later flags win).
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -11,6 +14,27 @@ pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
     dir: tempfile::TempDir,
+    /// Flags after the defaults.
+    args: Vec<String>,
+    secure: Option<Secure>,
+}
+
+/// The ACL user the secure server has (the default user is off).
+pub const USER: &str = "tailrace";
+/// Its password.
+pub const PASSWORD: &str = "redis-acl-password-for-tests";
+
+/// TLS material of a secure server: the authority `ca` signed `redis`
+/// (the server, for 127.0.0.1) and `client`; `other` is an authority
+/// that signed nothing of the server's.
+pub struct Secure {
+    pub certs: tempfile::TempDir,
+}
+
+impl Secure {
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.certs.path().join(name)
+    }
 }
 
 fn free_port() -> u16 {
@@ -19,13 +43,57 @@ fn free_port() -> u16 {
 
 impl RedisServer {
     pub fn start() -> Self {
-        let mut server = Self { child: None, port: free_port(), dir: tempfile::tempdir().unwrap() };
+        Self::start_with(&[])
+    }
+
+    /// With `args` after the default flags (e.g. `--appendonly no`).
+    pub fn start_with(args: &[&str]) -> Self {
+        let args = args.iter().map(|a| a.to_string()).collect();
+        let mut server = Self { child: None, port: free_port(), dir: tempfile::tempdir().unwrap(), args, secure: None };
         server.spawn();
         server
     }
 
+    /// TLS only (`--port 0`), clients' certificates `auth_clients` (`no`,
+    /// `optional`, `yes`), the ACL user [`USER`] with [`PASSWORD`] and the
+    /// `default` user on, all commands, and no password to log in with.
+    pub fn start_secure(auth_clients: &str) -> Self {
+        Self::start_secure_with(auth_clients, &["on", "resetpass", "~*", "&*", "+@all"])
+    }
+
+    /// As [`RedisServer::start_secure`], with the `default` user's ACL
+    /// rules `default_user` (e.g. `["off"]`).
+    pub fn start_secure_with(auth_clients: &str, default_user: &[&str]) -> Self {
+        let certs = tempfile::tempdir().unwrap();
+        super::certs::authority(certs.path(), "ca", &["redis", "client"]);
+        super::certs::authority(certs.path(), "other", &[]);
+        let secure = Secure { certs };
+        let mut args: Vec<String> = vec!["--port".into(), "0".into(), "--tls-port".into(), free_port().to_string()];
+        for (flag, file) in
+            [("--tls-cert-file", "redis.pem"), ("--tls-key-file", "redis.key"), ("--tls-ca-cert-file", "ca.pem")]
+        {
+            args.extend([flag.to_string(), secure.file(file).display().to_string()]);
+        }
+        args.extend(["--tls-auth-clients", auth_clients, "--user", "default"].map(String::from));
+        args.extend(default_user.iter().map(|rule| rule.to_string()));
+        args.extend(["--user", USER, "on"].map(String::from));
+        args.extend([format!(">{PASSWORD}"), "~*".into(), "&*".into(), "+@all".into()]);
+        let port = args[3].parse().unwrap();
+        let mut server = Self { child: None, port, dir: tempfile::tempdir().unwrap(), args, secure: Some(secure) };
+        server.spawn();
+        server
+    }
+
+    /// `redis://127.0.0.1:P`, or `rediss://127.0.0.1:P` for a secure
+    /// server (no credentials: they are the tests' to give).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.secure.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// The secure server's TLS files.
+    pub fn secure(&self) -> &Secure {
+        self.secure.as_ref().expect("started with start_secure")
     }
 
     /// Sends `signal` (`STOP`, `CONT`) to the server: a stopped server
@@ -44,6 +112,7 @@ impl RedisServer {
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes"])
             .args(["--appendfsync", "always", "--daemonize", "no", "--dir"])
             .arg(self.dir.path())
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -161,6 +230,17 @@ pub fn adapter_options(server: &RedisServer) -> tailrace::adapters::redis::Redis
         block: Duration::from_millis(20),
         trim_every: Duration::ZERO,
         ..Default::default()
+    }
+}
+
+/// Redis adapter options for a secure server: its user and password, and
+/// its authority.
+pub fn secure_adapter_options(server: &RedisServer) -> tailrace::adapters::redis::RedisOptions {
+    tailrace::adapters::redis::RedisOptions {
+        username: Some(USER.into()),
+        password: Some(PASSWORD.into()),
+        tls_ca_file: Some(server.secure().file("ca.pem")),
+        ..adapter_options(server)
     }
 }
 

@@ -3,7 +3,8 @@
 //! pulled again, and was anything lost or delivered twice?
 //!
 //! It starts a private `redis-server` (a free loopback port, no
-//! persistence) and three `tailrace node` processes (this executable) with
+//! persistence, so the nodes run with `[lease] allow_volatile_redis`) and
+//! three `tailrace node` processes (this executable) with
 //! 12 queues, the default leases (8 s ttl, 2 s renew, 1 s acquire) and the
 //! audit log on (one file per node). The bench produces a steady load with
 //! the Redis adapter's producer (the path a producer process takes), events
@@ -132,6 +133,8 @@ redis_url = "{redis_url}"
 ttl = "8s"
 renew = "2s"
 acquire = "1s"
+# The bench's Redis is private, has no persistence and is never restarted.
+allow_volatile_redis = true
 [cluster]
 listen = "127.0.0.1:{cluster_port}"
 [edge]

@@ -13,6 +13,7 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
 use tailrace::queue::QueueMapper;
+use tailrace::redis_conn::RedisEndpoint;
 
 use super::Progress;
 use super::pipeline::{Counter, Shape, Tally, produce, run_node, stream_ids};
@@ -34,19 +35,21 @@ fn shape(quick: bool) -> Shape {
 
 pub async fn run(quick: bool, url: &str) -> anyhow::Result<()> {
     let shape = shape(quick);
-    let client = redis::Client::open(url).with_context(|| format!("redis url `{url}`"))?;
+    let endpoint = RedisEndpoint::from_url(url, "--redis-url");
+    let client = endpoint.client()?;
     let mut conn = client
         .get_multiplexed_async_connection()
         .await
-        .with_context(|| format!("no Redis at {url} (start one, or pass --redis-url)"))?;
+        .with_context(|| format!("no Redis at {} (start one, or pass --redis-url)", endpoint.shown()))?;
     println!(
-        "redis: {} streams over {} queues, {} events each ({} total), batches of {}, {} producers, {url}",
+        "redis: {} streams over {} queues, {} events each ({} total), batches of {}, {} producers, {}",
         shape.streams,
         shape.queues,
         shape.events_per_stream,
         shape.streams as u64 * shape.events_per_stream,
         shape.batch,
-        shape.producers
+        shape.producers,
+        endpoint.shown()
     );
     let total = shape.streams as u64 * shape.events_per_stream;
     let runs = if quick { 1 } else { 3 };
