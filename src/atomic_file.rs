@@ -49,26 +49,46 @@ pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
 /// parent of each directory created, and `dir`'s own parent, are synced
 /// after, so `dir` is still there after a power loss.
 pub(crate) fn create_dir_all(dir: &Path, durability: Durability) -> std::io::Result<()> {
+    create_dirs(dir, None, durability)
+}
+
+/// As [`create_dir_all`], for a `dir` inside `base`, a directory known to
+/// be durable: every directory between them is synced into its parent,
+/// whoever made it (another thread may have made one and not synced it
+/// yet when this call finds it).
+pub(crate) fn create_dir_all_under(base: &Path, dir: &Path, durability: Durability) -> std::io::Result<()> {
+    create_dirs(dir, Some(base), durability)
+}
+
+fn create_dirs(dir: &Path, base: Option<&Path>, durability: Durability) -> std::io::Result<()> {
     if durability == Durability::Unsynced {
         return std::fs::create_dir_all(dir);
     }
+    // A relative path's last parent is "": the current directory.
+    fn parent(path: &Path) -> Option<&Path> {
+        path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
+    }
     let mut missing = Vec::new();
     let mut at = Some(dir);
-    while let Some(path) = at.filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
+    while let Some(path) = at.filter(|p| p.as_os_str() != "." && !p.as_os_str().is_empty()) {
+        let inside_base = base.is_some_and(|base| path != base && path.starts_with(base));
+        if !inside_base && path.exists() {
+            break;
+        }
         missing.push(path);
-        at = path.parent();
+        at = parent(path);
     }
     std::fs::create_dir_all(dir)?;
-    // Deepest first: each new name is synced into its parent; `dir`'s
-    // parent even when `dir` existed (a crash may have come between its
-    // creation and that sync).
-    let mut parents: Vec<&Path> = missing.iter().filter_map(|p| p.parent()).collect();
+    // Deepest first: each name is synced into its parent; `dir`'s parent
+    // even when `dir` existed (a crash may have come between its creation
+    // and that sync).
+    let mut parents: Vec<&Path> = missing.iter().filter_map(|p| parent(p)).collect();
     if missing.is_empty()
-        && let Some(parent) = dir.parent()
+        && let Some(dir_parent) = parent(dir)
     {
-        parents.push(parent);
+        parents.push(dir_parent);
     }
-    for parent in parents.into_iter().filter(|p| !p.as_os_str().is_empty()) {
+    for parent in parents {
         sync_dir(parent)?;
     }
     Ok(())

@@ -384,6 +384,17 @@ pub fn redact(url: &str) -> String {
             if parsed.password().is_some() {
                 let _ = parsed.set_password(Some("***"));
             }
+            // `redis+unix:///sock?user=…&pass=…` carries it in the query.
+            if parsed.query_pairs().any(|(key, _)| key == "pass") {
+                let pairs: Vec<(String, String)> = parsed
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let v = if k == "pass" { "***".to_string() } else { v.into_owned() };
+                        (k.into_owned(), v)
+                    })
+                    .collect();
+                parsed.query_pairs_mut().clear().extend_pairs(pairs);
+            }
             parsed.to_string()
         }
         Err(_) if !url.contains('@') => url.to_string(),
@@ -401,5 +412,7 @@ mod tests {
         assert_eq!(redact("rediss://:s3cret@host:6379"), "rediss://:***@host:6379");
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
         assert!(!redact("redis://u:pa ss@[bad").contains("pa ss"));
+        let unix = redact("redis+unix:///run/redis.sock?user=tailrace&pass=s3cret&db=1");
+        assert!(!unix.contains("s3cret") && unix.contains("pass=***") && unix.contains("db=1"), "{unix}");
     }
 }

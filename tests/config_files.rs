@@ -40,3 +40,37 @@ fn a_partial_writer_section_keeps_the_adapters_defaults() {
     let err = Config::load(&path).unwrap_err().to_string();
     assert!(err.contains("max_file_bytez"), "{err}");
 }
+
+/// Dotted paths of the leaves of a TOML table (`edge.log_stream.poll_seconds`).
+fn leaf_keys(table: &toml::Table, prefix: &str, into: &mut std::collections::BTreeSet<String>) {
+    for (key, value) in table {
+        let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+        match value {
+            toml::Value::Table(inner) => leaf_keys(inner, &path, into),
+            _ => {
+                into.insert(path);
+            }
+        }
+    }
+}
+
+/// `defaults.toml` lists every setting the code reads, and only those: the
+/// keys of the built-in defaults, serialised, are exactly the file's
+/// (settings with no default value, such as the cookie, are documented
+/// there as comments).
+#[test]
+fn defaults_toml_lists_every_setting_and_only_settings() {
+    let text = std::fs::read_to_string("cluster-config/defaults.toml").unwrap();
+    let file: toml::Table = toml::from_str(&text).unwrap();
+    let code = toml::Table::try_from(Config::default()).unwrap();
+    let (mut in_file, mut in_code) = (Default::default(), Default::default());
+    leaf_keys(&file, "", &mut in_file);
+    leaf_keys(&code, "", &mut in_code);
+    let missing: Vec<_> = in_code.difference(&in_file).collect();
+    let unknown: Vec<_> = in_file.difference(&in_code).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "settings missing from defaults.toml: {missing:?}; keys in defaults.toml the code does not read: {unknown:?}"
+    );
+    assert!(in_code.len() > 50, "only {} settings found: the comparison saw nothing", in_code.len());
+}

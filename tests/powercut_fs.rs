@@ -15,13 +15,7 @@ fn mounted() -> Option<(tempfile::TempDir, PowerCutFs)> {
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
-    match PowerCutFs::mount(&mnt) {
-        Ok(fs) => Some((dir, fs)),
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
+    PowerCutFs::mount_or_skip(&mnt).map(|fs| (dir, fs))
 }
 
 fn sync_dir(dir: &Path) {

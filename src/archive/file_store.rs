@@ -156,7 +156,7 @@ impl Inner {
         // A prune may remove the pipeline's directory, emptied of its last
         // run, between the two levels create_dir_all makes: try again.
         let mut attempts = 0;
-        while let Err(e) = atomic_file::create_dir_all(dir, durability(self.fsync)) {
+        while let Err(e) = atomic_file::create_dir_all_under(&self.root, dir, durability(self.fsync)) {
             attempts += 1;
             if e.kind() != std::io::ErrorKind::NotFound || attempts == 3 {
                 return Err(io(format!("creating {}", dir.display()))(e));
@@ -468,8 +468,11 @@ impl Inner {
             std::fs::rename(&dir, &trash).map_err(io(format!("moving {} to {}", dir.display(), trash.display())))?;
             // The run is gone whole or there whole after a power cut, never
             // there with some of its files deleted.
+            // Both directories the rename changed are synced.
             if self.fsync {
-                atomic_file::sync_dir(&self.root).map_err(io(format!("syncing {}", self.root.display())))?;
+                for changed in [Some(self.root.as_path()), dir.parent()].into_iter().flatten() {
+                    atomic_file::sync_dir(changed).map_err(io(format!("syncing {}", changed.display())))?;
+                }
             }
         }
         self.empty_trash(&trash);

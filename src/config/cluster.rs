@@ -18,8 +18,8 @@ pub const COOKIE_ENV: &str = "TAILRACE_COOKIE";
 /// The shortest cluster cookie accepted.
 pub const MIN_COOKIE_LEN: usize = 32;
 
-/// `[cluster]`
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// `[cluster]` (its `Debug` never shows the cookie)
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterSection {
     /// Where this node accepts node-to-node connections (`ip:port`).
@@ -49,6 +49,22 @@ pub struct ClusterSection {
     /// its consumers' subscriptions from the store.
     #[serde(with = "humantime_serde")]
     pub purge_after: Duration,
+}
+
+impl std::fmt::Debug for ClusterSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterSection")
+            .field("listen", &self.listen)
+            .field("advertise", &self.advertise)
+            .field("cookie", &self.cookie.as_ref().map(|_| "***"))
+            .field("cookie_file", &self.cookie_file)
+            .field("tls", &self.tls)
+            .field("call_timeout", &self.call_timeout)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("max_inflight_calls", &self.max_inflight_calls)
+            .field("purge_after", &self.purge_after)
+            .finish()
+    }
 }
 
 impl Default for ClusterSection {

@@ -113,13 +113,20 @@ pub enum Scope {
 }
 
 /// One bearer token.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenEntry {
     /// The secret sent as `Authorization: Bearer <token>`.
     pub token: String,
     /// What it may do.
     pub scopes: Vec<Scope>,
+}
+
+/// Shows the scopes, never the secret.
+impl std::fmt::Debug for TokenEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenEntry").field("token", &"***").field("scopes", &self.scopes).finish()
+    }
 }
 
 /// `[edge.auth]`: with no token, the API is open and the edge refuses to

@@ -258,7 +258,7 @@ async fn serve_stream(
     let chunked = !request.http10;
     let (parts, _) = super::sse::response_head().into_parts();
     let framing = if chunked { "transfer-encoding: chunked\r\n" } else { "" };
-    if stream.write_all(head(&parts, framing).as_bytes()).await.is_err() {
+    if stream.write_all(head(&parts, framing).as_bytes()).await.is_err() || stream.flush().await.is_err() {
         return;
     }
     let (mut reader, mut writer) = tokio::io::split(stream);
@@ -295,14 +295,18 @@ async fn serve_stream(
 }
 
 async fn write_frame(writer: &mut (impl AsyncWrite + Unpin), frame: &Bytes, chunked: bool) -> std::io::Result<()> {
-    if !chunked {
-        return writer.write_all(frame).await;
+    if chunked {
+        let mut chunk = Vec::with_capacity(frame.len() + 12);
+        chunk.extend_from_slice(format!("{:x}\r\n", frame.len()).as_bytes());
+        chunk.extend_from_slice(frame);
+        chunk.extend_from_slice(b"\r\n");
+        writer.write_all(&chunk).await?;
+    } else {
+        writer.write_all(frame).await?;
     }
-    let mut chunk = Vec::with_capacity(frame.len() + 12);
-    chunk.extend_from_slice(format!("{:x}\r\n", frame.len()).as_bytes());
-    chunk.extend_from_slice(frame);
-    chunk.extend_from_slice(b"\r\n");
-    writer.write_all(&chunk).await
+    // A TLS session may hold written bytes until it is flushed (a plain
+    // socket flushes for free): the frame goes out now, not with the next.
+    writer.flush().await
 }
 
 /// Writes `response` (a refusal: small, fully buffered) and closes.

@@ -15,7 +15,7 @@
 //!
 //! Mounting needs `/dev/fuse` and the right to mount (root, or
 //! `fusermount3`); [`PowerCutFs::mount`] says why it cannot, and the tests
-//! then skip with that reason.
+//! then skip with that reason (or fail, with `TAILRACE_REQUIRE_FUSE=1`).
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -124,6 +124,22 @@ impl PowerCutFs {
         let mut fs = Self { shared, mountpoint: mountpoint.to_path_buf(), session: None };
         fs.start()?;
         Ok(fs)
+    }
+
+    /// Mounts on `mountpoint` for a test: `None` (the test skips, saying
+    /// why) where FUSE cannot be used, unless `TAILRACE_REQUIRE_FUSE=1`
+    /// (CI sets it) makes that a failure.
+    pub fn mount_or_skip(mountpoint: &Path) -> Option<Self> {
+        match Self::mount(mountpoint) {
+            Ok(fs) => Some(fs),
+            Err(why) if std::env::var("TAILRACE_REQUIRE_FUSE").is_ok_and(|v| v == "1") => {
+                panic!("TAILRACE_REQUIRE_FUSE=1, but {why}")
+            }
+            Err(why) => {
+                eprintln!("skipped: {why}");
+                None
+            }
+        }
     }
 
     fn start(&mut self) -> Result<(), String> {
@@ -251,7 +267,7 @@ impl State {
                     }
                     // The directory's entries were written back without the
                     // data of the files they name.
-                    Kind::Dir { entries, dirty: true } if rng.next() % 2 == 0 => {
+                    Kind::Dir { entries, dirty: true } if rng.next().is_multiple_of(2) => {
                         for child in entries.values() {
                             let empty = empty_like(self.live.get(child));
                             self.durable.entry(*child).or_insert(empty);
@@ -512,12 +528,11 @@ impl Filesystem for Volatile {
             if replaced.is_some() && flags.contains(RenameFlags::RENAME_NOREPLACE) {
                 return Err(Errno::EEXIST);
             }
-            if let Some(old) = replaced {
-                if let Kind::Dir { entries, .. } = &state.live[&old].kind
-                    && !entries.is_empty()
-                {
-                    return Err(Errno::ENOTEMPTY);
-                }
+            if let Some(old) = replaced
+                && let Kind::Dir { entries, .. } = &state.live[&old].kind
+                && !entries.is_empty()
+            {
+                return Err(Errno::ENOTEMPTY);
             }
             state.entries(parent.0)?.remove(name);
             state.entries(newparent.0)?.insert(newname.to_owned(), ino);

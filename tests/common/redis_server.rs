@@ -19,7 +19,7 @@ pub struct RedisServer {
     secure: Option<Secure>,
 }
 
-/// The ACL user the secure server has (the default user is off).
+/// The ACL user the secure server has (the default user is on, locked: no password logs in as it).
 pub const USER: &str = "tailrace";
 /// Its password.
 pub const PASSWORD: &str = "redis-acl-password-for-tests";
