@@ -27,14 +27,18 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
+mod index;
+mod prune;
+
 use super::file_names::{decode, folder, is_hashed};
-use super::retention::{Candidate, Planner};
+#[cfg(test)]
+use super::retention::Planner;
 use super::{Clock, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError};
 use crate::atomic_file::{self, Durability};
 use crate::stream::SequenceToken;
@@ -232,84 +236,6 @@ impl Inner {
         Ok(true)
     }
 
-    /// Appends `entries` (of the lines after `meta`'s) to the index. An
-    /// index shorter than `meta` says (a power cut lost its tail) is
-    /// rebuilt first, never padded; entries past it (a crashed append's)
-    /// are cut off.
-    fn append_index(&self, dir: &Path, meta: &Meta, entries: &[u8]) -> Result<(), StoreError> {
-        let idx_path = dir.join("log.idx");
-        let open = || {
-            OpenOptions::new()
-                .create(true)
-                .write(true)
-                .truncate(false)
-                .open(&idx_path)
-                .map_err(io(format!("opening {}", idx_path.display())))
-        };
-        let mut idx = open()?;
-        let kept = meta.info.lines.div_ceil(INDEX_EVERY) * 8;
-        let len = idx.metadata().map_err(io(format!("reading {}", idx_path.display())))?.len();
-        if len < kept {
-            drop(idx);
-            self.rebuild_index(dir, meta)?;
-            idx = open()?;
-        }
-        idx.set_len(kept).map_err(io(format!("truncating {}", idx_path.display())))?;
-        idx.seek(SeekFrom::End(0))
-            .and_then(|_| idx.write_all(entries))
-            .map_err(io(format!("appending to {}", idx_path.display())))?;
-        if self.fsync {
-            idx.sync_data().map_err(io(format!("syncing {}", idx_path.display())))?;
-        }
-        Ok(())
-    }
-
-    /// The byte offset of line `entry * INDEX_EVERY`, rebuilding the index
-    /// when it is short or the entry does not start a line of `log` (a
-    /// crash or a power cut before the index was written or synced).
-    fn index_entry(&self, run: &RunKey, dir: &Path, meta: &Meta, log: &File, entry: u64) -> Result<u64, StoreError> {
-        let idx_path = dir.join("log.idx");
-        let needed = meta.info.lines.div_ceil(INDEX_EVERY);
-        let bytes = std::fs::read(&idx_path).unwrap_or_default();
-        let at = (entry * 8) as usize;
-        let offset = (bytes.len() as u64 >= needed * 8)
-            .then(|| bytes.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes))
-            .flatten()
-            .filter(|&offset| starts_line(log, entry, offset, meta.info.bytes));
-        if let Some(offset) = offset {
-            return Ok(offset);
-        }
-        let _guard = self.lock(run);
-        let bytes = self.rebuild_index(dir, meta)?;
-        let raw: [u8; 8] = bytes
-            .get(at..at + 8)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| StoreError::Corrupt(idx_path.display().to_string()))?;
-        Ok(u64::from_le_bytes(raw))
-    }
-
-    fn rebuild_index(&self, dir: &Path, meta: &Meta) -> Result<Vec<u8>, StoreError> {
-        let log_path = dir.join("log.txt");
-        let file = File::open(&log_path).map_err(io(format!("opening {}", log_path.display())))?;
-        let mut reader = BufReader::new(file.take(meta.info.bytes));
-        let (mut index, mut offset, mut line, mut buf) = (Vec::new(), 0u64, 0u64, Vec::new());
-        while line < meta.info.lines {
-            if line.is_multiple_of(INDEX_EVERY) {
-                index.extend_from_slice(&offset.to_le_bytes());
-            }
-            buf.clear();
-            let n = reader.read_until(b'\n', &mut buf).map_err(io(format!("reading {}", log_path.display())))?;
-            if n == 0 {
-                return Err(StoreError::Corrupt(format!("{} is shorter than its meta", log_path.display())));
-            }
-            offset += n as u64;
-            line += 1;
-        }
-        let idx_path = dir.join("log.idx");
-        std::fs::write(&idx_path, &index).map_err(io(format!("writing {}", idx_path.display())))?;
-        Ok(index)
-    }
-
     fn read(&self, run: &RunKey, from: u64, max_lines: usize, max_bytes: usize) -> Result<Vec<String>, StoreError> {
         let dir = self.dir(run);
         let Some(meta) = self.run_meta(run, &dir)? else { return Ok(Vec::new()) };
@@ -408,101 +334,6 @@ impl Inner {
         }
         Ok(None)
     }
-
-    /// Lists every run once (its meta only), then removes what the policy
-    /// chose.
-    fn prune(&self, policy: &RetentionPolicy, now_ms: u64) -> Result<PruneReport, StoreError> {
-        let mut planner = Planner::new(policy, now_ms);
-        let entries = std::fs::read_dir(&self.root).map_err(io(format!("listing {}", self.root.display())))?;
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if name.starts_with(TRASH) {
-                self.empty_trash(&entry.path());
-                continue;
-            }
-            if name.starts_with('.') {
-                continue;
-            }
-            let runs = match std::fs::read_dir(entry.path()) {
-                Ok(runs) => runs,
-                Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(io(format!("listing {}", entry.path().display()))(e)),
-            };
-            for run in runs.flatten() {
-                match self.read_meta(&run.path()) {
-                    // Only a run in the folder its names make (the meta
-                    // holds them whole; a folder name may be hashed).
-                    Ok(Some(meta)) => match RunKey::new(&meta.fqn, &meta.run) {
-                        Ok(key) if self.dir(&key) == run.path() => planner.offer(&key, &meta.info),
-                        _ => {}
-                    },
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(path = %run.path().display(), error = %e, "retention skips a run it cannot read")
-                    }
-                }
-            }
-        }
-        let (chosen, mut report) = planner.finish();
-        for candidate in chosen {
-            let removed = self.remove_if_unchanged(&candidate);
-            report.record(&candidate, removed);
-        }
-        Ok(report)
-    }
-
-    /// Under the run's lock: if its meta is still the candidate's, moves
-    /// the run's directory to the trash (one rename), then deletes it.
-    fn remove_if_unchanged(&self, candidate: &Candidate) -> Result<bool, StoreError> {
-        let dir = self.dir(&candidate.run);
-        let seq = self.trash_seq.fetch_add(1, Ordering::Relaxed);
-        let trash = self.root.join(format!("{TRASH}{}-{seq}", (self.clock)()));
-        {
-            let _guard = self.lock(&candidate.run);
-            match self.run_meta(&candidate.run, &dir)? {
-                Some(meta) if meta.info == candidate.info => {}
-                _ => return Ok(false),
-            }
-            std::fs::rename(&dir, &trash).map_err(io(format!("moving {} to {}", dir.display(), trash.display())))?;
-            // The run is gone whole or there whole after a power cut, never
-            // there with some of its files deleted.
-            // Both directories the rename changed are synced.
-            if self.fsync {
-                for changed in [Some(self.root.as_path()), dir.parent()].into_iter().flatten() {
-                    atomic_file::sync_dir(changed).map_err(io(format!("syncing {}", changed.display())))?;
-                }
-            }
-        }
-        self.empty_trash(&trash);
-        if let Some(pipeline) = dir.parent() {
-            // Fails, as it should, while the pipeline has runs left.
-            let _ = std::fs::remove_dir(pipeline);
-        }
-        Ok(true)
-    }
-
-    /// Deletes a removed run's directory; what fails stays for the next prune.
-    fn empty_trash(&self, trash: &Path) {
-        if let Err(e) = std::fs::remove_dir_all(trash)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(path = %trash.display(), error = %e, "retention could not delete a removed run yet");
-        }
-    }
-}
-
-/// Whether `offset`, the index's entry `entry`, can start a line of `log`
-/// (whose first `len` bytes are the run's): the first entry is 0, any
-/// other follows a newline. Zeros or garbage from a lost write are not.
-fn starts_line(log: &File, entry: u64, offset: u64, len: u64) -> bool {
-    use std::os::unix::fs::FileExt;
-    if entry == 0 || offset == 0 {
-        return entry == 0 && offset == 0;
-    }
-    let mut byte = [0u8];
-    offset < len && log.read_exact_at(&mut byte, offset - 1).is_ok() && byte[0] == b'\n'
 }
 
 #[async_trait]
