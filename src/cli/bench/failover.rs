@@ -26,6 +26,9 @@
 //!
 //! It exits non-zero if `lost > 0`, or `duplicates > 0` with `--graceful`.
 
+mod node;
+
+use node::NodeProc;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -102,120 +105,6 @@ pub async fn run(quick: bool, graceful: bool) -> anyhow::Result<()> {
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// One `tailrace node` process.
-struct NodeProc {
-    name: String,
-    port: u16,
-    child: Child,
-    audit: PathBuf,
-    alive: bool,
-}
-
-impl NodeProc {
-    async fn spawn(dir: &Path, name: &str, redis_url: &str, cookie: &str) -> anyhow::Result<Self> {
-        let port = free_port()?;
-        let cluster_port = free_port()?;
-        let audit = dir.join(format!("audit-{name}.jsonl"));
-        let config = format!(
-            r#"[node]
-name = "{name}"
-[queues]
-adapter = "redis"
-count = {QUEUES}
-[adapters.redis]
-url = "{redis_url}"
-[archive]
-store = "redis"
-redis_url = "{redis_url}"
-[lease]
-ttl = "8s"
-renew = "2s"
-acquire = "1s"
-# The bench's Redis is private, has no persistence and is never restarted.
-allow_volatile_redis = true
-[cluster]
-listen = "127.0.0.1:{cluster_port}"
-[edge]
-listen = "127.0.0.1:{port}"
-[diagnostics]
-audit_namespace = "{NAMESPACE}"
-audit_path = "{}"
-"#,
-            audit.display()
-        );
-        let path = dir.join(format!("{name}.toml"));
-        std::fs::write(&path, config).with_context(|| format!("writing {}", path.display()))?;
-        let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
-        let exe = std::env::current_exe().context("finding this executable")?;
-        let mut child = Command::new(exe)
-            .arg("node")
-            .arg("--config")
-            .arg(&path)
-            .env("RUST_LOG", "warn")
-            .env(tailrace::config::COOKIE_ENV, cookie)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting a node process")?;
-        let stdout = child.stdout.take().context("the node's stdout")?;
-        let (ready, serving) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(stdout).lines();
-            let mut ready = Some(ready);
-            while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("viewer:")
-                    && let Some(ready) = ready.take()
-                {
-                    let _ = ready.send(());
-                }
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(60), serving)
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .with_context(|| format!("node {name} did not start serving (see {name}.log)"))?;
-        Ok(Self { name: name.to_string(), port, child, audit, alive: true })
-    }
-
-    /// Queue → holder, from this node's admin API; `None` if unreachable.
-    async fn holders(&self, http: &reqwest::Client) -> Option<BTreeMap<u32, Option<String>>> {
-        let url = format!("http://127.0.0.1:{}/api/v1/admin/cluster", self.port);
-        let body: serde_json::Value = http.get(url).send().await.ok()?.error_for_status().ok()?.json().await.ok()?;
-        let mut held = BTreeMap::new();
-        for queue in body["queues"].as_array()? {
-            held.insert(queue["queue"].as_u64()? as u32, queue["holder"].as_str().map(str::to_string));
-        }
-        Some(held)
-    }
-
-    fn signal(&self, signal: &str) -> anyhow::Result<()> {
-        let pid = self.child.id().context("the node already exited")?;
-        let status = std::process::Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status()?;
-        anyhow::ensure!(status.success(), "kill -{signal} {pid} failed");
-        Ok(())
-    }
-
-    /// SIGTERM, then waits for the exit (SIGKILL after `within`).
-    async fn stop(&mut self, within: Duration) -> bool {
-        if !self.alive {
-            return true;
-        }
-        self.alive = false;
-        if self.signal("TERM").is_err() {
-            return false;
-        }
-        match tokio::time::timeout(within, self.child.wait()).await {
-            Ok(Ok(status)) => status.success(),
-            _ => {
-                let _ = self.child.kill().await;
-                false
-            }
-        }
-    }
 }
 
 /// What the audit logs said so far.
