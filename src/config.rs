@@ -1,6 +1,6 @@
 //! The TOML configuration of a node. Every setting is optional and has the
 //! documented default; unknown keys are errors (a typo never passes
-//! silently). `docs/operations.md` lists every section.
+//! silently). `docs/configuration.md` describes every key.
 
 mod cluster;
 mod diagnostics;

@@ -6,8 +6,9 @@
 //!   certificate must chain to `tls_ca_file` (or, without it, to the
 //!   system's roots); `tls_cert_file` and `tls_key_file` give a client
 //!   certificate for mutual TLS.
-//! - The ACL user and password come from, in order: [`PASSWORD_ENV`], then
-//!   `password_file`, then `password`, then the URL's `user:password@`.
+//! - The ACL user is `username` or the URL's; the password is
+//!   [`PASSWORD_ENV`] when set, else `password_file` or `password` (not
+//!   both: that is an error), else the URL's `user:password@`.
 //! - Before the reconnecting connection is made, one connection is tried:
 //!   a refused password or a certificate that does not chain fails at once
 //!   with a message naming the setting; an unreachable server is left to

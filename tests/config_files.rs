@@ -74,3 +74,16 @@ fn defaults_toml_lists_every_setting_and_only_settings() {
     );
     assert!(in_code.len() > 50, "only {} settings found: the comparison saw nothing", in_code.len());
 }
+
+/// `docs/configuration.md` describes every setting: each key of the
+/// built-in defaults appears there as its full dotted path in backticks.
+#[test]
+fn the_configuration_reference_names_every_setting() {
+    let reference = std::fs::read_to_string("docs/configuration.md").unwrap();
+    let code = toml::Table::try_from(Config::default()).unwrap();
+    let mut keys = Default::default();
+    leaf_keys(&code, "", &mut keys);
+    let missing: Vec<_> = keys.iter().filter(|key| !reference.contains(&format!("`{key}`"))).collect();
+    assert!(missing.is_empty(), "docs/configuration.md does not describe: {missing:?}");
+    assert!(keys.len() > 50, "only {} settings found: the comparison saw nothing", keys.len());
+}

@@ -55,7 +55,7 @@ pub fn check_listen(addr: SocketAddr, options: &AuthOptions) -> Result<(), Strin
              add tokens or listen on 127.0.0.1"
         ));
     }
-    if options.tokens.iter().any(|t| t.token.trim().len() < 16 || t.token.trim() != t.token) {
+    if options.tokens.iter().any(|t| t.token.trim().chars().count() < 16 || t.token.trim() != t.token) {
         return Err("every [edge.auth] token must be at least 16 characters, without spaces around it".into());
     }
     if options.tokens.iter().any(|t| t.scopes.is_empty()) {
