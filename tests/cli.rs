@@ -98,7 +98,7 @@ fn an_unknown_bench_scenario_is_a_clear_error() {
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr)
-            .contains("unknown bench scenario `nope` (known: pipeline, file, redis, sse, transport, failover)")
+            .contains("unknown bench scenario `nope` (known: pipeline, file, redis, sse, transport, failover, scale)")
     );
 }
 

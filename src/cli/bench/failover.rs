@@ -26,29 +26,25 @@
 //!
 //! It exits non-zero if `lost > 0`, or `duplicates > 0` with `--graceful`.
 
-mod node;
-
-use node::NodeProc;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+
+use super::cluster::{NAMESPACE, NodeProc, private_redis};
 use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
 use tailrace::archive::AuditLine;
 use tailrace::queue::{QueueAdapterFactory, QueueMapper};
 use tailrace::stream::{Event, EventId, StreamId};
-use tokio::io::AsyncBufReadExt;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio_util::sync::CancellationToken;
 
 const QUEUES: u32 = 12;
 const NODES: usize = 3;
 const STREAMS: usize = 48;
-const NAMESPACE: &str = "audit";
 /// The defaults of `[lease]`.
 const LEASE_TTL: Duration = Duration::from_secs(8);
 
@@ -101,10 +97,6 @@ pub async fn run(quick: bool, graceful: bool) -> anyhow::Result<()> {
             Err(error.context(format!("node logs kept in {}", kept.display())))
         }
     }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// What the audit logs said so far.
@@ -184,29 +176,7 @@ struct Bench {
 
 impl Bench {
     async fn start(dir: &Path, shape: &Shape) -> anyhow::Result<Self> {
-        let port = free_port()?;
-        let redis = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(["--daemonize", "no", "--dir"])
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn();
-        let redis = match redis {
-            Ok(redis) => redis,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => bail!(
-                "`bench failover` starts its own Redis, and `redis-server` is not installed (not on PATH); \
-                 install it (e.g. apt-get install redis-server) and run again"
-            ),
-            Err(error) => return Err(error).context("starting redis-server"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-            anyhow::ensure!(Instant::now() < deadline, "redis-server did not start on port {port}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let redis_url = format!("redis://127.0.0.1:{port}");
+        let (redis, redis_url) = private_redis(dir, "failover").await?;
         println!(
             "failover: {NODES} node processes, {QUEUES} queues, leases {}s/2s/1s, {} events/s over {STREAMS} streams, \
              redis on {redis_url}, logs in {}",
@@ -217,7 +187,7 @@ impl Bench {
         let cookie = format!("{:032x}{:032x}", rand::random::<u128>(), rand::random::<u128>());
         let mut bench = Self { redis, redis_url, cookie, nodes: Vec::new(), http: reqwest::Client::new() };
         for i in 1..=NODES {
-            let node = NodeProc::spawn(dir, &format!("n{i}"), &bench.redis_url, &bench.cookie).await?;
+            let node = NodeProc::spawn(dir, &format!("n{i}"), &bench.redis_url, &bench.cookie, QUEUES).await?;
             bench.nodes.push(node);
         }
         Ok(bench)

@@ -2,12 +2,15 @@
 //! tailrace and a baseline of the same shape in one process and ends with
 //! `RESULT scenario=<name> tailrace_eps=… baseline_eps=… ratio=…`;
 //! `failover` runs a cluster of node processes, kills one and ends with
-//! `RESULT scenario=failover … reown_ms=… lost=… duplicates=…`.
+//! `RESULT scenario=failover … reown_ms=… lost=… duplicates=…`; `scale`
+//! runs one idle and measures what it costs Redis and the nodes.
 
+mod cluster;
 mod failover;
 mod file;
 mod pipeline;
 mod redis;
+mod scale;
 mod sse;
 pub mod sse_client;
 mod transport;
@@ -30,8 +33,11 @@ pub async fn run(scenario: &str, quick: bool, graceful: bool, redis_url: &str) -
         "redis" => redis::run(quick, redis_url).await,
         "sse" => sse::run(quick).await,
         "transport" => transport::run(quick).await,
+        "scale" => scale::run(quick).await,
         other => {
-            anyhow::bail!("unknown bench scenario `{other}` (known: pipeline, file, redis, sse, transport, failover)")
+            anyhow::bail!(
+                "unknown bench scenario `{other}` (known: pipeline, file, redis, sse, transport, failover, scale)"
+            )
         }
     }
 }

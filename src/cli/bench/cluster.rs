@@ -1,7 +1,50 @@
-//! One `tailrace node` process of the failover bench: its config, start,
-//! signals, and the lines it prints.
+//! What the cluster benches (`failover`, `scale`) share: a private
+//! `redis-server` and `tailrace node` processes (this executable) on it,
+//! with their config, start, signals and admin view.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+
+/// The audited namespace of the nodes' audit logs.
+pub(super) const NAMESPACE: &str = "audit";
+
+pub(super) fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Starts a `redis-server` on a free loopback port with no persistence,
+/// in `dir`; its URL once it answers. `bench` names the caller in errors.
+pub(super) async fn private_redis(dir: &Path, bench: &str) -> anyhow::Result<(Child, String)> {
+    let port = free_port()?;
+    let redis = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--daemonize", "no", "--maxclients", "20000", "--dir"])
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn();
+    let redis = match redis {
+        Ok(redis) => redis,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => bail!(
+            "`bench {bench}` starts its own Redis, and `redis-server` is not installed (not on PATH); \
+             install it (e.g. apt-get install redis-server) and run again"
+        ),
+        Err(error) => return Err(error).context("starting redis-server"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "redis-server did not start on port {port}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok((redis, format!("redis://127.0.0.1:{port}")))
+}
 
 /// One `tailrace node` process.
 pub(super) struct NodeProc {
@@ -13,7 +56,15 @@ pub(super) struct NodeProc {
 }
 
 impl NodeProc {
-    pub(super) async fn spawn(dir: &Path, name: &str, redis_url: &str, cookie: &str) -> anyhow::Result<Self> {
+    /// Starts node `name` with `queues` queues on `redis_url`, and waits
+    /// until it serves.
+    pub(super) async fn spawn(
+        dir: &Path,
+        name: &str,
+        redis_url: &str,
+        cookie: &str,
+        queues: u32,
+    ) -> anyhow::Result<Self> {
         let port = free_port()?;
         let cluster_port = free_port()?;
         let audit = dir.join(format!("audit-{name}.jsonl"));
@@ -22,7 +73,7 @@ impl NodeProc {
 name = "{name}"
 [queues]
 adapter = "redis"
-count = {QUEUES}
+count = {queues}
 [adapters.redis]
 url = "{redis_url}"
 [archive]
