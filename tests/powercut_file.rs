@@ -113,7 +113,7 @@ fn under_group_fsync_a_power_cut_loses_only_a_tail() {
 }
 
 fn loses_only_a_tail(policy: &str) {
-    use common::life::{Client, Model, Outcome, line, produce_maybe};
+    use common::life::{Client, Model, Outcome, kill_while_producing, line};
     use std::time::{Duration, Instant};
 
     let dir = tempfile::tempdir().unwrap();
@@ -132,16 +132,8 @@ fn loses_only_a_tail(policy: &str) {
         // timed from here.
         let first = model.runs.get(&0).map_or(0, Vec::len);
         let started = Instant::now();
-        let mut cut_at = started;
-        runtime.block_on(async {
-            let producing = produce_maybe(&client, &mut model, 0, 200, 20);
-            let killing = async {
-                tokio::time::sleep(Duration::from_millis(200 + 100 * round)).await;
-                tokio::task::block_in_place(|| node.kill9());
-                cut_at = Instant::now();
-            };
-            tokio::join!(producing, killing);
-        });
+        runtime.block_on(kill_while_producing(&client, &mut model, &mut node, 0, 200, 20, 200 + 100 * round));
+        let cut_at = Instant::now();
         power.cut(Cut::Clean).unwrap();
         node.start();
         // A marker batch after the restart: once it is in the log, every

@@ -376,6 +376,13 @@ async fn status_lookups_are_sparing_and_failures_count_as_running() {
     let server = LogServer::start(settings).await;
     let mut sse = server.open_after_lines("svc.etl", "r-1", &["x"]).await;
     sse.event().await.unwrap();
+    // The tailer's first lookup (its start, retried on failure) is done
+    // before lookups fail: only its probes are counted.
+    let opened = server.store.infos.load(Ordering::SeqCst);
+    assert!(
+        common::eventually(Duration::from_secs(10), || server.store.infos.load(Ordering::SeqCst) > opened).await,
+        "the tailer never looked its run up"
+    );
     server.store.fail_info.store(1_000, Ordering::SeqCst);
     let before = server.store.infos.load(Ordering::SeqCst);
     assert!(sse.quiet_for(Duration::from_millis(1_600)).await, "failed lookups count as running");

@@ -386,6 +386,25 @@ pub enum Op {
     PowerCutWhileProducing { run: u32, batches: u32, lines: u32, after_ms: u64, torn: Option<u64> },
 }
 
+/// Posts `batches` batches of `lines` lines to `run` (as
+/// [`produce_maybe`]) while `node` is killed (`kill -9`) after `after_ms`.
+pub async fn kill_while_producing(
+    client: &Client,
+    model: &mut Model,
+    node: &mut ServeNode,
+    run: u32,
+    batches: u32,
+    lines: u32,
+    after_ms: u64,
+) {
+    let producing = produce_maybe(client, model, run, batches, lines);
+    let killing = async {
+        tokio::time::sleep(Duration::from_millis(after_ms)).await;
+        tokio::task::block_in_place(|| node.kill9());
+    };
+    tokio::join!(producing, killing);
+}
+
 /// Producers go on after the node came back: one batch to every run, so
 /// appends meet what the cut left before anything reads it.
 async fn post_to_every_run(client: &Client, model: &mut Model) -> Result<(), String> {
@@ -497,14 +516,7 @@ pub fn run_life_on(
                 .block_on(produce(&client, &mut model, run, batches, lines))
                 .map_err(|e| format!("step {step}: {e}\nnode log:\n{}", node.log_tail()))?,
             Op::KillWhileProducing { run, batches, lines, after_ms } => {
-                runtime.block_on(async {
-                    let producing = produce_maybe(&client, &mut model, run, batches, lines);
-                    let killing = async {
-                        tokio::time::sleep(Duration::from_millis(after_ms)).await;
-                        tokio::task::block_in_place(|| node.kill9());
-                    };
-                    tokio::join!(producing, killing);
-                });
+                runtime.block_on(kill_while_producing(&client, &mut model, node, run, batches, lines, after_ms));
                 node.start();
                 check(node, &model, &format!("step {step}: after a kill -9 while producing"))?;
             }
@@ -539,14 +551,7 @@ pub fn run_life_on(
                 check(node, &model, &format!("step {step}: after a power cut ({torn:?}) and a restart"))?;
             }
             Op::PowerCutWhileProducing { run, batches, lines, after_ms, torn } => {
-                runtime.block_on(async {
-                    let producing = produce_maybe(&client, &mut model, run, batches, lines);
-                    let killing = async {
-                        tokio::time::sleep(Duration::from_millis(after_ms)).await;
-                        tokio::task::block_in_place(|| node.kill9());
-                    };
-                    tokio::join!(producing, killing);
-                });
+                runtime.block_on(kill_while_producing(&client, &mut model, node, run, batches, lines, after_ms));
                 cut(&mut power, torn).map_err(|e| format!("step {step}: {e}"))?;
                 node.start();
                 runtime.block_on(post_to_every_run(&client, &mut model)).map_err(|e| format!("step {step}: {e}"))?;
