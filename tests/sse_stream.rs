@@ -261,7 +261,11 @@ async fn a_status_never_overtakes_the_lines_before_it() {
     config.agent.min_poll_period = Duration::from_secs(1);
     config.agent.delivery_attempt_timeout = Duration::from_secs(30);
     config.agent.max_delivery_time = Duration::from_secs(60);
-    let options = tailrace::edge::EdgeOptions { log_stream: quick_settings(), ..Default::default() };
+    // Until the status is stored the run has none; the queue, read once a
+    // second, must not look quiet for the unknown-run grace meanwhile (it
+    // did, under load, at 1 s): this test is about a known finish.
+    let log_stream = LogStreamSettings { unknown_run_grace_seconds: 30.0, ..quick_settings() };
+    let options = tailrace::edge::EdgeOptions { log_stream, ..Default::default() };
     let memory = tailrace::adapters::memory::MemoryOptions { read_wait: Duration::ZERO, ..Default::default() };
     let server = LogServer::start_on(options, config, memory).await;
     let mut sse = server.open_after_lines("svc.etl", "r-1", &["line 0"]).await;
@@ -276,7 +280,7 @@ async fn a_status_never_overtakes_the_lines_before_it() {
     let rest = sse.rest().await;
     let (lines, last) = rest.split_at(rest.len() - 1);
     let expected: Vec<String> = (1..=10).map(|i| format!("line {i}")).collect();
-    assert_eq!(text(lines), expected.join("\n"), "every line, in order, before the end");
+    assert_eq!(text(lines), expected.join("\n"), "every line, in order, before the end: {rest:?}");
     assert_eq!(
         last[0],
         serde_json::json!({"eventType": "complete", "runId": "r-1", "after": "11", "reason": "runFinished"})
