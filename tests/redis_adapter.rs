@@ -176,14 +176,7 @@ async fn a_redis_restart_mid_run_loses_nothing() {
         if i == 150 {
             server.restart();
         }
-        // The producer's retry loop: transient errors are retried.
-        loop {
-            match adapter.enqueue(&s, events("e", i..i + 1)).await {
-                Ok(_) => break,
-                Err(error) if error.is_transient() => tokio::time::sleep(Duration::from_millis(50)).await,
-                Err(error) => panic!("{error}"),
-            }
-        }
+        enqueue_retrying(adapter.as_ref(), &s, events("e", i..i + 1), Duration::from_secs(60)).await;
         acked.insert(format!("e{i}"));
     }
     let delivered = || recorder.ids(&s).into_iter().collect::<BTreeSet<_>>();

@@ -190,7 +190,6 @@ async fn a_tls_redis_restart_mid_run_loses_nothing() {
     use common::*;
     use std::collections::BTreeSet;
     use std::time::Duration;
-    use tailrace::queue::QueueAdapter;
     let mut server = RedisServer::start_secure("no");
     let f =
         Arc::new(RedisAdapterFactory::connect(2, redis_server::secure_adapter_options(&server), "n1").await.unwrap());
@@ -205,13 +204,7 @@ async fn a_tls_redis_restart_mid_run_loses_nothing() {
         if i == 100 {
             server.restart();
         }
-        loop {
-            match adapter.enqueue(&s, events("e", i..i + 1)).await {
-                Ok(_) => break,
-                Err(error) if error.is_transient() => tokio::time::sleep(Duration::from_millis(50)).await,
-                Err(error) => panic!("{error}"),
-            }
-        }
+        enqueue_retrying(adapter.as_ref(), &s, events("e", i..i + 1), Duration::from_secs(60)).await;
         acked.insert(format!("e{i}"));
     }
     let delivered = || recorder.ids(&s).into_iter().collect::<BTreeSet<_>>();

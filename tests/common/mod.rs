@@ -114,6 +114,27 @@ impl ConsumerFactory for RecordingFactory {
 }
 
 /// `n` events with ids `{prefix}{i}` for `i` in `range`.
+/// Enqueues `events` as a producer does through an outage: a transient
+/// error is retried every 50 ms for at most `within`; any other error, or
+/// an outage longer than that, fails the test.
+pub async fn enqueue_retrying<A: tailrace::queue::QueueAdapter + ?Sized>(
+    adapter: &A,
+    stream: &StreamId,
+    events: Vec<Event>,
+    within: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match adapter.enqueue(stream, events.clone()).await {
+            Ok(_) => return,
+            Err(error) if error.is_transient() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(error) => panic!("{error}"),
+        }
+    }
+}
+
 pub fn events(prefix: &str, range: std::ops::Range<u64>) -> Vec<Event> {
     range.map(|i| Event::new(EventId::new(format!("{prefix}{i}")), format!("payload {i}"))).collect()
 }
