@@ -25,9 +25,7 @@ fn tailrace() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tailrace"))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use common::free_port;
 
 /// A config with `[edge.tls]` naming `cert` and `key`.
 fn tls_config(dir: &Path, cert: &Path, key: &Path) -> PathBuf {

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -35,9 +34,7 @@ fn find_binary(name: &str, fallbacks: &[&str]) -> Option<PathBuf> {
     on_path.chain(fallbacks.iter().map(PathBuf::from)).find(|p| p.is_file())
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use common::free_port;
 
 /// A chromedriver process in its own process group; dropping it kills the
 /// group, so the browser it started goes too, even when the test fails.

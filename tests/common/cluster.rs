@@ -16,9 +16,7 @@ pub const QUEUES: u32 = 6;
 pub const START_WITHIN: Duration = Duration::from_secs(60);
 pub const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+pub use super::free_port;
 
 /// How a node listens for the others and proves it belongs.
 pub struct Link {

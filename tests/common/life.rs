@@ -16,9 +16,7 @@ const STOP_WITHIN: Duration = Duration::from_secs(60);
 /// How long acknowledged lines may take to reach the run log.
 pub const DRAIN_WITHIN: Duration = Duration::from_secs(90);
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use super::free_port;
 
 /// One `tailrace serve` on one data directory, over its lives.
 pub struct ServeNode {

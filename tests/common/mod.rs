@@ -314,3 +314,17 @@ pub fn http() -> reqwest::ClientBuilder {
 pub fn http_client() -> reqwest::Client {
     http().build().unwrap()
 }
+
+/// A free loopback port, never the same twice in one test binary: the
+/// tests of a binary run at once, and the kernel may hand a port that was
+/// just released to the next `bind(0)`. Two servers on one port would
+/// have the second fail to bind while its test talks to the first.
+pub fn free_port() -> u16 {
+    static HANDED_OUT: Mutex<std::collections::BTreeSet<u16>> = Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if HANDED_OUT.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
+}

@@ -37,9 +37,7 @@ impl Secure {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use super::free_port;
 
 impl RedisServer {
     pub fn start() -> Self {
@@ -121,7 +119,14 @@ impl RedisServer {
             });
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        // Until our own server answers: one that exits (its port taken)
+        // must not leave the test talking to whoever holds the port.
+        loop {
+            let exited = self.child.as_mut().and_then(|child| child.try_wait().ok().flatten());
+            assert!(exited.is_none(), "redis-server exited ({exited:?}) on port {}: is the port taken?", self.port);
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                break;
+            }
             assert!(Instant::now() < deadline, "redis-server did not start on port {}", self.port);
             std::thread::sleep(Duration::from_millis(20));
         }
