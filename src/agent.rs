@@ -61,7 +61,7 @@ use crate::stream::{BatchContainer, StreamId};
 use calls::RetryLimits;
 use delivery::{Delivered, Dispatch, Settled};
 use messages::{InternalMsg, Outbox};
-use pump::{Io, Pump, PumpError, PumpOutcome, Pumped, Tick};
+use pump::{AfterRead, Io, Pump, PumpError, PumpOutcome, Pumped, Tick};
 use shutdown::Shutdown;
 use status::AgentMetrics;
 use streams::{Next, Streams};
@@ -102,6 +102,8 @@ pub struct Agent {
     stop_retries: Arc<CancellationToken>,
     /// The node's kill switch (see [`AgentServices::kill`]).
     kill: Arc<CancellationToken>,
+    /// Cancels the wait on the receiver's wake when the agent's state goes.
+    asleep: tokio_util::sync::DropGuard,
     status: AgentStatus,
     metrics: AgentMetrics,
     /// The lifecycle span (`pulling_agent{node, queue}`): every message,
@@ -139,6 +141,10 @@ impl Actor for PullingAgent {
             }
             AgentMsg::Internal(Internal(msg)) => agent.on_internal(msg)?,
         }
+        // A sleeping agent still acks what its subscriptions finished.
+        if agent.pump.asleep() && !agent.pump.in_flight() && agent.cache.purgeable() {
+            agent.schedule_pump(Duration::ZERO);
+        }
         drop(entered);
         if agent.shutdown.is_some() {
             // Boxed: its large future is built only while shutting down, not
@@ -156,6 +162,10 @@ impl Agent {
         match msg {
             // Lend the receiver to a pump: ack, checkpoint, rewind, read.
             InternalMsg::Pump => self.pump(),
+            InternalMsg::Woken => {
+                self.pump.woken();
+                self.schedule_pump(Duration::ZERO);
+            }
             // The pump is back: cache what it read, schedule the next.
             InternalMsg::PumpDone(outcome) => self.on_pumped(*outcome)?,
             // A new stream's subscriptions: each starts its handshake.
@@ -230,6 +240,7 @@ impl Agent {
             shutdown: None,
             stop_retries: Arc::new(CancellationToken::new()),
             kill,
+            asleep: CancellationToken::new().drop_guard(),
             status: AgentStatus { queue: Some(queue), ..AgentStatus::default() },
             metrics: AgentMetrics::new(queue),
             span: span.clone(),
@@ -328,13 +339,30 @@ impl Agent {
                 let next = self.streams.read_completed(&mut self.cache, self.services.adapter.is_rewindable());
                 self.run(next);
                 let rewinds_waiting = self.streams.rewinds_waiting();
-                let delay = self.pump.after_read(got, rewinds_waiting, &self.services.options);
-                self.schedule_pump(delay);
+                match self.pump.after_read(got, rewinds_waiting, &self.services.options) {
+                    AfterRead::Pump(delay) => self.schedule_pump(delay),
+                    AfterRead::Wait(wake) => self.sleep(Some(wake)),
+                    AfterRead::Asleep => self.sleep(None),
+                }
             }
         }
         self.metrics.cached.set(self.cache.len() as f64);
         self.metrics.pressure.set(if self.cache.is_under_pressure() { 1.0 } else { 0.0 });
         Ok(())
+    }
+
+    /// Nothing to read: wait for the receiver's wake, pumping only to write
+    /// a throttled checkpoint and to forget idle streams in time.
+    fn sleep(&mut self, wake: Option<crate::queue::Wake>) {
+        if let Some(wake) = wake {
+            let cancel = self.asleep.token().clone();
+            self.outbox.send_self_on(&self.services.tasks, wake, cancel, InternalMsg::Woken);
+        }
+        if self.pump.checkpoint_unwritten() {
+            self.schedule_pump(self.services.checkpoint.persist_interval);
+        } else if self.streams.len() > 0 {
+            self.schedule_pump(self.services.options.stream_inactivity);
+        }
     }
 
     /// A read's containers: cached; cursors that were waiting deliver; new

@@ -219,6 +219,12 @@ impl QueueCache {
         Ok(outcome)
     }
 
+    /// Whether [`QueueCache::purge`] would release anything now.
+    pub fn purgeable(&self) -> bool {
+        let limit = self.pinned.keys().next().copied().unwrap_or(u64::MAX);
+        self.buckets.front().is_some_and(|bucket| bucket.start + bucket.len <= limit)
+    }
+
     /// Drains every bucket from the oldest end that no cursor or pin points
     /// into.
     pub fn purge(&mut self) -> Purged {

@@ -9,7 +9,8 @@
 //!   and the per-queue cache from configuration;
 //! - [`QueueAdapter`] writes (`enqueue`) and hands out receivers;
 //! - [`QueueReceiver`] reads one queue for its pulling agent: `initialize`,
-//!   `read(max)`, `delivered(tokens)` (the ack), `shutdown`.
+//!   `read(max)`, `delivered(tokens)` (the ack), `shutdown`, and
+//!   optionally `wake_on_write` (an idle agent waits on it, not on a poll).
 //!
 //! The runtime never names a concrete adapter. `docs/adapters.md` explains how
 //! to write one and [`crate::conformance`] checks it.
@@ -219,6 +220,10 @@ pub trait QueueAdapter: Send + Sync + 'static {
     }
 }
 
+/// What [`QueueReceiver::wake_on_write`] hands out: completes when the
+/// queue may hold something new.
+pub type Wake = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
+
 /// Reads one queue for its pulling agent. Owned by one task at a time.
 #[async_trait]
 pub trait QueueReceiver: Send + 'static {
@@ -241,6 +246,17 @@ pub trait QueueReceiver: Send + 'static {
     async fn failed(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
         let _ = tokens;
         Ok(())
+    }
+
+    /// After a read that found nothing: a future that completes once the
+    /// queue may hold something new (a write to it, a lost connection to
+    /// the store), so that an idle agent waits on it instead of polling.
+    /// Waking for nothing is fine (the agent reads, finds nothing, asks
+    /// again); staying asleep while the queue holds unread containers is a
+    /// bug. The future may be dropped unfinished. `None` (the default): the
+    /// agent polls every `poll_period`.
+    fn wake_on_write(&mut self) -> Option<Wake> {
+        None
     }
 
     /// Reads up to `max` containers at or after `from`, in queue order,

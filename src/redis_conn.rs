@@ -170,17 +170,17 @@ impl RedisEndpoint {
     /// The client these settings describe (nothing is dialled yet), for
     /// connections of other kinds than [`RedisEndpoint::connect`]'s.
     pub fn client(&self) -> Result<redis::Client, RedisConnError> {
-        self.build().map(|(client, _)| client)
+        self.build(redis::ProtocolVersion::RESP2).map(|(client, _)| client)
     }
 
     /// The client, and the setting to name if Redis refuses the password.
-    fn build(&self) -> Result<(redis::Client, String), RedisConnError> {
+    fn build(&self, protocol: redis::ProtocolVersion) -> Result<(redis::Client, String), RedisConnError> {
         let url_error = |e: redis::RedisError| RedisConnError::Setting {
             setting: self.url_setting.clone(),
             message: format!("`{}` is not a Redis URL: {e}", self.shown()),
         };
         let info = self.url.as_str().into_connection_info().map_err(url_error)?;
-        let mut settings = info.redis_settings().clone();
+        let mut settings = info.redis_settings().clone().set_protocol(protocol);
         if let Some(user) = &self.access.username {
             settings = settings.set_username(user);
         }
@@ -249,7 +249,21 @@ impl RedisEndpoint {
     /// or certificate fails now (naming the setting); then the connection
     /// that reconnects with backoff (`config`) is made.
     pub async fn connect(&self, config: ConnectionManagerConfig) -> Result<ConnectionManager, RedisConnError> {
-        let (client, password_setting) = self.build()?;
+        self.connect_as(config, redis::ProtocolVersion::RESP2).await
+    }
+
+    /// As [`RedisEndpoint::connect`], speaking RESP3: the server may push
+    /// (tracking invalidations) to `config`'s push sender.
+    pub async fn connect_resp3(&self, config: ConnectionManagerConfig) -> Result<ConnectionManager, RedisConnError> {
+        self.connect_as(config, redis::ProtocolVersion::RESP3).await
+    }
+
+    async fn connect_as(
+        &self,
+        config: ConnectionManagerConfig,
+        protocol: redis::ProtocolVersion,
+    ) -> Result<ConnectionManager, RedisConnError> {
+        let (client, password_setting) = self.build(protocol)?;
         let probe = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(CONNECT_TIMEOUT));

@@ -25,7 +25,7 @@ use tailrace::stream::{Event, StreamId};
 const QUEUES: u32 = 2;
 
 fn options(url: String) -> RedisOptions {
-    RedisOptions { url, block: Duration::from_millis(20), ..RedisOptions::default() }
+    RedisOptions { url, ..RedisOptions::default() }
 }
 
 /// Child: a node pulling Redis, auditing every delivery, until killed or

@@ -347,8 +347,9 @@ async fn a_checkpoint_past_the_streams_ids_hides_no_new_entry() {
     f.create_checkpointer().await.unwrap().save(queue, ahead).await.unwrap();
     let recorder = Recorder::new();
     let node = TestNode::start(f.clone(), quick_config(), implicit("t", &recorder)).await;
-    // The agent's first pump (its receiver's start) is over.
-    node.wait_status(queue.0, |status| status.read_calls >= 2).await;
+    // The agent's first pump (its receiver's start) is over: it found
+    // nothing and sleeps.
+    node.wait_status(queue.0, |status| status.asleep).await;
     let token = f.adapter().enqueue(&s, events("e", 0..3)).await.unwrap();
     assert!(token > ahead, "the entry was numbered {token}, at or below the checkpoint {ahead}");
     all_delivered(&recorder, &s, 0..3).await;

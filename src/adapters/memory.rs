@@ -26,7 +26,7 @@ use tokio::sync::{Notify, Semaphore};
 
 use super::{BuiltInFactory, MappedAdapter};
 use crate::checkpoint::MemoryCheckpointer;
-use crate::queue::{Direction, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver};
+use crate::queue::{Direction, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver, Wake};
 use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
 
 /// Settings of the memory adapter.
@@ -315,6 +315,13 @@ impl QueueReceiver for MemoryReceiver {
     async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
         self.queue.acknowledge(tokens);
         Ok(())
+    }
+
+    /// Completes at the next enqueue (or at once if one came since the
+    /// last read: `Notify` keeps its permit).
+    fn wake_on_write(&mut self) -> Option<Wake> {
+        let queue = self.queue.clone();
+        Some(Box::pin(async move { queue.data.notified().await }))
     }
 
     /// Dead-lettered containers are released: their copy is in the sink, and

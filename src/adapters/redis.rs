@@ -12,13 +12,17 @@
 //!   was granted.
 //! - `enqueue` appends one entry per batch (`XADD`); concurrent appends to a
 //!   queue go out together as one pipeline.
-//! - Receivers read through a consumer group (`XREADGROUP … COUNT n BLOCK`),
+//! - Receivers read through a consumer group (`XREADGROUP … COUNT n`, in a
+//!   script that also answers the stream's last id when nothing is new),
 //!   ack with `XACK`, and on start take over every entry a previous owner
-//!   left pending (`XAUTOCLAIM`), reading those first, so nothing is stranded.
-//!   The group is created at the stream's start (`0`, never `$`), so nothing
-//!   appended before it existed is skipped; a group that vanished with its
-//!   stream (the key deleted, a Redis that lost its data) is created again
-//!   on the next read.
+//!   left pending (`XAUTOCLAIM`), reading those first, so nothing is
+//!   stranded. The group is created at the stream's start (`0`, never
+//!   `$`), so nothing appended before it existed is skipped; a group that
+//!   vanished with its stream (the key deleted, a Redis that lost its data)
+//!   is created again on the next read.
+//! - No read blocks, and receivers share the adapter's connection: an idle
+//!   queue's agent sleeps until Redis tells the process of a write to its
+//!   stream (`wake.rs`), so an idle queue costs no command at all.
 //! - New entries are always numbered past the stored checkpoint and past
 //!   what the receiver read (`XSETID` when the stream's ids fell behind),
 //!   so a new entry is never taken for an old one.
@@ -33,6 +37,7 @@ mod entry;
 mod fence;
 mod receiver;
 mod store;
+mod wake;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -46,6 +51,7 @@ use serde::{Deserialize, Serialize};
 pub use store::{RedisCheckpointer, RedisPubSubStore};
 
 use entry::encode_entry;
+use fence::Fence;
 
 use super::{BuiltInFactory, MappedAdapter};
 use crate::queue::{Direction, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver};
@@ -96,15 +102,12 @@ pub struct RedisOptions {
     pub key_prefix: String,
     /// The consumer group (one per provider).
     pub group: String,
-    /// How long a read with nothing new waits on the server.
-    #[serde(with = "humantime_serde")]
-    pub block: Duration,
     /// What trimming may remove.
     pub trim: TrimPolicy,
     /// How often a receiver trims its stream.
     #[serde(with = "humantime_serde")]
     pub trim_every: Duration,
-    /// Limit of one command (must exceed `block`).
+    /// Limit of one command.
     #[serde(with = "humantime_serde")]
     pub response_timeout: Duration,
 }
@@ -121,7 +124,6 @@ impl Default for RedisOptions {
             tls_key_file: None,
             key_prefix: "tailrace".into(),
             group: "tailrace".into(),
-            block: Duration::from_millis(100),
             trim: TrimPolicy::Checkpoint,
             trim_every: Duration::from_secs(10),
             response_timeout: Duration::from_secs(5),
@@ -136,7 +138,6 @@ impl std::fmt::Debug for RedisOptions {
             .field("access", &self.access())
             .field("key_prefix", &self.key_prefix)
             .field("group", &self.group)
-            .field("block", &self.block)
             .field("trim", &self.trim)
             .field("trim_every", &self.trim_every)
             .field("response_timeout", &self.response_timeout)
@@ -168,13 +169,17 @@ impl RedisOptions {
 /// Connects to Redis with reconnection and backoff; a refused password or
 /// certificate is a configuration error naming the setting.
 pub(crate) async fn connect(options: &RedisOptions) -> Result<ConnectionManager, QueueError> {
-    let timeout = options.response_timeout.max(options.block + Duration::from_secs(1));
-    options.endpoint().connect(redis_conn::reconnecting(timeout)).await.map_err(|e| match e {
+    options.endpoint().connect(connection_config(options)).await.map_err(|e| match e {
         RedisConnError::Unreachable { .. } => {
             QueueError::Backend { adapter: NAME.into(), message: format!("connecting: {e}"), transient: true }
         }
         other => QueueError::Config(other.to_string()),
     })
+}
+
+/// How the adapter's connections reconnect, and their command limit.
+fn connection_config(options: &RedisOptions) -> redis::aio::ConnectionManagerConfig {
+    redis_conn::reconnecting(options.response_timeout)
 }
 
 /// A Redis error as a queue error (transient when a retry may help).
@@ -213,6 +218,7 @@ impl RedisAdapterFactory {
         let adapter = Arc::new(RedisAdapter {
             mapper,
             conn,
+            wakes: Arc::new(wake::Wakes::new(options.clone())),
             options,
             consumer: consumer.to_string(),
             checkpointer: checkpointer.clone(),
@@ -236,7 +242,10 @@ impl MappedAdapter for RedisAdapter {
 /// Appends to and reads from the Redis streams.
 pub struct RedisAdapter {
     mapper: QueueMapper,
+    /// Shared by producers and every receiver (no command blocks).
     conn: ConnectionManager,
+    /// Where idle receivers wait for a write.
+    wakes: Arc<wake::Wakes>,
     options: RedisOptions,
     consumer: String,
     checkpointer: Arc<RedisCheckpointer>,
@@ -303,16 +312,18 @@ impl RedisAdapter {
                 self.mapper.queue_count()
             )));
         }
-        // Its own connection: a blocking read must not hold up the others.
-        let conn = connect(&self.options).await?;
-        Ok(Box::new(receiver::RedisReceiver::new(
-            queue,
-            conn,
-            self.key(queue),
-            self.options.clone(),
-            self.consumer.clone(),
-            self.checkpointer.clone(),
-            token.map(|token| (token, fence::fence_key(&self.options.key_prefix, queue))),
-        )))
+        let fence_key = fence::fence_key(&self.options.key_prefix, queue);
+        let fence = match token {
+            Some(token) => Fence::new(token, fence_key),
+            None => Fence::open(fence_key),
+        };
+        let shared = receiver::Shared {
+            conn: self.conn.clone(),
+            options: self.options.clone(),
+            consumer: self.consumer.clone(),
+            checkpointer: self.checkpointer.clone(),
+            wakes: self.wakes.clone(),
+        };
+        Ok(Box::new(receiver::RedisReceiver::new(queue, self.key(queue), fence, shared)))
     }
 }

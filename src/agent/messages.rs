@@ -56,6 +56,8 @@ pub struct Internal(pub(super) InternalMsg);
 pub(super) enum InternalMsg {
     /// Time to pump.
     Pump,
+    /// The receiver's wake completed: the queue may hold something new.
+    Woken,
     /// A pump came back.
     PumpDone(Box<PumpOutcome>),
     /// A new stream's subscriptions were looked up.
@@ -134,6 +136,25 @@ impl Outbox {
     /// Sends `msg` to this agent later.
     pub(super) fn send_self_after(&self, delay: Duration, msg: impl FnOnce() -> InternalMsg + Send + 'static) {
         self.myself.send_after(delay, move || AgentMsg::Internal(Internal(msg())));
+    }
+
+    /// Sends `msg` to this agent once `wake` completes, unless `cancel` is
+    /// cancelled first (the agent stopped: its state, holding the guard,
+    /// was dropped). Not counted as work: nothing waits for it.
+    pub(super) fn send_self_on(
+        &self,
+        tasks: &Tasks,
+        wake: impl Future<Output = ()> + Send + 'static,
+        cancel: CancellationToken,
+        msg: InternalMsg,
+    ) {
+        let myself = self.myself.clone();
+        tasks.spawn("agent wake", async move {
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                _ = wake => { let _ = myself.cast(AgentMsg::Internal(Internal(msg))); }
+            }
+        });
     }
 
     /// Sends `msg` to this agent now.

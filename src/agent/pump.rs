@@ -21,7 +21,7 @@ use super::worker::panic_text;
 use crate::cache::Purged;
 use crate::checkpoint::{CheckpointError, QueueCheckpoint};
 use crate::pubsub::SubscriptionId;
-use crate::queue::{QueueError, QueueId, QueueReceiver};
+use crate::queue::{QueueError, QueueId, QueueReceiver, Wake};
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
 use ractor::ActorProcessingErr;
 
@@ -99,6 +99,16 @@ pub(crate) fn is_fenced(error: &ActorProcessingErr) -> bool {
     matches!(error.downcast_ref::<PumpError>(), Some(PumpError::Fenced(_)))
 }
 
+/// What the agent does after a read.
+pub(crate) enum AfterRead {
+    /// Pump again after this long.
+    Pump(Duration),
+    /// Sleep until this completes (the queue may hold something new).
+    Wait(Wake),
+    /// Sleep: a wake is already awaited.
+    Asleep,
+}
+
 /// When the agent should send itself the next pump tick.
 pub(crate) enum Tick {
     Now,
@@ -134,6 +144,8 @@ pub(crate) struct Pump {
     read_failures: u32,
     /// Consecutive empty reads (the idle wait doubles with each).
     empty_reads: u32,
+    /// The receiver's wake is awaited (the agent sleeps until a write).
+    armed: bool,
     /// Containers read again at or below the progress already recorded:
     /// done, to be acked by the next pump.
     redelivered: Vec<SequenceToken>,
@@ -150,6 +162,7 @@ impl Pump {
             blocked: false,
             read_failures: 0,
             empty_reads: 0,
+            armed: false,
             redelivered: Vec::new(),
         }
     }
@@ -261,22 +274,51 @@ impl Pump {
         options.reader_backoff.delay(self.read_failures - 1)
     }
 
-    /// A read succeeded: the wait before the next. Right away after a
-    /// fruitful read that was not paused, or when rewinds wait; otherwise
+    /// A read succeeded: what comes next. Right away after a fruitful read
+    /// that was not paused, or when rewinds wait. After an empty read, sleep
+    /// until the receiver's wake (if it has one); otherwise
     /// `min_poll_period` doubled per consecutive empty read, up to
     /// `poll_period`.
-    pub(crate) fn after_read(&mut self, got: bool, rewinds_waiting: bool, options: &AgentOptions) -> Duration {
+    pub(crate) fn after_read(&mut self, got: bool, rewinds_waiting: bool, options: &AgentOptions) -> AfterRead {
         self.read_failures = 0;
         if got && !self.blocked || rewinds_waiting {
             self.empty_reads = 0;
-            return Duration::ZERO;
+            return AfterRead::Pump(Duration::ZERO);
+        }
+        if !self.blocked {
+            if self.armed {
+                return AfterRead::Asleep;
+            }
+            if let Some(wake) = self.io.as_mut().and_then(|io| io.receiver.wake_on_write()) {
+                self.armed = true;
+                return AfterRead::Wait(wake);
+            }
         }
         let shift = self.empty_reads.min(20);
         self.empty_reads += 1;
-        options
-            .min_poll_period
-            .saturating_mul(1 << shift)
-            .clamp(options.min_poll_period.min(options.poll_period), options.poll_period)
+        AfterRead::Pump(
+            options
+                .min_poll_period
+                .saturating_mul(1 << shift)
+                .clamp(options.min_poll_period.min(options.poll_period), options.poll_period),
+        )
+    }
+
+    /// Whether the agent sleeps until its receiver's wake.
+    pub(crate) fn asleep(&self) -> bool {
+        self.armed
+    }
+
+    /// The receiver's wake completed: the next read is due.
+    pub(crate) fn woken(&mut self) {
+        self.armed = false;
+        self.empty_reads = 0;
+    }
+
+    /// Progress recorded but not yet written (the write is throttled): a
+    /// sleeping agent must still pump to write it.
+    pub(crate) fn checkpoint_unwritten(&self) -> bool {
+        self.io.as_ref().is_some_and(|io| io.checkpoint.latest() != io.checkpoint.persisted())
     }
 
     /// Takes the receiver home for good (the ordered shutdown).

@@ -43,6 +43,8 @@ pub struct AgentStatus {
     pub checkpoint: Option<String>,
     /// Whether an ordered shutdown has begun.
     pub shutting_down: bool,
+    /// Idle: it sleeps until its receiver says the queue was written.
+    pub asleep: bool,
 }
 
 impl AgentStatus {
@@ -58,6 +60,7 @@ impl AgentStatus {
             under_pressure: cache.is_under_pressure(),
             checkpoint: pump.checkpoint().map(|t| t.to_string()),
             shutting_down,
+            asleep: pump.asleep(),
             ..self.clone()
         }
     }

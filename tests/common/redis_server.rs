@@ -227,15 +227,9 @@ impl Drop for RedisServer {
     }
 }
 
-/// Redis adapter options for tests against `server`: short blocking reads,
-/// no trimming timer.
+/// Redis adapter options for tests against `server`: no trimming timer.
 pub fn adapter_options(server: &RedisServer) -> tailrace::adapters::redis::RedisOptions {
-    tailrace::adapters::redis::RedisOptions {
-        url: server.url(),
-        block: Duration::from_millis(20),
-        trim_every: Duration::ZERO,
-        ..Default::default()
-    }
+    tailrace::adapters::redis::RedisOptions { url: server.url(), trim_every: Duration::ZERO, ..Default::default() }
 }
 
 /// Redis adapter options for a secure server: its user and password, and

@@ -16,7 +16,7 @@ use super::{FileOptions, NAME};
 use crate::checkpoint::{Checkpointer, FileCheckpointer};
 use crate::failure::{DeadLetter, DeadLetterSink};
 use crate::handoff::{LineView, list_prefix_files};
-use crate::queue::{QueueError, QueueId, QueueReceiver};
+use crate::queue::{QueueError, QueueId, QueueReceiver, Wake};
 use crate::stream::{BatchContainer, Event, EventId, SequenceToken};
 
 /// How often consumed files are looked for (needs a checkpoint load).
@@ -425,6 +425,25 @@ impl QueueReceiver for FileReceiver {
         self.delete_consumed().await;
         let _ = tokio::time::timeout(self.options.read_wait, self.sealed.notified()).await;
         self.read_once(max).await
+    }
+
+    /// Completes at this node's writer's next seal (or at once if one came
+    /// since the last read: `Notify` keeps its permit). Files another
+    /// process writes are polled for.
+    /// Also completes when consumed files are due for deletion (reads
+    /// delete them), so an idle queue does not keep them.
+    fn wake_on_write(&mut self) -> Option<Wake> {
+        let sealed = self.sealed.clone();
+        let unfinished = self.files.as_ref().is_some_and(|files| !files.finished.is_empty());
+        let cleanup = (self.options.delete_consumed && unfinished).then(|| self.last_delete + DELETE_EVERY);
+        self.options.write.then(|| {
+            Box::pin(async move {
+                match cleanup {
+                    Some(due) => drop(tokio::time::timeout_at(due.into(), sealed.notified()).await),
+                    None => sealed.notified().await,
+                }
+            }) as Wake
+        })
     }
 
     async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {

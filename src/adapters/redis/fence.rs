@@ -190,6 +190,13 @@ impl Fence {
         Self { token, key, ack: script(ACK), trim: script(TRIM), claim: script(CLAIM), read_new: script(READ_NEW) }
     }
 
+    /// The fence of a receiver that holds no lease: a token above every
+    /// counter (they are far from 2^64), so it refuses nothing. One code
+    /// path reads and writes for both.
+    pub(crate) fn open(key: String) -> Self {
+        Self::new(u64::MAX, key)
+    }
+
     /// `XACK stream group ids…`.
     pub(crate) async fn ack(
         &self,

@@ -1,7 +1,8 @@
-//! The receiver of one Redis queue: a consumer-group reader. A fenced one
-//! (its agent's lease token) acks, trims, claims and takes new entries
-//! through the scripts of `fence.rs`, so a paused old owner does none of
-//! these once a newer lease was granted.
+//! The receiver of one Redis queue: a consumer-group reader. It acks,
+//! trims, claims and takes new entries through the scripts of `fence.rs`
+//! with its agent's lease token (or an open fence without a lease), so a
+//! paused old owner does none of these once a newer lease was granted. No
+//! call blocks; after an empty read its agent waits on `wake.rs`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,9 +14,10 @@ use redis::streams::{StreamAutoClaimReply, StreamRangeReply, StreamReadReply};
 
 use super::entry::decode_entry;
 use super::fence::{self, Fence, NewEntries};
+use super::wake::Wakes;
 use super::{NAME, RedisCheckpointer, RedisOptions, TrimPolicy, backend};
 use crate::checkpoint::{CheckpointError, Checkpointer};
-use crate::queue::{QueueError, QueueId, QueueReceiver};
+use crate::queue::{QueueError, QueueId, QueueReceiver, Wake};
 use crate::retry::Backoff;
 use crate::stream::{BatchContainer, SequenceToken};
 
@@ -39,21 +41,31 @@ pub(crate) struct RedisReceiver {
     /// The id of the last entry handed to the agent.
     last_read: Option<String>,
     last_trim: Instant,
+    /// Entries were read since the last trim.
+    untrimmed: bool,
     shut_down: bool,
     raise_last_id: redis::Script,
-    fence: Option<Fence>,
+    fence: Fence,
+    wakes: Arc<Wakes>,
+    /// The stream's last id at the last read, if it found nothing new.
+    idle_at: Option<String>,
+}
+
+/// What every receiver of an adapter shares.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub(crate) conn: ConnectionManager,
+    pub(crate) options: RedisOptions,
+    /// This node's name in the consumer group.
+    pub(crate) consumer: String,
+    pub(crate) checkpointer: Arc<RedisCheckpointer>,
+    pub(crate) wakes: Arc<Wakes>,
 }
 
 impl RedisReceiver {
-    pub(crate) fn new(
-        queue: QueueId,
-        conn: ConnectionManager,
-        key: String,
-        options: RedisOptions,
-        consumer: String,
-        checkpointer: Arc<RedisCheckpointer>,
-        fence: Option<(u64, String)>,
-    ) -> Self {
+    /// The receiver of `queue` (stream `key`), writing under `fence`.
+    pub(crate) fn new(queue: QueueId, key: String, fence: Fence, shared: Shared) -> Self {
+        let Shared { conn, options, consumer, checkpointer, wakes } = shared;
         Self {
             queue,
             conn,
@@ -64,9 +76,12 @@ impl RedisReceiver {
             phase: Phase::Pending("0".into()),
             last_read: None,
             last_trim: Instant::now(),
+            untrimmed: false,
             shut_down: false,
             raise_last_id: redis::Script::new(RAISE_LAST_ID),
-            fence: fence.map(|(token, key)| Fence::new(token, key)),
+            fence,
+            wakes,
+            idle_at: None,
         }
     }
 
@@ -95,18 +110,9 @@ impl RedisReceiver {
             return Ok(());
         }
         self.last_trim = Instant::now();
+        self.untrimmed = false;
         let Ok(Some(checkpoint)) = self.checkpointer.load(self.queue).await else { return Ok(()) };
-        let trimmed: Result<u64, _> = match &self.fence {
-            Some(fence) => fence.trim(&mut self.conn, &self.key, &checkpoint.to_string()).await,
-            None => {
-                redis::cmd("XTRIM")
-                    .arg(&self.key)
-                    .arg("MINID")
-                    .arg(checkpoint.to_string())
-                    .query_async(&mut self.conn)
-                    .await
-            }
-        };
+        let trimmed = self.fence.trim(&mut self.conn, &self.key, &checkpoint.to_string()).await;
         match trimmed {
             Ok(n) if n > 0 => {
                 tracing::debug!(queue = %self.queue, removed = n, %checkpoint, "stream trimmed up to the checkpoint")
@@ -120,7 +126,7 @@ impl RedisReceiver {
 
     /// A refusal of the fence (there is one if Redis refused).
     fn refusal(&self, kind: &'static str, error: &redis::RedisError) -> QueueError {
-        fence::queue_refusal(kind, self.queue, self.fence.as_ref().map_or(0, |f| f.token), error)
+        fence::queue_refusal(kind, self.queue, self.fence.token, error)
     }
 
     /// A failed read as a queue error.
@@ -144,7 +150,9 @@ impl QueueReceiver for RedisReceiver {
 
     async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
         self.check()?;
+        self.idle_at = None;
         let read = self.read_batch(max).await?;
+        self.untrimmed |= !read.is_empty();
         // Nothing new: time to trim (a refusal fails the read).
         if read.is_empty() {
             self.trim().await?;
@@ -156,20 +164,8 @@ impl QueueReceiver for RedisReceiver {
         if tokens.is_empty() {
             return Ok(());
         }
-        let acked: Result<u64, _> = match &self.fence {
-            Some(fence) => {
-                let ids = tokens.iter().map(|t| t.to_string());
-                fence.ack(&mut self.conn, &self.key, &self.options.group, ids).await
-            }
-            None => {
-                let mut cmd = redis::cmd("XACK");
-                cmd.arg(&self.key).arg(&self.options.group);
-                for token in tokens {
-                    cmd.arg(token.to_string());
-                }
-                cmd.query_async(&mut self.conn).await
-            }
-        };
+        let ids = tokens.iter().map(|t| t.to_string());
+        let acked = self.fence.ack(&mut self.conn, &self.key, &self.options.group, ids).await;
         match acked {
             Err(error) if fence::is_refusal(&error) => return Err(self.refusal("ack", &error)),
             Err(error) => return Err(backend(&error, "acking")),
@@ -199,6 +195,19 @@ impl QueueReceiver for RedisReceiver {
             .await
             .map_err(|e| backend(&e, "rewinding"))?;
         Ok(self.containers(reply.ids))
+    }
+
+    /// After an empty read: until Redis tells of a write to the stream, or
+    /// until the next trim is due if entries were read since the last one
+    /// (reads trim), so an idle stream does not keep what was consumed.
+    fn wake_on_write(&mut self) -> Option<Wake> {
+        let last_id = self.idle_at.take()?;
+        let wait = self.wakes.wait(self.key.clone(), last_id)?;
+        if !self.untrimmed || self.options.trim == TrimPolicy::Never {
+            return Some(wait);
+        }
+        let due = tokio::time::Instant::from_std(self.last_trim + self.options.trim_every);
+        Some(Box::pin(async move { drop(tokio::time::timeout_at(due, wait).await) }))
     }
 
     async fn shutdown(&mut self, _timeout: Duration) -> Result<(), QueueError> {
@@ -262,59 +271,14 @@ impl RedisReceiver {
         // the next read starts with our pending entries after the last one
         // we saw, so none is stranded.
         self.phase = Phase::Pending(self.last_read.clone().unwrap_or_else(|| "0".into()));
-        if self.fence.is_some() {
-            return self.read_new_fenced(max).await;
-        }
-        let reply: Result<Option<StreamReadReply>, redis::RedisError> = redis::cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg(&self.options.group)
-            .arg(&self.consumer)
-            .arg("COUNT")
-            .arg(max.max(1))
-            .arg("BLOCK")
-            .arg(self.options.block.as_millis() as u64)
-            .arg("STREAMS")
-            .arg(&self.key)
-            .arg(">")
-            .query_async(&mut self.conn)
-            .await;
-        let reply = reply.map_err(|error| (error, "reading"))?;
-        self.phase = Phase::New;
-        let entries: Vec<_> = reply.map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect()).unwrap_or_default();
-        if let Some(last) = entries.last() {
-            self.last_read = Some(last.id.clone());
-        }
-        Ok(self.containers(entries))
-    }
-
-    /// New entries through the fence: a script takes them (scripts cannot
-    /// block); when there are none, a plain `XREAD BLOCK` (which takes
-    /// nothing) waits for newer ones, and the script runs once more.
-    async fn read_new_fenced(
-        &mut self,
-        max: usize,
-    ) -> Result<Vec<Arc<BatchContainer>>, (redis::RedisError, &'static str)> {
-        let Some(fence) = &self.fence else { return Ok(Vec::new()) };
         let (group, consumer, count) = (&self.options.group, &self.consumer, max.max(1));
-        let mut found = fence.read_new(&mut self.conn, &self.key, group, consumer, count).await;
-        if let Ok(NewEntries::None { last_id }) = &found {
-            let waited: Result<redis::Value, _> = redis::cmd("XREAD")
-                .arg("COUNT")
-                .arg(1)
-                .arg("BLOCK")
-                .arg(self.options.block.as_millis() as u64)
-                .arg("STREAMS")
-                .arg(&self.key)
-                .arg(last_id)
-                .query_async(&mut self.conn)
-                .await;
-            if matches!(waited, Ok(redis::Value::Array(_) | redis::Value::Map(_))) {
-                found = fence.read_new(&mut self.conn, &self.key, group, consumer, count).await;
-            }
-        }
+        let found = self.fence.read_new(&mut self.conn, &self.key, group, consumer, count).await;
         let entries = match found.map_err(|error| (error, "reading"))? {
             NewEntries::Some(entries) => entries,
-            NewEntries::None { .. } => Vec::new(),
+            NewEntries::None { last_id } => {
+                self.idle_at = Some(last_id);
+                Vec::new()
+            }
         };
         self.phase = Phase::New;
         if let Some(last) = entries.last() {
@@ -375,24 +339,8 @@ impl RedisReceiver {
         self.keep_new_ids_past_what_was_seen().await?;
         let mut start = "0-0".to_string();
         loop {
-            let claimed: Result<StreamAutoClaimReply, _> = match &self.fence {
-                Some(fence) => {
-                    fence.claim(&mut self.conn, &self.key, &self.options.group, &self.consumer, &start).await
-                }
-                None => {
-                    redis::cmd("XAUTOCLAIM")
-                        .arg(&self.key)
-                        .arg(&self.options.group)
-                        .arg(&self.consumer)
-                        .arg(0)
-                        .arg(&start)
-                        .arg("COUNT")
-                        .arg(1000)
-                        .arg("JUSTID")
-                        .query_async(&mut self.conn)
-                        .await
-                }
-            };
+            let claimed: Result<StreamAutoClaimReply, _> =
+                self.fence.claim(&mut self.conn, &self.key, &self.options.group, &self.consumer, &start).await;
             let reply = match claimed {
                 Err(error) if fence::is_refusal(&error) => return Err(self.refusal("claim", &error)),
                 Err(error) => return Err(backend(&error, "claiming pending entries")),
