@@ -36,7 +36,8 @@ use crate::cluster::{LeaseOptions, NodeId, QueueLeases};
 use crate::queue::QueueId;
 use crate::telemetry;
 pub use directory::AgentDirectory;
-use keeper::{HeldLeases, Keeper};
+pub(crate) use keeper::HeldLeases;
+use keeper::Keeper;
 pub use options::{ManagerOptions, ManagerStatus, RunState};
 
 /// Messages of the pulling manager.
@@ -113,6 +114,8 @@ pub struct ManagerArgs {
     pub options: ManagerOptions,
     /// Lease durations.
     pub lease: LeaseOptions,
+    /// The leases this node holds (the lease balancer reads them too).
+    pub(crate) held: Arc<HeldLeases>,
 }
 
 /// The manager's state.
@@ -148,7 +151,7 @@ impl Actor for PullingManager {
         let node = args.services.node.clone();
         let state = if args.options.start_agents { RunState::AgentsStarted } else { RunState::Initialized };
         tracing::info!(%node, ?state, "pulling manager started");
-        let held = Arc::new(HeldLeases::default());
+        let held = args.held.clone();
         // A child of the kill switch: a crashed node renews nothing.
         let keeper_stop = args.services.kill.child_token();
         let keeper = Keeper {

@@ -99,8 +99,10 @@ async fn tokens_never_go_back_and_keys_share_the_queue_hash_tag() {
     assert_eq!(store.fence_key(q), "tailrace:{q7}:fence");
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let pttl: i64 = redis::cmd("PTTL").arg(store.lease_key(q)).query_async(&mut conn).await.unwrap();
-    assert!(pttl > 0, "the grant carries a server-side TTL");
+    let pttl: i64 = redis::cmd("PTTL").arg(store.alive_key(&a)).query_async(&mut conn).await.unwrap();
+    assert!(pttl > 0, "the holder's alive key carries a server-side TTL");
+    let grant_ttl: i64 = redis::cmd("PTTL").arg(store.lease_key(q)).query_async(&mut conn).await.unwrap();
+    assert_eq!(grant_ttl, -1, "the grant lives with its holder's alive key, not on its own");
     let fence_ttl: i64 = redis::cmd("PTTL").arg(store.fence_key(q)).query_async(&mut conn).await.unwrap();
     assert_eq!(fence_ttl, -1, "the fencing counter never expires");
 }

@@ -89,6 +89,23 @@ pub trait QueueLeases: Send + Sync + 'static {
     /// `None`: it was lost (expired, taken over or released).
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Option<Lease>, LeaseError>;
 
+    /// Renews every lease of `leases` (one node's), answering for each in
+    /// order. A store whose leases live with their holder renews them all
+    /// with one call; the default renews each.
+    async fn renew_all(&self, leases: &[Lease], ttl: Duration) -> Result<Vec<Option<Lease>>, LeaseError> {
+        let renewals = leases.iter().map(|lease| self.renew(lease, ttl));
+        futures::future::try_join_all(renewals).await
+    }
+
+    /// Frees every lease `node` holds at once (it is known dead); whether
+    /// there was anything to free. Its fencing counters are untouched, so
+    /// a node that was not dead after all is refused by the fences. The
+    /// default frees nothing (the leases lapse after their TTL).
+    async fn evict(&self, node: &NodeId) -> Result<bool, LeaseError> {
+        let _ = node;
+        Ok(false)
+    }
+
     /// Gives `lease` back at once if it is still held with its token;
     /// `false` if it was not (nothing changes then).
     async fn release(&self, lease: &Lease) -> Result<bool, LeaseError>;

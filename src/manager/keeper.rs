@@ -1,8 +1,8 @@
 //! The lease keeper: the leases a node holds, and the task that renews them.
 //!
 //! The manager records every lease it takes in [`HeldLeases`] and removes
-//! it when it releases it. The keeper renews each of them every
-//! `lease.renew`, the leases of stopping agents included (an ordered
+//! it when it releases it. The keeper renews all of them every
+//! `lease.renew`, in one call to the store, the leases of stopping agents included (an ordered
 //! shutdown may take longer than a lease lasts). A lease the store refuses
 //! to renew, or that was not renewed by `expires_at − lease.margin()`, is
 //! dropped from the table and reported to the manager, which kills its
@@ -30,17 +30,33 @@ use crate::telemetry;
 #[derive(Default)]
 pub(crate) struct HeldLeases {
     held: Mutex<BTreeMap<QueueId, Lease>>,
+    /// Told of every grant and loss (the lease balancer re-plans).
+    changed: tokio::sync::Notify,
 }
 
 impl HeldLeases {
     /// Records a new grant (it replaces an older one of the same queue).
     pub(crate) fn insert(&self, lease: Lease) {
         self.held.lock().insert(lease.queue, lease);
+        self.changed.notify_one();
     }
 
     /// Forgets `queue`'s lease, returning it.
     pub(crate) fn remove(&self, queue: QueueId) -> Option<Lease> {
-        self.held.lock().remove(&queue)
+        let removed = self.held.lock().remove(&queue);
+        self.changed.notify_one();
+        removed
+    }
+
+    /// The queues whose leases are held.
+    pub(crate) fn queues(&self) -> Vec<QueueId> {
+        self.held.lock().keys().copied().collect()
+    }
+
+    /// Completes at the next grant or loss (or at once if one came since
+    /// the last call).
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await
     }
 
     /// The token of `queue`'s lease, if held.
@@ -71,6 +87,7 @@ impl HeldLeases {
         let current = held.get(&lease.queue).is_some_and(|l| l.token == lease.token);
         if current {
             held.remove(&lease.queue);
+            self.changed.notify_one();
         }
         current
     }
@@ -122,26 +139,30 @@ impl Keeper {
         tracing::debug!(node = %self.node, "lease keeper stopped");
     }
 
-    /// Renews every held lease at once, each bounded by its deadline.
+    /// Renews every held lease in one call to the store, bounded by the
+    /// earliest deadline among them.
     async fn renew_all(&self) {
-        let renewals = self.held.snapshot().into_iter().map(|lease| async move {
-            let result =
-                tokio::time::timeout_at(deadline(&lease, &self.options), self.leases.renew(&lease, self.options.ttl))
-                    .await;
-            (lease, result)
-        });
-        for (lease, result) in futures::future::join_all(renewals).await {
-            match result {
-                Ok(Ok(Some(renewed))) => {
-                    tracing::trace!(node = %self.node, queue = %lease.queue, token = lease.token, "lease renewed");
-                    self.held.renewed(renewed);
+        let leases = self.held.snapshot();
+        let Some(first) = leases.iter().map(|lease| deadline(lease, &self.options)).min() else { return };
+        match tokio::time::timeout_at(first, self.leases.renew_all(&leases, self.options.ttl)).await {
+            Ok(Ok(answers)) => {
+                for (lease, answer) in leases.iter().zip(answers) {
+                    match answer {
+                        Some(renewed) => self.held.renewed(renewed),
+                        None => self.lost(lease, "the store refused to renew it (expired or taken over)"),
+                    }
                 }
-                Ok(Ok(None)) => self.lost(&lease, "the store refused to renew it (expired or taken over)"),
-                // Tried again at the next renewal, unless the deadline passes first.
-                Ok(Err(error)) => {
-                    tracing::warn!(node = %self.node, queue = %lease.queue, token = lease.token, %error, "lease renewal failed");
+                tracing::trace!(node = %self.node, leases = leases.len(), "leases renewed");
+            }
+            // Tried again at the next renewal, unless the deadline passes first.
+            Ok(Err(error)) => {
+                tracing::warn!(node = %self.node, leases = leases.len(), %error, "lease renewal failed");
+            }
+            Err(_) => {
+                let now = Instant::now();
+                for lease in leases.iter().filter(|lease| now >= deadline(lease, &self.options)) {
+                    self.lost(lease, "the renewal did not answer before the deadline");
                 }
-                Err(_) => self.lost(&lease, "the renewal did not answer before the deadline"),
             }
         }
     }

@@ -16,7 +16,7 @@ use crate::balancer::BalancerKind;
 use crate::cluster::{ClusterTransport, Membership, MemoryLeases, NodeId, QueueLeases};
 use crate::config::Config;
 use crate::failure::{DeadLetterSink, DefaultFailureHandler, FailureHandler, LogDeadLetters};
-use crate::manager::{AgentDirectory, ManagerArgs, PullingManager};
+use crate::manager::{AgentDirectory, HeldLeases, ManagerArgs, PullingManager};
 use crate::pubsub::{
     ConsumerDirectory, ConsumerResolver, ImplicitSubscriptions, LocalConsumers, MemoryPubSubStore, PubSubStore,
 };
@@ -163,6 +163,7 @@ impl NodeBuilder {
         let membership = self.membership.unwrap_or_default();
         let leases = self.leases.unwrap_or_else(|| Arc::new(MemoryLeases::new()));
         let agents = self.agents.unwrap_or_default();
+        let held = Arc::new(HeldLeases::default());
         let (manager, manager_task) = Actor::spawn(
             None,
             PullingManager,
@@ -172,6 +173,7 @@ impl NodeBuilder {
                 agents: agents.clone(),
                 options: config.manager.clone(),
                 lease: config.lease.clone(),
+                held: held.clone(),
             },
         )
         .await
@@ -184,6 +186,7 @@ impl NodeBuilder {
                     mapper,
                     membership: membership.clone(),
                     leases: leases.clone(),
+                    held,
                     manager: manager.clone(),
                     period: config.lease.acquire,
                     stop: tasks.token().clone(),

@@ -8,9 +8,9 @@ use std::time::Duration;
 use ractor::ActorRef;
 use tokio_util::sync::CancellationToken;
 
-use crate::balancer::{BalancerKind, LeasePlanner};
+use crate::balancer::{BalancerKind, LeasePlanner, responsibility};
 use crate::cluster::{Membership, NodeId, QueueLeases};
-use crate::manager::ManagerMsg;
+use crate::manager::{HeldLeases, ManagerMsg};
 use crate::queue::{QueueId, QueueMapper};
 
 /// Follows membership and tells the manager which queues are this node's,
@@ -48,16 +48,21 @@ pub(super) struct LeaseDriver {
     pub(super) mapper: QueueMapper,
     pub(super) membership: Membership,
     pub(super) leases: Arc<dyn QueueLeases>,
+    /// What this node holds (its manager's).
+    pub(super) held: Arc<HeldLeases>,
     pub(super) manager: ActorRef<ManagerMsg>,
-    /// `lease.acquire`: how often a round runs.
+    /// `lease.acquire`: how often an unsettled node runs a round.
     pub(super) period: Duration,
     pub(super) stop: CancellationToken,
 }
 
-/// The lease balancer: a round every `period` and on every membership
-/// change; a new plan goes to the manager when it differs from the last.
+/// The lease balancer: a round on every membership change and on every
+/// lease granted or lost, and every `period` until the node is settled
+/// (it holds exactly the queues it wants, as many as its share); a settled
+/// node reads no lease. A new plan goes to the manager when it differs
+/// from the last.
 pub(super) async fn drive_leases(driver: LeaseDriver) {
-    let LeaseDriver { me, mapper, membership, leases, manager, period, stop } = driver;
+    let LeaseDriver { me, mapper, membership, leases, held: mine, manager, period, stop } = driver;
     let mut live = membership.subscribe();
     let all = mapper.all_queues();
     let mut planner = LeasePlanner::new(me.clone());
@@ -67,10 +72,15 @@ pub(super) async fn drive_leases(driver: LeaseDriver) {
     loop {
         tokio::select! {
             changed = live.changed() => if changed.is_err() { return },
+            _ = mine.changed() => {}
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
         }
         let nodes: Vec<NodeId> = live.borrow_and_update().iter().cloned().collect();
+        let share = responsibility(&me, &nodes, all.len());
+        if seq > 0 && wanted.len() == share && mine.queues() == wanted {
+            continue;
+        }
         let held = match leases.holders(&all).await {
             Ok(held) => held,
             Err(error) => {
