@@ -58,6 +58,9 @@ enum Command {
         /// failover: stop the node with SIGTERM instead of `kill -9`.
         #[arg(long)]
         graceful: bool,
+        /// scale: how many queues (default 1 000; 120 with --quick).
+        #[arg(long)]
+        queues: Option<u32>,
         /// The Redis server of the redis scenario (its keys are deleted
         /// after each round).
         #[arg(long, default_value = "redis://127.0.0.1:6379")]
@@ -98,8 +101,8 @@ fn main() -> anyhow::Result<()> {
             Command::Tail(args) => cli::tail::run(args).await,
             Command::BenchClient(args) => cli::bench::sse_client::run(args).await,
             Command::Handoff { command: HandoffCommand::Recover(args) } => cli::handoff::recover(args),
-            Command::Bench { scenario, quick, graceful, redis_url } => {
-                cli::bench::run(&scenario, quick, graceful, &redis_url).await
+            Command::Bench { scenario, quick, graceful, queues, redis_url } => {
+                cli::bench::run(&scenario, quick, graceful, queues, &redis_url).await
             }
         }
     })

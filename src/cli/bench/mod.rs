@@ -21,10 +21,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Runs one scenario by name; `redis_url` is the server of `redis`;
-/// `graceful` stops the failover's node with SIGTERM instead of SIGKILL.
-pub async fn run(scenario: &str, quick: bool, graceful: bool, redis_url: &str) -> anyhow::Result<()> {
+/// `graceful` stops the failover's node with SIGTERM instead of SIGKILL;
+/// `queues` sizes `scale`.
+pub async fn run(
+    scenario: &str,
+    quick: bool,
+    graceful: bool,
+    queues: Option<u32>,
+    redis_url: &str,
+) -> anyhow::Result<()> {
     if graceful && scenario != "failover" {
         anyhow::bail!("--graceful applies to the failover scenario only");
+    }
+    if queues.is_some() && scenario != "scale" {
+        anyhow::bail!("--queues applies to the scale scenario only");
     }
     match scenario {
         "failover" => failover::run(quick, graceful).await,
@@ -33,7 +43,7 @@ pub async fn run(scenario: &str, quick: bool, graceful: bool, redis_url: &str) -
         "redis" => redis::run(quick, redis_url).await,
         "sse" => sse::run(quick).await,
         "transport" => transport::run(quick).await,
-        "scale" => scale::run(quick).await,
+        "scale" => scale::run(quick, queues).await,
         other => {
             anyhow::bail!(
                 "unknown bench scenario `{other}` (known: pipeline, file, redis, sse, transport, failover, scale)"
