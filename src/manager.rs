@@ -80,6 +80,20 @@ enum Internal {
     LeaseLost(QueueId, u64),
 }
 
+impl Internal {
+    /// The queue it is about.
+    fn queue(&self) -> QueueId {
+        match self {
+            Internal::Lease(queue, _)
+            | Internal::RetryLease(queue)
+            | Internal::Spawned(queue, _)
+            | Internal::Restart(queue)
+            | Internal::ShutdownTimeout(queue, _)
+            | Internal::LeaseLost(queue, _) => *queue,
+        }
+    }
+}
+
 /// How an agent ended.
 enum Exit {
     /// It stopped, with this reason.
@@ -281,16 +295,23 @@ impl Manager {
         self.reconcile().await;
     }
 
-    /// Moves every queue toward what is desired.
+    /// Moves every queue toward what is desired (after a change of
+    /// ownership or state).
     async fn reconcile(&mut self) {
-        let wanted: Vec<QueueId> = self.owned.iter().copied().filter(|q| self.desired(*q)).collect();
-        for queue in wanted {
+        let queues: BTreeSet<QueueId> = self.owned.iter().chain(self.slots.keys()).copied().collect();
+        for queue in queues {
+            self.reconcile_queue(queue).await;
+        }
+    }
+
+    /// Moves `queue` toward what is desired (after an event of its own:
+    /// the other queues did not change).
+    async fn reconcile_queue(&mut self, queue: QueueId) {
+        if self.desired(queue) {
             if !self.slots.contains_key(&queue) {
                 self.acquire(queue);
             }
-        }
-        let unwanted: Vec<QueueId> = self.slots.keys().copied().filter(|q| !self.desired(*q)).collect();
-        for queue in unwanted {
+        } else {
             match self.slots.remove(&queue) {
                 Some(Slot::Running(agent, kill)) => {
                     self.args.agents.unregister(queue, &agent);

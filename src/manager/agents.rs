@@ -30,6 +30,7 @@ impl Manager {
     }
 
     pub(super) async fn on_internal(&mut self, internal: Internal) {
+        let queue = internal.queue();
         match internal {
             Internal::Lease(queue, result) => {
                 if !matches!(self.slots.get(&queue), Some(Slot::Acquiring)) {
@@ -122,7 +123,7 @@ impl Manager {
             }
             Internal::LeaseLost(queue, token) => self.on_lease_lost(queue, token),
         }
-        self.reconcile().await;
+        self.reconcile_queue(queue).await;
     }
 
     /// The keeper gave up `queue`'s lease: its agent dies at once, with no
@@ -163,7 +164,7 @@ impl Manager {
             Slot::Running(agent, kill) => (agent, kill, true),
             Slot::Stopping(agent, kill) => (agent, kill, false),
             // Its lease is gone: nothing to release; the queue waits for it.
-            Slot::Killed(_) => return self.reconcile().await,
+            Slot::Killed(_) => return self.reconcile_queue(queue).await,
             _ => return,
         };
         // Whatever the agent left running must not outlive it.
@@ -175,7 +176,7 @@ impl Manager {
             tracing::warn!(node = %self.node, %queue, %error, "pulling agent fenced: its lease is gone");
             self.held.remove(queue);
             self.restart_attempts.remove(&queue);
-            return self.reconcile().await;
+            return self.reconcile_queue(queue).await;
         }
         let (failure, reason) = match exit {
             Exit::Failed(error) => (Some(error), None),
@@ -195,7 +196,7 @@ impl Manager {
         } else {
             self.release(queue).await;
         }
-        self.reconcile().await;
+        self.reconcile_queue(queue).await;
     }
 
     pub(super) fn schedule_restart(&mut self, queue: QueueId) {
