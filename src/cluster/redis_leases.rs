@@ -134,6 +134,9 @@ pub struct RedisLeases {
     /// Per node name this store acquires for: its epoch, and the grants
     /// it holds under which epoch (at most one per queue).
     nodes: Mutex<HashMap<NodeId, Epoch>>,
+    /// One new epoch at a time: the acquires that found the old one dead
+    /// together wait for it, and then use it.
+    rejoining: tokio::sync::Mutex<()>,
 }
 
 /// One node's epoch and its grants.
@@ -156,6 +159,7 @@ impl RedisLeases {
             holders: redis::Script::new(HOLDERS),
             evict: redis::Script::new(EVICT),
             nodes: Mutex::new(HashMap::new()),
+            rejoining: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -213,9 +217,15 @@ impl RedisLeases {
         entry.epoch
     }
 
-    /// A new epoch for `node`, written to its alive key: its grants under
-    /// the old one are dead.
-    async fn rejoin(&self, node: &NodeId, ttl: Duration, queue: QueueId) -> Result<u64, LeaseError> {
+    /// A new epoch for `node` in place of `dead`, written to its alive key:
+    /// its grants under the old one are dead. Single-flight: if another
+    /// acquire replaced `dead` meanwhile, its epoch is the answer.
+    async fn rejoin(&self, node: &NodeId, dead: u64, ttl: Duration, queue: QueueId) -> Result<u64, LeaseError> {
+        let _one_at_a_time = self.rejoining.lock().await;
+        let current = self.epoch(node);
+        if current != dead {
+            return Ok(current);
+        }
         let epoch = fresh_epoch();
         let _: i64 = self
             .rejoin
@@ -344,7 +354,7 @@ impl QueueLeases for RedisLeases {
         }
         // Our alive key is gone (first acquire, a pause past the TTL, an
         // eviction) or another process of ours wrote it: a new epoch.
-        let epoch = self.rejoin(node, ttl, queue).await?;
+        let epoch = self.rejoin(node, epoch, ttl, queue).await?;
         match self.try_acquire(queue, node, epoch, ttl).await? {
             Ok(granted) => Ok(granted),
             Err(()) => Err(LeaseError::Backend {
