@@ -1,0 +1,100 @@
+//! Idle queues cost nothing and wake on a write: an agent whose queue is
+//! empty sleeps on its receiver's wake instead of polling, and a write ends
+//! the sleep. Lives of queues drained to empty and refilled, on the memory
+//! adapter (paused time: ten idle minutes) and on Redis (real server: no
+//! command while idle, every event of many refills delivered in order).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::redis_server::{RedisServer, adapter_options};
+use common::*;
+use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
+use tailrace::adapters::redis::RedisAdapterFactory;
+use tailrace::queue::QueueAdapterFactory;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Ten idle minutes cost a sleeping agent no read (one at most, when it
+/// forgets its idle streams); each write wakes it, it delivers, and it
+/// sleeps again, life after life.
+#[tokio::test(start_paused = true)]
+async fn an_idle_agent_sleeps_until_a_write_wakes_it() {
+    let recorder = Recorder::new();
+    let factory = Arc::new(MemoryAdapterFactory::new(1, MemoryOptions::default()));
+    let node = TestNode::start(factory, quick_config(), implicit("idle", &recorder)).await;
+    let s = stream("idle", "a");
+    for life in 0..5u64 {
+        // Asleep with everything acked (an ack may still take one pump).
+        let asleep = node.wait_status(0, |status| status.asleep && status.cached == 0).await;
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        let later = node.status(0).await;
+        assert!(later.asleep, "life {life}: still asleep");
+        // The one read allowed: forgetting idle streams once
+        // `stream_inactivity` (30 min) passed.
+        let reads = later.read_calls - asleep.read_calls;
+        assert!(reads <= 1, "life {life}: {reads} reads in ten minutes while nothing was written");
+        node.node.produce(&s, events("e", life * 10..life * 10 + 10)).await.unwrap();
+        assert!(eventually(WAIT, || recorder.total() == (life as usize + 1) * 10).await, "life {life}");
+    }
+    assert_eq!(recorder.ids(&s), ids("e", 0..50));
+}
+
+/// Redis INFO commandstats: calls per command.
+async fn calls(conn: &mut redis::aio::MultiplexedConnection) -> std::collections::BTreeMap<String, u64> {
+    let text: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
+    text.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
+}
+
+/// Sixteen Redis queues drained and refilled forty times: between the
+/// refills the sleeping agents send Redis no command at all, and every
+/// write wakes its queue's agent, so every event arrives, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_redis_queues_cost_no_command_and_every_refill_is_delivered() {
+    const QUEUES: u32 = 16;
+    let server = RedisServer::start();
+    let factory = Arc::new(RedisAdapterFactory::connect(QUEUES, adapter_options(&server), "n1").await.unwrap());
+    let mapper = factory.queue_mapper();
+    let recorder = Recorder::new();
+    let node = TestNode::start(factory, quick_config(), implicit("idle", &recorder)).await;
+    let streams: Vec<_> = (0..32).map(|i| stream("idle", &format!("s{i}"))).collect();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut sent = vec![0u64; streams.len()];
+    for round in 0..40usize {
+        // All asleep: nothing was written since their last read.
+        for q in 0..QUEUES {
+            node.wait_status(q, |status| status.asleep).await;
+        }
+        if round % 10 == 0 {
+            let before = calls(&mut conn).await;
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let after = calls(&mut conn).await;
+            let spent: Vec<_> = after
+                .iter()
+                .filter(|(cmd, n)| cmd.as_str() != "info" && before.get(*cmd) != Some(n))
+                .map(|(cmd, n)| format!("{cmd}: {}", n - before.get(cmd).copied().unwrap_or(0)))
+                .collect();
+            assert!(spent.is_empty(), "round {round}: idle queues sent Redis {spent:?}");
+        }
+        // Refill a few streams (a different few each round).
+        for i in (round % 4..streams.len()).step_by(4) {
+            let first = sent[i];
+            node.node.produce(&streams[i], events("e", first..first + 3)).await.unwrap();
+            sent[i] += 3;
+        }
+        let want: usize = sent.iter().sum::<u64>() as usize;
+        assert!(eventually(WAIT, || recorder.total() == want).await, "round {round}: {} of {want}", recorder.total());
+    }
+    for (i, s) in streams.iter().enumerate() {
+        assert_eq!(recorder.ids(s), ids("e", 0..sent[i]), "stream {s} (queue {})", mapper.queue_for(s));
+    }
+}
