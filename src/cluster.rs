@@ -12,6 +12,7 @@
 //! [`RedisMembership`]. Their settings (`[lease]`, `[membership]`) are
 //! [`LeaseOptions`] and [`MembershipOptions`].
 
+mod detector;
 mod lease;
 mod membership;
 mod redis_leases;
@@ -21,6 +22,7 @@ pub mod transport;
 pub mod wire;
 
 pub use crate::stream::NodeId;
+pub use detector::{FailureDetector, PROBE_TIMEOUT};
 pub use lease::{Lease, LeaseError, MemoryLeases, QueueLeases};
 pub use membership::Membership;
 pub use redis_leases::{RedisLeases, queue_tag};

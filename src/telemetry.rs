@@ -34,6 +34,8 @@ pub const AGENT_RESTARTS: &str = "tailrace_agent_restarts_total";
 pub const LEASES_HELD: &str = "tailrace_leases_held";
 /// Queue leases a node lost before releasing them: its agent was killed (label `node`).
 pub const LEASES_LOST: &str = "tailrace_leases_lost_total";
+/// Peers this node's failure detector found dead and evicted.
+pub const NODES_EVICTED: &str = "tailrace_nodes_evicted_total";
 /// Writes of an old lease's owner refused by the queue's fence (label
 /// `kind`: `ack`, `trim`, `read`, `claim`, `checkpoint`, `append`).
 pub const FENCED_WRITES: &str = "tailrace_fenced_writes_total";
@@ -90,6 +92,7 @@ pub fn describe() {
         (AGENT_CACHE_MISSES, Unit::Count, "Cursors that asked for positions the cache had already purged."),
         (AGENT_RESTARTS, Unit::Count, "Crashed pulling agents restarted by their manager."),
         (LEASES_LOST, Unit::Count, "Queue leases lost before being released (their agent was killed)."),
+        (NODES_EVICTED, Unit::Count, "Peers found dead (link closed, nothing listening) and evicted at once."),
         (CHECKPOINT_WRITES, Unit::Count, "Checkpoints written."),
         (FENCED_WRITES, Unit::Count, "Writes of an old lease's owner refused because a newer lease was granted."),
         (TRANSPORT_CALLS, Unit::Count, "Calls to other nodes, by peer and outcome."),
@@ -133,7 +136,7 @@ pub fn describe() {
 }
 
 /// Every name above, for tests that check each one is described.
-pub const ALL: [&str; 32] = [
+pub const ALL: [&str; 33] = [
     AGENT_EVENTS_READ,
     AGENT_EVENTS_DELIVERED,
     AGENT_EVENTS_UNSUBSCRIBED,
@@ -147,6 +150,7 @@ pub const ALL: [&str; 32] = [
     AGENT_RESTARTS,
     LEASES_HELD,
     LEASES_LOST,
+    NODES_EVICTED,
     CHECKPOINT_WRITES,
     FENCED_WRITES,
     TRANSPORT_CALLS,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use tailrace::balancer::BalancerKind;
-use tailrace::cluster::{Membership, QueueLeases};
+use tailrace::cluster::{Membership, NodeId, QueueLeases};
 use tailrace::config::Config;
 
 use super::cluster::{self, SERVE_ADVERTISE};
@@ -40,6 +40,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let joined = cluster::join(&config, &advertise, view.clone(), false).await?;
     let membership = joined.membership.clone();
     let mut transport = None;
+    let detecting = tokio_util::sync::CancellationToken::new();
     let ran = async {
         let serving = cluster::others_after_ttl(&config, &membership, |m| m.advertise == SERVE_ADVERTISE).await?;
         if !serving.is_empty() {
@@ -51,13 +52,19 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         }
         let link = cluster::connect(&config, cookie, &membership).await?;
         transport = Some(link.clone());
+        let leases: Arc<dyn QueueLeases> = Arc::new(joined.leases);
+        let detector = tailrace::cluster::FailureDetector {
+            me: NodeId::new(config.node.name.clone()),
+            membership: membership.clone(),
+            leases: leases.clone(),
+        };
+        tokio::spawn(detector.run(link.lost_links(), detecting.clone()));
         membership.set_agents_started(true);
         let metrics = tailrace::edge::install_metrics()?;
         let store = tailrace::archive::open_store(&config.archive, &config.adapters.redis.access())
             .await
             .context("opening the run log store")?;
         let backend = tailrace::backend::build(&config, None).await.context("opening the queues")?;
-        let leases: Arc<dyn QueueLeases> = Arc::new(joined.leases);
         let plan = Plan {
             command: "node",
             leases,
@@ -68,6 +75,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         run_node(&config, store, backend, metrics, signals, plan).await
     }
     .await;
+    detecting.cancel();
     if let Some(transport) = transport {
         transport.shutdown().await;
     }

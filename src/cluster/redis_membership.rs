@@ -227,6 +227,26 @@ impl RedisMembership {
         Ok(())
     }
 
+    /// Removes `member` (this incarnation of it only) from the cluster: it
+    /// is known dead. The view is refreshed at once, so the balancer
+    /// re-plans without waiting for the next heartbeat. Whether its key
+    /// was still there.
+    pub async fn evict(&self, member: &Member) -> Result<bool, MembershipError> {
+        let key = self.member_key(&member.name);
+        let removed: i64 = self
+            .inner
+            .leave
+            .key(&key)
+            .key(self.set_key())
+            .arg(&member.incarnation)
+            .arg(member.name.as_str())
+            .invoke_async(&mut self.inner.conn.clone())
+            .await
+            .map_err(backend("evicting", &key))?;
+        self.heartbeat().await?;
+        Ok(removed == 1)
+    }
+
     /// Refreshes this node's key, then replaces the view with the live
     /// members whose agents are started.
     async fn heartbeat(&self) -> Result<(), MembershipError> {

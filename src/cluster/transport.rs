@@ -333,6 +333,12 @@ impl RactorTransport {
         self.inner.tasks.stop(self.inner.settings.me.as_str(), Duration::from_secs(5)).await;
     }
 
+    /// Each peer whose link closes, as it closes (the failure detector
+    /// probes it).
+    pub fn lost_links(&self) -> tokio::sync::broadcast::Receiver<NodeId> {
+        self.inner.sessions.lost()
+    }
+
     /// Peers with an authenticated session now.
     pub fn connected(&self) -> BTreeSet<NodeId> {
         self.inner.sessions.ready()

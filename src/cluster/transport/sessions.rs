@@ -31,10 +31,21 @@ pub(super) enum Link {
 /// that connected (at most `membership.max_members` live ones, each with its
 /// few sessions: a simultaneous dial from both sides makes two, one of
 /// which the node server drops).
-#[derive(Default)]
 pub(super) struct Sessions {
     links: Mutex<HashMap<NodeId, Peer>>,
     changed: Notify,
+    /// Peers whose last ready session closed (bounded: a slow listener
+    /// skips what it missed).
+    lost: tokio::sync::broadcast::Sender<NodeId>,
+}
+
+/// Lost links kept for a slow listener.
+const LOST_KEPT: usize = 64;
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Self { links: Mutex::default(), changed: Notify::new(), lost: tokio::sync::broadcast::channel(LOST_KEPT).0 }
+    }
 }
 
 /// One peer: its sessions that are ready, the last state otherwise, and
@@ -90,6 +101,11 @@ impl Sessions {
         self.update(peer, |p| p.last = Link::Down);
     }
 
+    /// Each peer whose last ready session closes, as it closes.
+    pub(super) fn lost(&self) -> tokio::sync::broadcast::Receiver<NodeId> {
+        self.lost.subscribe()
+    }
+
     pub(super) fn ready(&self) -> BTreeSet<NodeId> {
         self.links.lock().iter().filter(|(_, p)| !p.ready.is_empty()).map(|(peer, _)| peer.clone()).collect()
     }
@@ -115,14 +131,19 @@ impl NodeEventSubscription for Events {
     fn node_session_disconnected(&self, session: NodeServerSessionInformation) {
         let Some(peer) = peer_of(&session) else { return };
         let id = session.actor.get_id();
+        let mut lost = false;
         self.0.update(&peer, |p| {
             if p.ready.remove(&id) {
                 p.last = Link::Down;
+                lost = p.ready.is_empty();
             } else if p.ready.is_empty() {
                 p.last = Link::ClosedBeforeAuth;
             }
         });
         tracing::info!(%peer, address = %session.peer_addr, "cluster session closed");
+        if lost {
+            let _ = self.0.lost.send(peer);
+        }
     }
 
     fn node_session_authenticated(&self, session: NodeServerSessionInformation) {
