@@ -133,7 +133,11 @@ async fn a_cut_link_heals_and_nothing_is_dead_lettered() {
     }
     for node in &nodes {
         assert_eq!(metric(node, "tailrace_agent_dead_letters_total", None).await, 0.0, "{}", node.log_text());
+        // Both stayed alive and reachable at their addresses: the cut
+        // evicted nobody and moved no queue (same holders, same tokens).
+        assert_eq!(metric(node, "tailrace_nodes_evicted_total", None).await, 0.0, "{}", node.log_text());
     }
+    assert_eq!(settle(&nodes[0], &[("n1", 3), ("n2", 3)]).await, held, "a cut link moved no queue");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,13 +44,19 @@ async fn node_processes_split_hand_over_survive_a_kill_and_take_a_newcomer() {
     let held = settle(&n1, &[("n1", 2), ("n2", 2), ("n3", 2)]).await;
     leases_in_redis_match(&mut conn, &held).await;
 
-    // (c) kill -9: once its leases lapse, two nodes with three each, under
-    // higher tokens.
+    // (c) kill -9: its links close, nothing listens at its address any
+    // more, so the survivors evict it (not waiting for its leases to
+    // lapse): two nodes with three each, under higher tokens.
     n3.signal("KILL");
     n3.wait_exit();
     let killed = std::time::Instant::now();
     let after = settle(&n1, &[("n1", 3), ("n2", 3)]).await;
     eprintln!("n3's queues re-owned {:?} after its kill (lease ttl 6 s, acquire 1 s)", killed.elapsed());
+    let mut evictions = 0.0;
+    for survivor in [&n1, &n2] {
+        evictions += survivor.metric_sum("tailrace_nodes_evicted_total", Some("peer=\"n3\"")).await.unwrap_or(0.0);
+    }
+    assert!(evictions >= 1.0, "a survivor's failure detector evicted n3:\n{}", n1.log_text());
     leases_in_redis_match(&mut conn, &after).await;
     for (queue, (holder, token)) in &held {
         if holder == "n3" {
