@@ -422,7 +422,7 @@ impl QueueLeases for RedisLeases {
         Ok(released == 1)
     }
 
-    /// One script call per [`HOLDERS_PER_CALL`] queues.
+    /// One script call per 256 queues.
     async fn holders(&self, queues: &[QueueId]) -> Result<Vec<Lease>, LeaseError> {
         let calls = queues.chunks(HOLDERS_PER_CALL).map(|chunk| self.holders_of(chunk));
         Ok(futures::future::try_join_all(calls).await?.into_iter().flatten().collect())
