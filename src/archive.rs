@@ -33,7 +33,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use archiver::{Archiver, Contents, RunLogReader, STATUS_ID_PREFIX, is_status, status_event};
-pub use audit::{AuditError, AuditLine, AuditLog};
+pub use audit::{AuditError, AuditLine, AuditLog, now_us};
 pub use file_store::FileRunLogStore;
 pub use redis_store::RedisRunLogStore;
 pub use retention::{MAX_REPORTED_RUNS, MAX_RUNS_PER_PRUNE, PruneReport, Retention, RetentionPolicy, Verdict};

@@ -40,7 +40,9 @@ async fn a_delivery_is_in_the_file_when_deliver_returns() {
         batches: vec![batch(1, &["a", "b"]), batch(2, &["c"])],
         fence: Some(7),
     };
+    let before = tailrace::archive::now_us();
     consumer.deliver(&delivery).await.unwrap();
+    let after = tailrace::archive::now_us();
     // No wait: the lines are written before deliver returns.
     let seen = lines(&path);
     let want = [("a", "1-0"), ("b", "1-0"), ("c", "2-0")];
@@ -53,9 +55,11 @@ async fn a_delivery_is_in_the_file_when_deliver_returns() {
                 stream: "s1".into(),
                 token: token.into(),
                 event: event.into(),
-                fence: Some(7)
+                fence: Some(7),
+                at_us: line.at_us,
             }
         );
+        assert!((before..=after).contains(&line.at_us), "written while delivering: {}", line.at_us);
     }
     // Appends: a second log on the same file (another process) adds to it.
     let again = AuditLog::open(&path, "n2").unwrap();

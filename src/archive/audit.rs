@@ -6,12 +6,13 @@
 //! Turned on by `[diagnostics] audit_namespace` and `audit_path`. A line:
 //!
 //! ```text
-//! {"node":"n1","stream":"audit/s3","token":"1764470000000-0","event":"e-42","fence":7}
+//! {"node":"n1","stream":"audit/s3","token":"1764470000000-0","event":"e-42","fence":7,"at_us":1764470000000123}
 //! ```
 //!
 //! (`stream` is the stream's key, `token` its container's sequence token,
 //! `fence` the fencing token of the lease the delivering agent held, or
-//! `null` when its writes are not fenced.)
+//! `null` when its writes are not fenced; `at_us` when the line was
+//! written, in microseconds since the Unix epoch.)
 //!
 //! **Durability.** A delivery's lines are written to the file with one
 //! `write` call before [`StreamConsumer::deliver`] returns, so an event is
@@ -54,6 +55,10 @@ pub struct AuditLine {
     pub event: String,
     /// The fencing token the delivering agent ran under, if fenced.
     pub fence: Option<u64>,
+    /// When the line was written, in microseconds since the Unix epoch
+    /// (0 in lines of older builds): what a latency measurement needs.
+    #[serde(default)]
+    pub at_us: u64,
 }
 
 impl AuditLine {
@@ -61,6 +66,12 @@ impl AuditLine {
     pub fn parse(line: &str) -> Result<Self, serde_json::Error> {
         serde_json::from_str(line)
     }
+}
+
+/// Microseconds since the Unix epoch, by the system clock.
+pub fn now_us() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Why the audit log cannot be written.
@@ -148,6 +159,7 @@ impl Shared {
                 token: token.to_string(),
                 event: event.id.to_string(),
                 fence: delivery.fence,
+                at_us: now_us(),
             };
             // A struct of strings and numbers always serializes.
             if serde_json::to_writer(&mut bytes, &line).is_ok() {

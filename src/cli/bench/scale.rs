@@ -1,17 +1,23 @@
-//! `tailrace bench scale [--quick]`: what an idle cluster costs, as the
-//! queue count grows. It starts a private `redis-server` and three
-//! `tailrace node` processes (the lease balancer, default leases) with
-//! many queues (120 with `--quick`, 1 000 without, or `--queues N`), waits until every queue
-//! is owned (`owned_ms`, from the first node's start) and spread over the
-//! nodes (`balanced_ms`: their counts differ by at most one), produces nothing, and samples for a while (5 s quick, 20 s):
-//! Redis commands per second (from `INFO commandstats`, the bench's own
-//! `INFO`s left out), in total and per queue, the top commands, Redis
+//! `tailrace bench scale [--quick] [--queues N]`: what an idle cluster
+//! costs, as the queue count grows. It starts a private `redis-server` and
+//! three `tailrace node` processes (the lease balancer, default leases)
+//! with many queues (120 with `--quick`, 1 000 without, or `--queues N`),
+//! waits until every queue is owned (`owned_ms`, from the first node's
+//! start) and spread over the nodes (`balanced_ms`: their counts differ by
+//! at most one), produces nothing, and samples for a while (5 s quick,
+//! 20 s): Redis commands per second (from `INFO commandstats`, the bench's
+//! own `INFO`s left out), in total and per queue, the top commands, Redis
 //! client connections, and each node's CPU (from `/proc`, over the sample)
-//! and RSS. It prints
-//! `RESULT scenario=scale nodes=… queues=… owned_ms=… balanced_ms=… idle_cmds_per_sec=… idle_cmds_per_queue_sec=… redis_clients=… clients_per_node=… node_cpu_pct_max=… node_rss_mib_max=… top=…`.
+//! and RSS. Then, on the idle cluster:
 //!
-//! It is the measurement the scale work is judged by: an idle queue should
-//! cost Redis nothing, and a node a few connections whatever its queues.
+//! - produce-to-delivery latency: single events (50 quick, 200) into
+//!   streams of their own, 10 ms apart, timed from the `XADD` to the
+//!   delivering node's audit line (p50, p99);
+//! - rebalance: a fourth node joins (time until the queues are spread over
+//!   four), then leaves with SIGTERM (time until spread over three).
+//!
+//! It prints
+//! `RESULT scenario=scale nodes=… queues=… owned_ms=… balanced_ms=… idle_cmds_per_sec=… idle_cmds_per_queue_sec=… redis_clients=… clients_per_node=… node_cpu_pct_max=… node_rss_mib_max=… top=… idle_latency_p50_ms=… idle_latency_p99_ms=… join_spread_ms=… leave_spread_ms=…`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -36,7 +42,10 @@ pub async fn run(quick: bool, queues: Option<u32>) -> anyhow::Result<()> {
         for i in 1..=NODES {
             nodes.push(NodeProc::spawn(dir.path(), &format!("n{i}"), &url, &cookie, queues).await?);
         }
-        measure(&nodes, &url, queues, started, sample).await
+        let idle = measure(&nodes, &url, queues, started, sample).await?;
+        let latency = idle_latency(&nodes, &url, queues, if quick { 50 } else { 200 }).await?;
+        let rebalance = rebalance(&mut nodes, dir.path(), &url, &cookie, queues).await?;
+        Ok::<_, anyhow::Error>(format!("{idle} {latency} {rebalance}"))
     }
     .await;
     for node in &mut nodes {
@@ -131,6 +140,91 @@ async fn measure(
         rss_max as f64 / 1024.0,
         top.join(",")
     ))
+}
+
+/// Produce-to-delivery latency on the idle cluster: `count` single events,
+/// each into a stream of its own (so into a queue that was idle), 10 ms
+/// apart, from this process through the Redis adapter as a producer does;
+/// each is timed from just before its `XADD` to its audit line (written
+/// by the delivering node before the delivery is acknowledged).
+async fn idle_latency(nodes: &[NodeProc], url: &str, queues: u32, count: u64) -> anyhow::Result<String> {
+    use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
+    use tailrace::queue::QueueAdapterFactory;
+    use tailrace::stream::{Event, EventId, StreamId};
+    let options = RedisOptions { url: url.to_string(), ..RedisOptions::default() };
+    let adapter = RedisAdapterFactory::connect(queues, options, "bench-producer").await?.create_adapter().await?;
+    let mut sent = BTreeMap::new();
+    for i in 0..count {
+        let id = format!("idle-{i}");
+        let event = Event::new(EventId::new(id.clone()), "idle");
+        sent.insert(id.clone(), tailrace::archive::now_us());
+        adapter.enqueue(&StreamId::new(super::cluster::NAMESPACE, id), vec![event]).await?;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut delivered: BTreeMap<String, u64> = BTreeMap::new();
+    while delivered.len() < sent.len() {
+        anyhow::ensure!(Instant::now() < deadline, "{} of {count} idle events delivered after 30 s", delivered.len());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for node in nodes {
+            let Ok(text) = std::fs::read_to_string(&node.audit) else { continue };
+            for line in text.lines().filter_map(|l| tailrace::archive::AuditLine::parse(l).ok()) {
+                if sent.contains_key(&line.event) {
+                    delivered.entry(line.event).or_insert(line.at_us);
+                }
+            }
+        }
+    }
+    let mut latencies: Vec<f64> =
+        sent.iter().map(|(id, at)| delivered[id].saturating_sub(*at) as f64 / 1000.0).collect();
+    latencies.sort_by(f64::total_cmp);
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize];
+    println!("scale: idle produce-to-delivery over {count} events: p50 {:.2} ms, p99 {:.2} ms", at(0.5), at(0.99));
+    Ok(format!("idle_latency_p50_ms={:.2} idle_latency_p99_ms={:.2}", at(0.5), at(0.99)))
+}
+
+/// A fourth node joins, then leaves (SIGTERM): how long until the queues
+/// are spread over the new set each time (every node's count within one
+/// of the others').
+async fn rebalance(
+    nodes: &mut Vec<NodeProc>,
+    dir: &std::path::Path,
+    url: &str,
+    cookie: &str,
+    queues: u32,
+) -> anyhow::Result<String> {
+    let http = reqwest::Client::new();
+    let joined = Instant::now();
+    nodes.push(NodeProc::spawn(dir, &format!("n{}", NODES + 1), url, cookie, queues).await?);
+    let join_ms = spread(&nodes[0], &http, NODES + 1, joined).await?;
+    let left = Instant::now();
+    if let Some(newcomer) = nodes.last_mut() {
+        newcomer.stop(Duration::from_secs(120)).await;
+    }
+    let leave_ms = spread(&nodes[0], &http, NODES, left).await?;
+    println!("scale: a fourth node spread in {join_ms} ms; after it left, {leave_ms} ms");
+    Ok(format!("join_spread_ms={join_ms} leave_spread_ms={leave_ms}"))
+}
+
+/// Milliseconds from `since` until every queue is held and `members` nodes
+/// each hold their share (within one of each other).
+async fn spread(node: &NodeProc, http: &reqwest::Client, members: usize, since: Instant) -> anyhow::Result<u128> {
+    let deadline = since + Duration::from_secs(300);
+    loop {
+        if let Some(held) = node.holders(http).await {
+            let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+            let all = held.values().all(Option::is_some);
+            for holder in held.into_values().flatten() {
+                *per_node.entry(holder).or_default() += 1;
+            }
+            let (least, most) = (per_node.values().min().copied(), per_node.values().max().copied());
+            if all && per_node.len() == members && most.zip(least).is_some_and(|(most, least)| most - least <= 1) {
+                return Ok(since.elapsed().as_millis());
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the queues did not spread over {members} nodes within 300 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Calls per command, from `INFO commandstats`.
