@@ -30,7 +30,8 @@ use crate::telemetry;
 #[derive(Default)]
 pub(crate) struct HeldLeases {
     held: Mutex<BTreeMap<QueueId, Lease>>,
-    /// Told of every grant and loss (the lease balancer re-plans).
+    /// Told of every lease given up or lost (the lease balancer re-plans;
+    /// a grant it asked for is no news).
     changed: tokio::sync::Notify,
 }
 
@@ -38,7 +39,6 @@ impl HeldLeases {
     /// Records a new grant (it replaces an older one of the same queue).
     pub(crate) fn insert(&self, lease: Lease) {
         self.held.lock().insert(lease.queue, lease);
-        self.changed.notify_one();
     }
 
     /// Forgets `queue`'s lease, returning it.
@@ -53,8 +53,8 @@ impl HeldLeases {
         self.held.lock().keys().copied().collect()
     }
 
-    /// Completes at the next grant or loss (or at once if one came since
-    /// the last call).
+    /// Completes at the next lease given up or lost (or at once if one went
+    /// since the last call).
     pub(crate) async fn changed(&self) {
         self.changed.notified().await
     }
