@@ -3,9 +3,11 @@
 //! the metrics and the checkpoint keys:
 //!
 //! - an owner paused (SIGSTOP) past its lease ttl loses its queues to the
-//!   other node; once resumed it gives its leases up, a write under its
-//!   old fencing token is refused, no checkpoint ever goes backwards and no
-//!   produced event is lost;
+//!   other node, not sooner (a paused process is not evicted: the kernel
+//!   still accepts the dial); once resumed it gives its leases up, a write
+//!   under its old fencing token is refused, no checkpoint ever goes
+//!   backwards, no grant is seen with two holders, and no produced event
+//!   is lost;
 //! - `tailrace bench failover --quick` reports no loss.
 
 mod common;
@@ -15,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::cluster::{Proc, QUEUES, config, free_port, held_by};
+use common::cluster::{LeaseWatch, Proc, QUEUES, config, free_port, held_by};
 use common::redis_server::{RedisServer, adapter_options};
 use tailrace::adapters::redis::RedisAdapterFactory;
 use tailrace::archive::AuditLine;
@@ -81,6 +83,8 @@ async fn a_paused_owner_is_fenced_and_loses_nothing() {
         (held_by(&held, "n1") == 3 && held_by(&held, "n2") == 3).then_some(held)
     })
     .await;
+    // No grant is ever seen with two holders, no token goes back.
+    let watch = LeaseWatch::start(&server);
     let victim_queues: HashSet<u32> =
         held.iter().filter(|(_, h)| h.as_deref() == Some("n2")).map(|(q, _)| *q as u32).collect();
 
@@ -228,6 +232,7 @@ async fn a_paused_owner_is_fenced_and_loses_nothing() {
     eprintln!(
         "n2 leases lost: {lost}, fenced writes counted: {fenced}; produced {produced}; checkpoint samples {samples}"
     );
+    watch.check().await;
     drop((n1, n2));
 }
 

@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::process::Command;
 
 use common::cluster::*;
@@ -185,55 +184,4 @@ async fn a_node_stopped_while_redis_is_frozen_leaves_no_lease_behind() {
     }
     let held = settle(&n1, &[("n1", 6)]).await;
     leases_in_redis_match(&mut conn, &held).await;
-}
-
-/// Samples every lease key every 20 ms while a test runs: a grant (a
-/// token) must never be seen with two holders, and a queue's token never
-/// goes back.
-struct LeaseWatch {
-    task: tokio::task::JoinHandle<Result<usize, String>>,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl LeaseWatch {
-    fn start(server: &RedisServer) -> Self {
-        let url = server.url();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
-        let task = tokio::spawn(async move {
-            let mut conn = redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap();
-            let mut grants: BTreeMap<(u32, u64), String> = BTreeMap::new();
-            let mut newest: BTreeMap<u32, u64> = BTreeMap::new();
-            let mut samples = 0;
-            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
-                for queue in 0..QUEUES {
-                    let key = format!("tailrace:{{q{queue}}}:lease");
-                    let (holder, token): (Option<String>, Option<u64>) =
-                        redis::cmd("HMGET").arg(&key).arg("holder").arg("token").query_async(&mut conn).await.unwrap();
-                    let (Some(holder), Some(token)) = (holder, token) else { continue };
-                    samples += 1;
-                    if let Some(other) = grants.insert((queue, token), holder.clone())
-                        && other != holder
-                    {
-                        return Err(format!("queue {queue}: token {token} held by {other} and by {holder}"));
-                    }
-                    let last = newest.entry(queue).or_insert(token);
-                    if token < *last {
-                        return Err(format!("queue {queue}: token {token} after {last}"));
-                    }
-                    *last = token;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            Ok(samples)
-        });
-        Self { task, stop }
-    }
-
-    /// Stops sampling; fails on what it saw.
-    async fn check(self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        let samples = self.task.await.unwrap().unwrap_or_else(|error| panic!("{error}"));
-        assert!(samples > 0, "the lease keys were sampled");
-    }
 }
