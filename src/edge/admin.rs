@@ -1,8 +1,10 @@
 //! The admin API, under `/api/v1/admin/` and behind the `admin` scope:
 //! `GET /api/v1/admin/cluster` answers the cluster as this node sees it:
-//! its live members (from Redis membership, or only itself) and, per queue,
-//! who holds its lease, with which fencing token, for how much longer, and
-//! the queue's stored checkpoint. `GET /api/v1/admin/agents` and `POST
+//! its live members (from Redis membership, or only itself), a summary
+//! (queues, how many each node holds, how many are free) and, per queue of
+//! the page asked for (`?from=Q&limit=N`, 1 000 by default, `next` says
+//! where the next page starts), who holds its lease, with which fencing
+//! token, for how much longer, and the queue's stored checkpoint. `GET /api/v1/admin/agents` and `POST
 //! /api/v1/admin/agents/start|stop` read and switch this node's agents
 //! (`?node=` names another node: the call goes to it over the cluster
 //! transport); stopped, the node is published as such in Redis and the
@@ -69,7 +71,41 @@ struct QueueJson {
 struct ClusterJson {
     node: String,
     members: Vec<MemberJson>,
+    /// Counts over every queue, whatever the page.
+    summary: SummaryJson,
+    /// The page of queues asked for (`?from`, `?limit`).
     queues: Vec<QueueJson>,
+    /// Where the next page starts (`?from=`), if there are more queues.
+    next: Option<u32>,
+}
+
+/// Every queue, counted: how many, how many each node holds, how many are free.
+#[derive(Serialize)]
+struct SummaryJson {
+    queues: usize,
+    held: std::collections::BTreeMap<String, usize>,
+    free: usize,
+}
+
+/// The page of `GET /api/v1/admin/cluster`: queues from `from` (a queue
+/// number), at most `limit` of them.
+#[derive(Deserialize)]
+struct Page {
+    #[serde(default)]
+    from: u32,
+    #[serde(default = "default_page")]
+    limit: usize,
+}
+
+/// Queues per page unless `?limit=` says otherwise.
+const DEFAULT_PAGE: usize = 1_000;
+/// The most queues one page holds.
+const MAX_PAGE: usize = 10_000;
+/// Checkpoints read at once for one page.
+const CHECKPOINT_READS: usize = 64;
+
+fn default_page() -> usize {
+    DEFAULT_PAGE
 }
 
 /// The admin routes over `view`, behind the `admin` scope of `auth`.
@@ -178,7 +214,11 @@ async fn stop_agents(
     agents_call(&view, target, AgentsCommand::Stop).await
 }
 
-async fn cluster(State(view): State<Arc<ClusterView>>) -> Result<Json<ClusterJson>, ApiError> {
+async fn cluster(
+    State(view): State<Arc<ClusterView>>,
+    Query(page): Query<Page>,
+) -> Result<Json<ClusterJson>, ApiError> {
+    use futures::StreamExt;
     let members = match &view.membership {
         Some(membership) => membership
             .members()
@@ -195,11 +235,27 @@ async fn cluster(State(view): State<Arc<ClusterView>>) -> Result<Json<ClusterJso
         None => vec![MemberJson { name: view.me.to_string(), incarnation: None, advertise: None, agents: "started" }],
     };
     let leases = view.leases.holders(&view.queues).await.map_err(|e| unavailable("the queue leases", e))?;
+    let mut summary = SummaryJson { queues: view.queues.len(), held: Default::default(), free: 0 };
+    for lease in &leases {
+        *summary.held.entry(lease.holder.to_string()).or_default() += 1;
+    }
+    summary.free = view.queues.len().saturating_sub(leases.len());
+    let by_queue: std::collections::HashMap<QueueId, &crate::cluster::Lease> =
+        leases.iter().map(|l| (l.queue, l)).collect();
+    let limit = page.limit.clamp(1, MAX_PAGE);
+    let shown: Vec<QueueId> = view.queues.iter().copied().filter(|q| q.0 >= page.from).take(limit + 1).collect();
+    let next = shown.get(limit).map(|q| q.0);
+    let shown = &shown[..shown.len().min(limit)];
+    let loads = shown.to_vec().into_iter().map(|queue| {
+        let checkpointer = view.checkpointer.clone();
+        async move { checkpointer.load(queue).await }
+    });
+    let checkpoints: Vec<_> = futures::stream::iter(loads).buffered(CHECKPOINT_READS).collect().await;
     let now = Instant::now();
-    let mut queues = Vec::with_capacity(view.queues.len());
-    for queue in &view.queues {
-        let lease = leases.iter().find(|l| l.queue == *queue);
-        let checkpoint = view.checkpointer.load(*queue).await.map_err(|e| unavailable("a checkpoint", e))?;
+    let mut queues = Vec::with_capacity(shown.len());
+    for (queue, checkpoint) in shown.iter().zip(checkpoints) {
+        let lease = by_queue.get(queue);
+        let checkpoint = checkpoint.map_err(|e| unavailable("a checkpoint", e))?;
         queues.push(QueueJson {
             queue: queue.0,
             holder: lease.map(|l| l.holder.to_string()),
@@ -209,7 +265,7 @@ async fn cluster(State(view): State<Arc<ClusterView>>) -> Result<Json<ClusterJso
             checkpoint: checkpoint.map(|token| token.to_string()),
         });
     }
-    Ok(Json(ClusterJson { node: view.me.to_string(), members, queues }))
+    Ok(Json(ClusterJson { node: view.me.to_string(), members, summary, queues, next }))
 }
 
 #[cfg(test)]
@@ -245,7 +301,11 @@ mod tests {
     }
 
     async fn get(router: Router, token: Option<&str>) -> (StatusCode, serde_json::Value) {
-        let mut request = Request::get("/api/v1/admin/cluster");
+        get_path(router, "/api/v1/admin/cluster", token).await
+    }
+
+    async fn get_path(router: Router, path: &str, token: Option<&str>) -> (StatusCode, serde_json::Value) {
+        let mut request = Request::get(path);
         if let Some(token) = token {
             request = request.header("authorization", format!("Bearer {token}"));
         }
@@ -275,6 +335,45 @@ mod tests {
         assert_eq!(body["queues"][1]["token"], 1);
         assert!(body["queues"][1]["expires_in_ms"].as_u64().unwrap() <= 8000);
         assert!(body["queues"][1]["checkpoint"].is_string(), "{body}");
+    }
+
+    /// 10 000 queues: every page is bounded, the pages cover each queue
+    /// once, and the summary counts all of them whatever the page.
+    #[tokio::test]
+    async fn ten_thousand_queues_come_in_pages_with_a_summary() {
+        let leases = Arc::new(MemoryLeases::new());
+        for q in 0..3_000 {
+            let node = NodeId::new(if q % 2 == 0 { "n1" } else { "n2" });
+            leases.acquire(QueueId(q), &node, Duration::from_secs(60)).await.unwrap();
+        }
+        let view = ClusterView {
+            me: NodeId::new("n1"),
+            membership: None,
+            leases,
+            checkpointer: Arc::new(MemoryCheckpointer::new()),
+            queues: (0..10_000).map(QueueId).collect(),
+            node: None,
+        };
+        let router = admin_router(&AuthOptions::default(), view);
+        let (status, first) = get_path(router.clone(), "/api/v1/admin/cluster", None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(first["queues"].as_array().unwrap().len(), 1_000, "the default page");
+        assert_eq!(first["summary"]["queues"], 10_000);
+        assert_eq!(
+            (first["summary"]["held"]["n1"].clone(), first["summary"]["held"]["n2"].clone()),
+            (1_500.into(), 1_500.into())
+        );
+        assert_eq!(first["summary"]["free"], 7_000);
+        let (mut from, mut seen) = (Some(0u64), Vec::new());
+        while let Some(start) = from {
+            let (_, page) =
+                get_path(router.clone(), &format!("/api/v1/admin/cluster?from={start}&limit=4000"), None).await;
+            let queues = page["queues"].as_array().unwrap();
+            assert!(queues.len() <= 4_000);
+            seen.extend(queues.iter().map(|q| q["queue"].as_u64().unwrap()));
+            from = page["next"].as_u64();
+        }
+        assert_eq!(seen, (0..10_000).collect::<Vec<u64>>(), "every queue once, in order");
     }
 
     #[tokio::test]

@@ -132,12 +132,18 @@ audit_path = "{}"
     }
 
     /// Queue → holder, from this node's admin API; `None` if unreachable.
+    /// Every page of the admin view.
     pub(super) async fn holders(&self, http: &reqwest::Client) -> Option<BTreeMap<u32, Option<String>>> {
-        let url = format!("http://127.0.0.1:{}/api/v1/admin/cluster", self.port);
-        let body: serde_json::Value = http.get(url).send().await.ok()?.error_for_status().ok()?.json().await.ok()?;
         let mut held = BTreeMap::new();
-        for queue in body["queues"].as_array()? {
-            held.insert(queue["queue"].as_u64()? as u32, queue["holder"].as_str().map(str::to_string));
+        let mut from = Some(0);
+        while let Some(start) = from {
+            let url = format!("http://127.0.0.1:{}/api/v1/admin/cluster?from={start}&limit=10000", self.port);
+            let body: serde_json::Value =
+                http.get(url).send().await.ok()?.error_for_status().ok()?.json().await.ok()?;
+            for queue in body["queues"].as_array()? {
+                held.insert(queue["queue"].as_u64()? as u32, queue["holder"].as_str().map(str::to_string));
+            }
+            from = body["next"].as_u64();
         }
         Some(held)
     }
