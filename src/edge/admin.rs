@@ -246,7 +246,7 @@ async fn cluster(
     let shown: Vec<QueueId> = view.queues.iter().copied().filter(|q| q.0 >= page.from).take(limit + 1).collect();
     let next = shown.get(limit).map(|q| q.0);
     let shown = &shown[..shown.len().min(limit)];
-    let loads = shown.to_vec().into_iter().map(|queue| {
+    let loads = shown.iter().copied().map(|queue| {
         let checkpointer = view.checkpointer.clone();
         async move { checkpointer.load(queue).await }
     });
