@@ -148,6 +148,18 @@ audit_path = "{}"
         Some(held)
     }
 
+    /// The sum of a metric's samples on this node; `None` if unreachable.
+    pub(super) async fn metric_sum(&self, http: &reqwest::Client, name: &str) -> Option<f64> {
+        let url = format!("http://127.0.0.1:{}/metrics", self.port);
+        let text = http.get(url).send().await.ok()?.error_for_status().ok()?.text().await.ok()?;
+        Some(
+            text.lines()
+                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum(),
+        )
+    }
+
     pub(super) fn signal(&self, signal: &str) -> anyhow::Result<()> {
         let pid = self.child.id().context("the node already exited")?;
         let status = std::process::Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status()?;

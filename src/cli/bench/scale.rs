@@ -45,7 +45,8 @@ pub async fn run(quick: bool, queues: Option<u32>) -> anyhow::Result<()> {
         let idle = measure(&nodes, &url, queues, started, sample).await?;
         let latency = idle_latency(&nodes, &url, queues, if quick { 50 } else { 200 }).await?;
         let rebalance = rebalance(&mut nodes, dir.path(), &url, &cookie, queues).await?;
-        Ok::<_, anyhow::Error>(format!("{idle} {latency} {rebalance}"))
+        let active = active(&nodes, &url, queues, if quick { 3 } else { 10 }).await?;
+        Ok::<_, anyhow::Error>(format!("{idle} {latency} {rebalance} {active}"))
     }
     .await;
     for node in &mut nodes {
@@ -181,6 +182,93 @@ async fn idle_latency(nodes: &[NodeProc], url: &str, queues: u32, count: u64) ->
     let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize];
     println!("scale: idle produce-to-delivery over {count} events: p50 {:.2} ms, p99 {:.2} ms", at(0.5), at(0.99));
     Ok(format!("idle_latency_p50_ms={:.2} idle_latency_p99_ms={:.2}", at(0.5), at(0.99)))
+}
+
+/// Producer tasks of the active phase, and events per batch.
+const PRODUCERS: usize = 16;
+const BATCH: usize = 10;
+
+/// Every queue active: `PRODUCERS` tasks append batches of `BATCH` events
+/// to streams spread over all queues for `seconds`, as fast as Redis takes
+/// them; the nodes' agents read everything (`tailrace_agent_events_read_total`
+/// summed over the nodes, until it reaches what was produced). Then a raw
+/// client appends entries of the same size with the same tasks for as long:
+/// `active_eps` (produced and read, over the time until all was read)
+/// against `raw_xadd_eps`.
+async fn active(nodes: &[NodeProc], url: &str, queues: u32, seconds: u64) -> anyhow::Result<String> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
+    use tailrace::queue::QueueAdapterFactory;
+    use tailrace::stream::{Event, EventId, StreamId};
+    let http = reqwest::Client::new();
+    let read = || async {
+        let mut total = 0.0;
+        for node in nodes.iter().filter(|n| n.alive) {
+            total += node.metric_sum(&http, tailrace::telemetry::AGENT_EVENTS_READ).await.unwrap_or(0.0);
+        }
+        total as u64
+    };
+    let read_before = read().await;
+    let options = RedisOptions { url: url.to_string(), ..RedisOptions::default() };
+    let adapter = RedisAdapterFactory::connect(queues, options, "bench-producer").await?.create_adapter().await?;
+    let streams: Arc<Vec<StreamId>> =
+        Arc::new((0..queues.max(1) * 4).map(|i| StreamId::new("active", format!("s{i}"))).collect());
+    let payload = "x".repeat(100);
+    let produced = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let until = started + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for task in 0..PRODUCERS {
+        let (adapter, streams, produced, payload) = (adapter.clone(), streams.clone(), produced.clone(), payload.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = task;
+            while Instant::now() < until {
+                let events = (0..BATCH).map(|i| Event::new(EventId::new(format!("a{n}-{i}")), payload.clone())).collect();
+                adapter.enqueue(&streams[n % streams.len()], events).await?;
+                produced.fetch_add(BATCH as u64, Ordering::Relaxed);
+                n += PRODUCERS;
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let produced = produced.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while read().await.saturating_sub(read_before) < produced {
+        anyhow::ensure!(Instant::now() < deadline, "the agents did not read the {produced} events within 120 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let active_eps = produced as f64 / started.elapsed().as_secs_f64();
+    // The same Redis from a raw client: the same tasks, entries of the
+    // same size (one per batch), one key, deleted afterwards.
+    let client = redis::Client::open(url)?;
+    let conn = client.get_multiplexed_async_connection().await?;
+    let body = serde_json::to_string(&(0..BATCH).map(|i| (format!("a0-{i}"), payload.clone())).collect::<Vec<_>>())?;
+    let raw = Arc::new(AtomicU64::new(0));
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for _ in 0..PRODUCERS {
+        let (mut conn, raw, body) = (conn.clone(), raw.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < until {
+                let _: String =
+                    redis::cmd("XADD").arg("bench:scale:raw").arg("*").arg("b").arg(&body).query_async(&mut conn).await?;
+                raw.fetch_add(BATCH as u64, Ordering::Relaxed);
+            }
+            Ok::<_, redis::RedisError>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let raw_eps = raw.load(Ordering::Relaxed) as f64 / seconds as f64;
+    let _: i64 = redis::cmd("DEL").arg("bench:scale:raw").query_async(&mut conn.clone()).await?;
+    let ratio = if raw_eps > 0.0 { active_eps / raw_eps } else { 0.0 };
+    println!("scale: every queue active: {active_eps:.0} events/s produced and read; a raw client {raw_eps:.0}/s; ratio {ratio:.3}");
+    Ok(format!("active_eps={active_eps:.0} raw_xadd_eps={raw_eps:.0} active_ratio={ratio:.3}"))
 }
 
 /// A fourth node joins, then leaves (SIGTERM): how long until the queues
