@@ -248,8 +248,9 @@ pub trait QueueReceiver: Send + 'static {
         Ok(())
     }
 
-    /// After a read that found nothing: a future that completes once the
-    /// queue may hold something new (a write to it, a lost connection to
+    /// After reads that found nothing for a while (the agent's backoff
+    /// reached `poll_period`): a future that completes once the queue may
+    /// hold something new (a write to it, a lost connection to
     /// the store), so that an idle agent waits on it instead of polling.
     /// Waking for nothing is fine (the agent reads, finds nothing, asks
     /// again); staying asleep while the queue holds unread containers is a

@@ -110,6 +110,9 @@ pub struct RedisOptions {
     /// Limit of one command.
     #[serde(with = "humantime_serde")]
     pub response_timeout: Duration,
+    /// Connections the receivers of a node share (queue `n` reads over
+    /// connection `n mod reader_connections`); producers use another.
+    pub reader_connections: usize,
 }
 
 impl Default for RedisOptions {
@@ -127,6 +130,7 @@ impl Default for RedisOptions {
             trim: TrimPolicy::Checkpoint,
             trim_every: Duration::from_secs(10),
             response_timeout: Duration::from_secs(5),
+            reader_connections: 2,
         }
     }
 }
@@ -141,6 +145,7 @@ impl std::fmt::Debug for RedisOptions {
             .field("trim", &self.trim)
             .field("trim_every", &self.trim_every)
             .field("response_timeout", &self.response_timeout)
+            .field("reader_connections", &self.reader_connections)
             .finish()
     }
 }
@@ -175,6 +180,14 @@ pub(crate) async fn connect(options: &RedisOptions) -> Result<ConnectionManager,
         }
         other => QueueError::Config(other.to_string()),
     })
+}
+
+/// Settings that cannot work.
+fn check_options(options: &RedisOptions) -> Result<(), QueueError> {
+    if options.reader_connections == 0 {
+        return Err(QueueError::Config("[adapters.redis] reader_connections must be at least 1".into()));
+    }
+    Ok(())
 }
 
 /// How the adapter's connections reconnect, and their command limit.
@@ -215,9 +228,11 @@ impl RedisAdapterFactory {
             .map_err(|e| backend(&e, "moving queue keys to the new layout"))?;
         let mapper = QueueMapper::new(queue_count);
         let checkpointer = Arc::new(RedisCheckpointer::new(conn.clone(), &options.key_prefix));
+        check_options(&options)?;
         let adapter = Arc::new(RedisAdapter {
             mapper,
             conn,
+            readers: (0..options.reader_connections).map(|_| tokio::sync::OnceCell::new()).collect(),
             wakes: Arc::new(wake::Wakes::new(options.clone())),
             options,
             consumer: consumer.to_string(),
@@ -242,8 +257,11 @@ impl MappedAdapter for RedisAdapter {
 /// Appends to and reads from the Redis streams.
 pub struct RedisAdapter {
     mapper: QueueMapper,
-    /// Shared by producers and every receiver (no command blocks).
+    /// Producers' (and the checkpointer's and pub-sub store's).
     conn: ConnectionManager,
+    /// The receivers', made at the first receiver that needs each (no
+    /// command blocks, so many queues share one).
+    readers: Vec<tokio::sync::OnceCell<ConnectionManager>>,
     /// Where idle receivers wait for a write.
     wakes: Arc<wake::Wakes>,
     options: RedisOptions,
@@ -317,8 +335,10 @@ impl RedisAdapter {
             Some(token) => Fence::new(token, fence_key),
             None => Fence::open(fence_key),
         };
+        let slot = &self.readers[queue.0 as usize % self.readers.len()];
+        let conn = slot.get_or_try_init(|| connect(&self.options)).await?.clone();
         let shared = receiver::Shared {
-            conn: self.conn.clone(),
+            conn,
             options: self.options.clone(),
             consumer: self.consumer.clone(),
             checkpointer: self.checkpointer.clone(),

@@ -275,9 +275,10 @@ impl Pump {
     }
 
     /// A read succeeded: what comes next. Right away after a fruitful read
-    /// that was not paused, or when rewinds wait. After an empty read, sleep
-    /// until the receiver's wake (if it has one); otherwise
-    /// `min_poll_period` doubled per consecutive empty read, up to
+    /// that was not paused, or when rewinds wait. After an empty read,
+    /// `min_poll_period` doubled per consecutive empty read; once that
+    /// reaches `poll_period` (the queue is idle, not between two bursts),
+    /// sleep until the receiver's wake if it has one, or poll every
     /// `poll_period`.
     pub(crate) fn after_read(&mut self, got: bool, rewinds_waiting: bool, options: &AgentOptions) -> AfterRead {
         self.read_failures = 0;
@@ -285,23 +286,25 @@ impl Pump {
             self.empty_reads = 0;
             return AfterRead::Pump(Duration::ZERO);
         }
-        if !self.blocked {
-            if self.armed {
-                return AfterRead::Asleep;
-            }
-            if let Some(wake) = self.io.as_mut().and_then(|io| io.receiver.wake_on_write()) {
-                self.armed = true;
-                return AfterRead::Wait(wake);
-            }
+        if self.armed && !self.blocked {
+            return AfterRead::Asleep;
         }
         let shift = self.empty_reads.min(20);
         self.empty_reads += 1;
-        AfterRead::Pump(
-            options
-                .min_poll_period
-                .saturating_mul(1 << shift)
-                .clamp(options.min_poll_period.min(options.poll_period), options.poll_period),
-        )
+        let delay = options
+            .min_poll_period
+            .saturating_mul(1 << shift)
+            .clamp(options.min_poll_period.min(options.poll_period), options.poll_period);
+        // Backed off all the way: idle, so sleep until a write (a queue
+        // that only paused between bursts is read again before that).
+        if !self.blocked
+            && delay >= options.poll_period
+            && let Some(wake) = self.io.as_mut().and_then(|io| io.receiver.wake_on_write())
+        {
+            self.armed = true;
+            return AfterRead::Wait(wake);
+        }
+        AfterRead::Pump(delay)
     }
 
     /// Whether the agent sleeps until its receiver's wake.

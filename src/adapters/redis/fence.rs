@@ -110,6 +110,16 @@ for i = 1, #info, 2 do
 end
 return {{}, '0-0'}";
 
+/// READ_NEW without the fence, for a receiver that holds no lease.
+pub(crate) const READ_NEW_OPEN: &str = r"
+local reply = redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', ARGV[4], 'STREAMS', KEYS[1], '>')
+if reply then return {reply, ''} end
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+for i = 1, #info, 2 do
+  if info[i] == 'last-generated-id' then return {{}, info[i + 1]} end
+end
+return {{}, '0-0'}";
+
 /// KEYS: old key, new key. Renames the old layout's key to the new one if
 /// only the old exists; 1 if it did.
 const MIGRATE: &str = r"
@@ -166,9 +176,10 @@ pub(crate) async fn migrate_legacy_keys(
 }
 
 /// The fence of one receiver: its lease's token and the scripts that
-/// check it before each write.
+/// check it before each write; without a lease, the plain commands.
 pub(crate) struct Fence {
-    pub(crate) token: u64,
+    /// `None`: no lease, nothing to check.
+    pub(crate) token: Option<u64>,
     key: String,
     ack: redis::Script,
     trim: redis::Script,
@@ -176,7 +187,7 @@ pub(crate) struct Fence {
     read_new: redis::Script,
 }
 
-/// What a fenced read of new entries found.
+/// What a read of new entries found.
 pub(crate) enum NewEntries {
     /// Entries, now in this consumer's pending list.
     Some(Vec<redis::streams::StreamId>),
@@ -187,14 +198,20 @@ pub(crate) enum NewEntries {
 impl Fence {
     /// `token` checked against the counter at `key`.
     pub(crate) fn new(token: u64, key: String) -> Self {
-        Self { token, key, ack: script(ACK), trim: script(TRIM), claim: script(CLAIM), read_new: script(READ_NEW) }
+        Self {
+            token: Some(token),
+            key,
+            ack: script(ACK),
+            trim: script(TRIM),
+            claim: script(CLAIM),
+            read_new: script(READ_NEW),
+        }
     }
 
-    /// The fence of a receiver that holds no lease: a token above every
-    /// counter (they are far from 2^64), so it refuses nothing. One code
-    /// path reads and writes for both.
+    /// The fence of a receiver that holds no lease: plain commands, and a
+    /// script only to learn the stream's last id when nothing is new.
     pub(crate) fn open(key: String) -> Self {
-        Self::new(u64::MAX, key)
+        Self { token: None, read_new: redis::Script::new(READ_NEW_OPEN), ..Self::new(0, key) }
     }
 
     /// `XACK stream group ids…`.
@@ -205,8 +222,16 @@ impl Fence {
         group: &str,
         ids: impl Iterator<Item = String>,
     ) -> Result<u64, redis::RedisError> {
+        let Some(token) = self.token else {
+            let mut cmd = redis::cmd("XACK");
+            cmd.arg(stream).arg(group);
+            for id in ids {
+                cmd.arg(id);
+            }
+            return cmd.query_async(conn).await;
+        };
         let mut invocation = self.ack.key(stream);
-        invocation.key(&self.key).arg(self.token).arg(group);
+        invocation.key(&self.key).arg(token).arg(group);
         for id in ids {
             invocation.arg(id);
         }
@@ -220,7 +245,10 @@ impl Fence {
         stream: &str,
         min_id: &str,
     ) -> Result<u64, redis::RedisError> {
-        self.trim.key(stream).key(&self.key).arg(self.token).arg(min_id).invoke_async(conn).await
+        match self.token {
+            Some(token) => self.trim.key(stream).key(&self.key).arg(token).arg(min_id).invoke_async(conn).await,
+            None => redis::cmd("XTRIM").arg(stream).arg("MINID").arg(min_id).query_async(conn).await,
+        }
     }
 
     /// One `XAUTOCLAIM` page from `start`.
@@ -232,18 +260,25 @@ impl Fence {
         consumer: &str,
         start: &str,
     ) -> Result<redis::streams::StreamAutoClaimReply, redis::RedisError> {
-        self.claim
-            .key(stream)
-            .key(&self.key)
-            .arg(self.token)
-            .arg(group)
-            .arg(consumer)
-            .arg(start)
-            .invoke_async(conn)
-            .await
+        let Some(token) = self.token else {
+            return redis::cmd("XAUTOCLAIM")
+                .arg(stream)
+                .arg(group)
+                .arg(consumer)
+                .arg(0)
+                .arg(start)
+                .arg("COUNT")
+                .arg(1000)
+                .arg("JUSTID")
+                .query_async(conn)
+                .await;
+        };
+        self.claim.key(stream).key(&self.key).arg(token).arg(group).arg(consumer).arg(start).invoke_async(conn).await
     }
 
     /// Up to `count` new entries (`XREADGROUP … >`), without waiting.
+    /// Without a lease, a plain `XREADGROUP` first: the script (which
+    /// passes the whole reply through Lua) only when it found nothing.
     pub(crate) async fn read_new(
         &self,
         conn: &mut redis::aio::ConnectionManager,
@@ -252,11 +287,28 @@ impl Fence {
         consumer: &str,
         count: usize,
     ) -> Result<NewEntries, redis::RedisError> {
+        if self.token.is_none() {
+            let reply: Option<redis::streams::StreamReadReply> = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(group)
+                .arg(consumer)
+                .arg("COUNT")
+                .arg(count)
+                .arg("STREAMS")
+                .arg(stream)
+                .arg(">")
+                .query_async(conn)
+                .await?;
+            let entries: Vec<_> = reply.map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect()).unwrap_or_default();
+            if !entries.is_empty() {
+                return Ok(NewEntries::Some(entries));
+            }
+        }
         let (reply, last_id): (redis::Value, String) = self
             .read_new
             .key(stream)
             .key(&self.key)
-            .arg(self.token)
+            .arg(self.token.unwrap_or(0))
             .arg(group)
             .arg(consumer)
             .arg(count)

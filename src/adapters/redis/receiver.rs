@@ -126,7 +126,7 @@ impl RedisReceiver {
 
     /// A refusal of the fence (there is one if Redis refused).
     fn refusal(&self, kind: &'static str, error: &redis::RedisError) -> QueueError {
-        fence::queue_refusal(kind, self.queue, self.fence.token, error)
+        fence::queue_refusal(kind, self.queue, self.fence.token.unwrap_or(0), error)
     }
 
     /// A failed read as a queue error.

@@ -220,11 +220,13 @@ async fn active(nodes: &[NodeProc], url: &str, queues: u32, seconds: u64) -> any
     let until = started + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
     for task in 0..PRODUCERS {
-        let (adapter, streams, produced, payload) = (adapter.clone(), streams.clone(), produced.clone(), payload.clone());
+        let (adapter, streams, produced, payload) =
+            (adapter.clone(), streams.clone(), produced.clone(), payload.clone());
         tasks.push(tokio::spawn(async move {
             let mut n = task;
             while Instant::now() < until {
-                let events = (0..BATCH).map(|i| Event::new(EventId::new(format!("a{n}-{i}")), payload.clone())).collect();
+                let events =
+                    (0..BATCH).map(|i| Event::new(EventId::new(format!("a{n}-{i}")), payload.clone())).collect();
                 adapter.enqueue(&streams[n % streams.len()], events).await?;
                 produced.fetch_add(BATCH as u64, Ordering::Relaxed);
                 n += PRODUCERS;
@@ -254,8 +256,13 @@ async fn active(nodes: &[NodeProc], url: &str, queues: u32, seconds: u64) -> any
         let (mut conn, raw, body) = (conn.clone(), raw.clone(), body.clone());
         tasks.push(tokio::spawn(async move {
             while Instant::now() < until {
-                let _: String =
-                    redis::cmd("XADD").arg("bench:scale:raw").arg("*").arg("b").arg(&body).query_async(&mut conn).await?;
+                let _: String = redis::cmd("XADD")
+                    .arg("bench:scale:raw")
+                    .arg("*")
+                    .arg("b")
+                    .arg(&body)
+                    .query_async(&mut conn)
+                    .await?;
                 raw.fetch_add(BATCH as u64, Ordering::Relaxed);
             }
             Ok::<_, redis::RedisError>(())
@@ -267,7 +274,9 @@ async fn active(nodes: &[NodeProc], url: &str, queues: u32, seconds: u64) -> any
     let raw_eps = raw.load(Ordering::Relaxed) as f64 / seconds as f64;
     let _: i64 = redis::cmd("DEL").arg("bench:scale:raw").query_async(&mut conn.clone()).await?;
     let ratio = if raw_eps > 0.0 { active_eps / raw_eps } else { 0.0 };
-    println!("scale: every queue active: {active_eps:.0} events/s produced and read; a raw client {raw_eps:.0}/s; ratio {ratio:.3}");
+    println!(
+        "scale: every queue active: {active_eps:.0} events/s produced and read; a raw client {raw_eps:.0}/s; ratio {ratio:.3}"
+    );
     Ok(format!("active_eps={active_eps:.0} raw_xadd_eps={raw_eps:.0} active_ratio={ratio:.3}"))
 }
 
