@@ -1,9 +1,9 @@
-//! The pulling agent: one actor per owned queue.
-//!
-//! It reads its queue in batches, caches what it read ([`QueueCache`]), finds
-//! each stream's subscribers (pub-sub + handshake), delivers to every
-//! subscription in order and at least once, checkpoints delivery progress and,
-//! when asked to stop, hands the queue over in strict order.
+//! The pulling agent: one actor per owned queue. It reads its queue in
+//! batches, caches what it read ([`QueueCache`]), finds each stream's
+//! subscribers (pub-sub + handshake), delivers to every subscription in order
+//! and at least once, checkpoints delivery progress and, when asked to stop,
+//! hands the queue over in strict order. Idle, it sleeps until its receiver
+//! says the queue was written.
 //!
 //! This file is the loop: [`PullingAgent::handle`] matches every message and
 //! says what happens. Anything that waits (queue I/O, pub-sub lookups,
@@ -17,20 +17,11 @@
 //!          └▶ ready cursors ─▶ dispatch ─▶ [lane: deliver with retries] ─▶ Delivered ─▶ dispatch …
 //! ```
 //!
-//! The state is split into parts under `agent/`, each owning its fields and
-//! rules and none calling back into the agent: they return what should happen
-//! next, and the agent carries it out.
-//!
-//! - `pump.rs`: the receiver, the checkpoint and the read schedule;
-//! - `streams.rs`: the stream table (registration, attach, cursors, catch-up);
-//! - `subscription.rs`: one subscription and its handshake;
-//! - `lookup.rs`: the store lookup of a new stream's subscriptions;
-//! - `delivery.rs`: deliveries in flight and how they end;
-//! - `shutdown.rs`: the ordered handoff and its bounded final I/O;
-//! - `messages.rs`: the messages, and how the agent sends them to itself
-//!   and to its work lane;
-//! - `calls.rs`, `worker.rs`, `status.rs`, `settings.rs`: retried consumer
-//!   calls, the work lane, status and metrics, settings and services.
+//! The state is split into parts under `agent/` (`pump`, `streams`,
+//! `subscription`, `lookup`, `delivery`, `shutdown`, `messages`, `calls`,
+//! `worker`, `status`, `settings`: each file opens with what it owns), none
+//! calling back into the agent: they return what should happen next, and
+//! the agent carries it out.
 
 mod calls;
 mod delivery;
@@ -55,7 +46,7 @@ use tracing::Instrument;
 
 use crate::cache::QueueCache;
 use crate::failure::FailureAction;
-use crate::pubsub::{ConsumerError, Origin, StartPosition, Subscription, SubscriptionId};
+use crate::pubsub::{ConsumerError, Origin, StartPosition, SubscriptionId};
 use crate::queue::{QueueError, QueueId};
 use crate::stream::{BatchContainer, StreamId};
 use calls::RetryLimits;
@@ -127,7 +118,13 @@ impl Actor for PullingAgent {
         match msg {
             // A subscriber attaches: its stream is registered if new, and its
             // consumer is asked where to start (answered once placed).
-            AgentMsg::Attach { subscription, reply } => agent.attach(subscription, reply),
+            AgentMsg::Attach { reply, .. } if agent.shutdown.is_some() => {
+                let _ = reply.send(Err(AttachError::NotServing(agent.queue)));
+            }
+            AgentMsg::Attach { subscription, reply } => {
+                let next = agent.streams.attach(subscription, reply, &mut agent.cache);
+                agent.run(next);
+            }
             // Unsubscribed: its cursor goes, and what it had in flight.
             AgentMsg::Detach { stream, id, reply } => {
                 agent.streams.detach(&stream, id, &mut agent.cache);
@@ -141,8 +138,7 @@ impl Actor for PullingAgent {
             }
             AgentMsg::Internal(Internal(msg)) => agent.on_internal(msg)?,
         }
-        // A sleeping agent still acks what its subscriptions finished.
-        if agent.pump.asleep() && !agent.pump.in_flight() && agent.cache.purgeable() {
+        if agent.pump.acks_waiting(&agent.cache) {
             agent.schedule_pump(Duration::ZERO);
         }
         drop(entered);
@@ -172,13 +168,8 @@ impl Agent {
             InternalMsg::Registered(registered) => {
                 self.outbox.reported();
                 if !closing {
-                    let options = &self.services.options;
-                    let next = self.streams.on_registered(
-                        registered,
-                        &mut self.cache,
-                        &self.services.implicit,
-                        options.delivery_backoff,
-                    );
+                    let (implicit, backoff) = (&self.services.implicit, self.services.options.delivery_backoff);
+                    let next = self.streams.on_registered(registered, &mut self.cache, implicit, backoff);
                     self.run(next);
                 }
             }
@@ -209,11 +200,7 @@ impl Agent {
                 let next = self.streams.on_rewind_due(stream, id, epoch);
                 self.run(next);
             }
-            InternalMsg::Batch(done) => {
-                for msg in done {
-                    self.on_internal(msg)?;
-                }
-            }
+            InternalMsg::Batch(done) => done.into_iter().try_for_each(|msg| self.on_internal(msg))?,
         }
         Ok(())
     }
@@ -249,15 +236,6 @@ impl Agent {
         agent.schedule_pump(Pump::first_delay(&agent.services.options));
         tracing::info!(parent: &span, checkpoint = ?agent.pump.checkpoint(), "pulling agent started");
         Ok(agent)
-    }
-
-    fn attach(&mut self, subscription: Subscription, reply: RpcReplyPort<Result<StartPosition, AttachError>>) {
-        if self.shutdown.is_some() {
-            let _ = reply.send(Err(AttachError::NotServing(self.queue)));
-            return;
-        }
-        let next = self.streams.attach(subscription, reply, &mut self.cache);
-        self.run(next);
     }
 
     /// Arranges a pump after `delay` (coalesced: at most one is arranged or
@@ -296,13 +274,9 @@ impl Agent {
         if run.reads() {
             self.status.read_calls += 1;
         }
-        let (myself, kill) = (self.outbox.myself().clone(), self.kill.clone());
-        let task = async move {
-            if let Some(outcome) = run.run(&kill).await {
-                let _ = myself.cast(AgentMsg::Internal(Internal(InternalMsg::PumpDone(Box::new(outcome)))));
-            }
-        };
-        self.services.tasks.spawn("agent pump", task.instrument(self.span.clone()));
+        let kill = self.kill.clone();
+        let task = async move { run.run(&kill).await.map(|outcome| InternalMsg::PumpDone(Box::new(outcome))) };
+        self.outbox.spawn_reporting(&self.services.tasks, "agent pump", task.instrument(self.span.clone()));
     }
 
     /// A pump came back: apply its rewind answers, then its read (cached and
@@ -341,8 +315,7 @@ impl Agent {
                 let rewinds_waiting = self.streams.rewinds_waiting();
                 match self.pump.after_read(got, rewinds_waiting, &self.services.options) {
                     AfterRead::Pump(delay) => self.schedule_pump(delay),
-                    AfterRead::Wait(wake) => self.sleep(Some(wake)),
-                    AfterRead::Asleep => self.sleep(None),
+                    AfterRead::Sleep(wake) => self.sleep(wake),
                 }
             }
         }
@@ -355,29 +328,20 @@ impl Agent {
     /// a throttled checkpoint and to forget idle streams in time.
     fn sleep(&mut self, wake: Option<crate::queue::Wake>) {
         if let Some(wake) = wake {
-            let cancel = self.asleep.token().clone();
-            self.outbox.send_self_on(&self.services.tasks, wake, cancel, InternalMsg::Woken);
+            let cancel = self.asleep.token().clone(); // cancelled when the agent's state goes
+            let woken = async move { cancel.run_until_cancelled(wake).await.map(|()| InternalMsg::Woken) };
+            self.outbox.spawn_reporting(&self.services.tasks, "agent wake", woken);
         }
-        if self.pump.checkpoint_unwritten() {
-            self.schedule_pump(self.services.checkpoint.persist_interval);
-        } else if self.streams.len() > 0 {
-            self.schedule_pump(self.services.options.stream_inactivity);
+        if let Some(due) = self.pump.asleep_due(&self.services, self.streams.len()) {
+            self.schedule_pump(due);
         }
     }
 
     /// A read's containers: cached; cursors that were waiting deliver; new
     /// streams are registered.
     fn add_batch(&mut self, batch: Vec<Arc<BatchContainer>>) -> Result<(), ActorProcessingErr> {
-        self.status.reads += 1;
-        self.status.containers_read += batch.len() as u64;
-        // Streams in first-appearance order, with their event counts.
-        let mut order: Vec<(StreamId, usize)> = Vec::new();
-        for container in &batch {
-            match order.iter_mut().find(|(s, _)| *s == container.stream) {
-                Some((_, count)) => *count += container.events.len(),
-                None => order.push((container.stream.clone(), container.events.len())),
-            }
-        }
+        self.status.read(batch.len());
+        let order = streams::appearance(&batch);
         self.metrics.events_read.increment(order.iter().map(|(_, n)| *n).sum::<usize>() as u64);
         // The pump reads at most what fits, so a full cache is a bug; the
         // containers stay unacknowledged in the queue for the next owner.

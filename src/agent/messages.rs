@@ -138,21 +138,20 @@ impl Outbox {
         self.myself.send_after(delay, move || AgentMsg::Internal(Internal(msg())));
     }
 
-    /// Sends `msg` to this agent once `wake` completes, unless `cancel` is
-    /// cancelled first (the agent stopped: its state, holding the guard,
-    /// was dropped). Not counted as work: nothing waits for it.
-    pub(super) fn send_self_on(
+    /// Runs `task` as a task of `tasks` named `name` and sends this agent
+    /// the message it ends with, if any. Not counted as work: nothing
+    /// waits for it (the pump, and the wait on the receiver's wake).
+    pub(super) fn spawn_reporting(
         &self,
         tasks: &Tasks,
-        wake: impl Future<Output = ()> + Send + 'static,
-        cancel: CancellationToken,
-        msg: InternalMsg,
+        name: &'static str,
+        task: impl Future<Output = Option<InternalMsg>> + Send + 'static,
     ) {
         let myself = self.myself.clone();
-        tasks.spawn("agent wake", async move {
-            tokio::select! {
-                _ = cancel.cancelled() => {}
-                _ = wake => { let _ = myself.cast(AgentMsg::Internal(Internal(msg))); }
+        tasks.spawn(name, async move {
+            if let Some(msg) = task.await {
+                // Only fails if the agent is gone, and then nobody needs it.
+                let _ = myself.cast(AgentMsg::Internal(Internal(msg)));
             }
         });
     }

@@ -103,10 +103,9 @@ pub(crate) fn is_fenced(error: &ActorProcessingErr) -> bool {
 pub(crate) enum AfterRead {
     /// Pump again after this long.
     Pump(Duration),
-    /// Sleep until this completes (the queue may hold something new).
-    Wait(Wake),
-    /// Sleep: a wake is already awaited.
-    Asleep,
+    /// Sleep until this wake completes (the queue may hold something new),
+    /// or on the wake already awaited (`None`).
+    Sleep(Option<Wake>),
 }
 
 /// When the agent should send itself the next pump tick.
@@ -287,7 +286,7 @@ impl Pump {
             return AfterRead::Pump(Duration::ZERO);
         }
         if self.armed && !self.blocked {
-            return AfterRead::Asleep;
+            return AfterRead::Sleep(None);
         }
         let shift = self.empty_reads.min(20);
         self.empty_reads += 1;
@@ -302,7 +301,7 @@ impl Pump {
             && let Some(wake) = self.io.as_mut().and_then(|io| io.receiver.wake_on_write())
         {
             self.armed = true;
-            return AfterRead::Wait(wake);
+            return AfterRead::Sleep(Some(wake));
         }
         AfterRead::Pump(delay)
     }
@@ -312,16 +311,28 @@ impl Pump {
         self.armed
     }
 
+    /// Whether a sleeping agent must pump to ack what its subscriptions
+    /// finished since (no pump is in flight to do it).
+    pub(crate) fn acks_waiting(&self, cache: &crate::cache::QueueCache) -> bool {
+        self.armed && !self.in_flight && cache.purgeable()
+    }
+
     /// The receiver's wake completed: the next read is due.
     pub(crate) fn woken(&mut self) {
         self.armed = false;
         self.empty_reads = 0;
     }
 
-    /// Progress recorded but not yet written (the write is throttled): a
-    /// sleeping agent must still pump to write it.
-    pub(crate) fn checkpoint_unwritten(&self) -> bool {
-        self.io.as_ref().is_some_and(|io| io.checkpoint.latest() != io.checkpoint.persisted())
+    /// When a sleeping agent must still pump: to write progress recorded
+    /// but not yet written (the write is throttled, `persist_interval`),
+    /// or to forget idle streams (`stream_inactivity`, if it has any).
+    pub(crate) fn asleep_due(&self, services: &AgentServices, streams: usize) -> Option<Duration> {
+        let unwritten = self.io.as_ref().is_some_and(|io| io.checkpoint.latest() != io.checkpoint.persisted());
+        if unwritten {
+            Some(services.checkpoint.persist_interval)
+        } else {
+            (streams > 0).then_some(services.options.stream_inactivity)
+        }
     }
 
     /// Takes the receiver home for good (the ordered shutdown).

@@ -48,6 +48,12 @@ pub struct AgentStatus {
 }
 
 impl AgentStatus {
+    /// A read that returned `containers` containers.
+    pub(crate) fn read(&mut self, containers: usize) {
+        self.reads += 1;
+        self.containers_read += containers as u64;
+    }
+
     /// These counters, with what the agent's parts hold now.
     pub(crate) fn now(&self, streams: &Streams, cache: &QueueCache, pump: &Pump, shutting_down: bool) -> Self {
         let (streams, registering, subscriptions) = streams.counts();

@@ -31,7 +31,7 @@ use crate::pubsub::{
 };
 use crate::queue::{QueueError, QueueId};
 use crate::retry::Backoff;
-use crate::stream::StreamId;
+use crate::stream::{BatchContainer, StreamId};
 
 /// What the agent should do after a change to the table.
 pub(crate) enum Next {
@@ -355,4 +355,16 @@ impl Streams {
             cache.remove_cursor(pin);
         }
     }
+}
+
+/// The streams of `batch` in first-appearance order, with their event counts.
+pub(crate) fn appearance(batch: &[Arc<BatchContainer>]) -> Vec<(StreamId, usize)> {
+    let mut order: Vec<(StreamId, usize)> = Vec::new();
+    for container in batch {
+        match order.iter_mut().find(|(s, _)| *s == container.stream) {
+            Some((_, count)) => *count += container.events.len(),
+            None => order.push((container.stream.clone(), container.events.len())),
+        }
+    }
+    order
 }
