@@ -49,7 +49,7 @@ impl Manager {
                     self.held.insert(lease.clone());
                 } else if let Ok(None) = &result {
                     // Another node holds it: any older grant of ours is gone.
-                    self.held.remove(queue);
+                    self.held.lost(queue);
                 }
                 match result {
                     Ok(Some(lease)) if self.desired(queue) => self.spawn_agent(queue, lease.token),
@@ -174,7 +174,7 @@ impl Manager {
             // Not a crash: a newer receiver has the queue, so its lease is
             // gone. Forget it (no release) and wait for the lease again.
             tracing::warn!(node = %self.node, %queue, %error, "pulling agent fenced: its lease is gone");
-            self.held.remove(queue);
+            self.held.lost(queue);
             self.restart_attempts.remove(&queue);
             return self.reconcile_queue(queue).await;
         }

@@ -30,8 +30,8 @@ use crate::telemetry;
 #[derive(Default)]
 pub(crate) struct HeldLeases {
     held: Mutex<BTreeMap<QueueId, Lease>>,
-    /// Told of every lease given up or lost (the lease balancer re-plans;
-    /// a grant it asked for is no news).
+    /// Told of every lease lost (the lease balancer re-plans; a grant it
+    /// asked for, or a lease it gave back, is no news).
     changed: tokio::sync::Notify,
 }
 
@@ -41,11 +41,16 @@ impl HeldLeases {
         self.held.lock().insert(lease.queue, lease);
     }
 
-    /// Forgets `queue`'s lease, returning it.
+    /// Forgets `queue`'s lease (given back), returning it.
     pub(crate) fn remove(&self, queue: QueueId) -> Option<Lease> {
-        let removed = self.held.lock().remove(&queue);
+        self.held.lock().remove(&queue)
+    }
+
+    /// Forgets `queue`'s lease, lost (another node has it): the lease
+    /// balancer re-plans.
+    pub(crate) fn lost(&self, queue: QueueId) {
+        self.held.lock().remove(&queue);
         self.changed.notify_one();
-        removed
     }
 
     /// The queues whose leases are held.
@@ -53,8 +58,8 @@ impl HeldLeases {
         self.held.lock().keys().copied().collect()
     }
 
-    /// Completes at the next lease given up or lost (or at once if one went
-    /// since the last call).
+    /// Completes at the next lease lost (or at once if one was since the
+    /// last call).
     pub(crate) async fn changed(&self) {
         self.changed.notified().await
     }

@@ -57,7 +57,7 @@ pub(super) struct LeaseDriver {
 }
 
 /// The lease balancer: a round on every membership change and on every
-/// lease given up or lost, and every `period` until the node is settled
+/// lease lost, and every `period` until the node is settled
 /// (it holds exactly the queues it wants, as many as its share); a settled
 /// node reads no lease. A new plan goes to the manager when it differs
 /// from the last.
