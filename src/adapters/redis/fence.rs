@@ -95,30 +95,32 @@ pub(crate) const CLAIM: &str = r"
 if is_fenced(KEYS[2], ARGV[1]) then return refuse(KEYS[2]) end
 return redis.call('XAUTOCLAIM', KEYS[1], ARGV[2], ARGV[3], 0, ARGV[4], 'COUNT', 1000, 'JUSTID')";
 
-/// KEYS: stream, fence. ARGV: token, group, consumer, count.
-/// `XREADGROUP … STREAMS stream >` (scripts cannot block), fenced: entries
-/// move into a consumer's pending list only while its lease is current.
-/// Answers `{entries, last id}`: the reply (or `{}`) and, when it is empty,
-/// the stream's last generated id, to wait for newer ones from.
-pub(crate) const READ_NEW: &str = r"
-if is_fenced(KEYS[2], ARGV[1]) then return refuse(KEYS[2]) end
+/// The body of the read of new entries (KEYS: stream, fence. ARGV: token,
+/// group, consumer, count): `XREADGROUP … STREAMS stream >` (scripts
+/// cannot block). Answers `{entries, last id}`: the reply (or `{}`) and,
+/// when it is empty, the stream's last generated id, to wait for newer
+/// ones from.
+macro_rules! read_new_body {
+    () => {
+        r"
 local reply = redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', ARGV[4], 'STREAMS', KEYS[1], '>')
 if reply then return {reply, ''} end
 local info = redis.call('XINFO', 'STREAM', KEYS[1])
 for i = 1, #info, 2 do
   if info[i] == 'last-generated-id' then return {{}, info[i + 1]} end
 end
-return {{}, '0-0'}";
+return {{}, '0-0'}"
+    };
+}
 
-/// READ_NEW without the fence, for a receiver that holds no lease.
-pub(crate) const READ_NEW_OPEN: &str = r"
-local reply = redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', ARGV[4], 'STREAMS', KEYS[1], '>')
-if reply then return {reply, ''} end
-local info = redis.call('XINFO', 'STREAM', KEYS[1])
-for i = 1, #info, 2 do
-  if info[i] == 'last-generated-id' then return {{}, info[i + 1]} end
-end
-return {{}, '0-0'}";
+/// The read of new entries, fenced: entries move into a consumer's
+/// pending list only while its lease is current.
+pub(crate) const READ_NEW: &str =
+    concat!("\nif is_fenced(KEYS[2], ARGV[1]) then return refuse(KEYS[2]) end", read_new_body!());
+
+/// The read of new entries without the fence, for a receiver that holds no
+/// lease.
+pub(crate) const READ_NEW_OPEN: &str = read_new_body!();
 
 /// KEYS: old key, new key. Renames the old layout's key to the new one if
 /// only the old exists; 1 if it did.
