@@ -6,10 +6,10 @@
 //! once. If the dial is *refused* (the host answers that nothing listens
 //! on that port), the peer's process is gone: a process that dies closes
 //! its sockets, its listener with them, and the kernel refuses new
-//! connections. The detector then evicts it: its member key (that
+//! connections. The detector then evicts it: its member record (that
 //! incarnation only) and its leases' alive key are deleted, so every
 //! survivor re-plans at once and takes its queues under higher tokens.
-//! Anything else (the dial connects, times out, or fails otherwise) proves
+//! Anything else (the dial is accepted and kept open, times out, or fails otherwise) proves
 //! nothing, and the peer's leases lapse after their TTL as before:
 //!
 //! - a paused process (SIGSTOP, a long GC-like stall) still has its
@@ -85,7 +85,7 @@ impl FailureDetector {
                     tracing::warn!(%peer, %error, "cannot free the evicted node's leases; they lapse after the ttl");
                 }
                 if let Err(error) = self.membership.evict(&member).await {
-                    tracing::warn!(%peer, %error, "cannot remove the evicted node's member key; it lapses after the ttl");
+                    tracing::warn!(%peer, %error, "cannot remove the evicted node's member record; it lapses after the ttl");
                 }
             }
             Probe::Inconclusive(why) => {
@@ -95,15 +95,34 @@ impl FailureDetector {
     }
 }
 
-/// Dials `address` once, within [`PROBE_TIMEOUT`].
+/// Dials `address`, within [`PROBE_TIMEOUT`] per step.
+///
+/// A process being killed closes its sockets one by one, so the link to it
+/// can close while its listener still takes dials into its backlog. Such a
+/// dial is reset when the listener closes a moment later; a live node keeps
+/// it open (it waits for the dialer to speak first). So an accepted dial is
+/// held: closed or reset, the peer is dialed again ([`PROBE_DIALS`] at
+/// most); kept open, the peer is alive or paused, and that proves nothing.
 async fn probe(address: &str) -> Probe {
-    match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(address)).await {
-        Ok(Err(error)) if error.kind() == std::io::ErrorKind::ConnectionRefused => Probe::Refused,
-        Ok(Err(error)) => Probe::Inconclusive(error.to_string()),
-        Ok(Ok(_)) => Probe::Inconclusive("it accepted the dial".into()),
-        Err(_) => Probe::Inconclusive(format!("the dial did not answer within {PROBE_TIMEOUT:?}")),
+    use tokio::io::AsyncReadExt;
+    for _ in 0..PROBE_DIALS {
+        let mut stream = match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(address)).await {
+            Ok(Err(error)) if error.kind() == std::io::ErrorKind::ConnectionRefused => return Probe::Refused,
+            Ok(Err(error)) => return Probe::Inconclusive(error.to_string()),
+            Err(_) => return Probe::Inconclusive(format!("the dial did not answer within {PROBE_TIMEOUT:?}")),
+            Ok(Ok(stream)) => stream,
+        };
+        match tokio::time::timeout(PROBE_TIMEOUT, stream.read(&mut [0u8; 1])).await {
+            Err(_) => return Probe::Inconclusive("it accepted the dial and kept it open".into()),
+            Ok(Ok(n)) if n > 0 => return Probe::Inconclusive("it answered the dial".into()),
+            Ok(_) => continue,
+        }
     }
+    Probe::Inconclusive(format!("it accepted and closed {PROBE_DIALS} dials"))
 }
+
+/// How many accepted-then-closed dials the probe makes before it gives up.
+const PROBE_DIALS: usize = 3;
 
 #[cfg(test)]
 mod tests {
@@ -113,9 +132,24 @@ mod tests {
     async fn only_a_refused_dial_proves_a_peer_dead() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap().to_string();
-        assert!(matches!(probe(&address).await, Probe::Inconclusive(_)), "a listener accepts");
+        assert!(matches!(probe(&address).await, Probe::Inconclusive(_)), "a listener keeps the dial open");
         drop(listener);
         assert_eq!(probe(&address).await, Probe::Refused, "nothing listens any more");
         assert!(matches!(probe("not an address").await, Probe::Inconclusive(_)));
+    }
+
+    #[tokio::test]
+    async fn a_listener_that_closes_as_it_is_dialed_is_a_dying_process() {
+        // A killed process whose listener still took the first dial: it
+        // resets that dial as it closes, and the next dial is refused.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let dying = tokio::spawn(async move {
+            let accepted = listener.accept().await;
+            drop(listener);
+            drop(accepted);
+        });
+        assert_eq!(probe(&address).await, Probe::Refused);
+        dying.await.unwrap();
     }
 }
