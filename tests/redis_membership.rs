@@ -102,8 +102,8 @@ async fn members_follow_heartbeats_leaves_and_expiry() {
     stop_b.cancel();
     task_b.await.unwrap().unwrap();
     let exists: i64 =
-        redis::cmd("EXISTS").arg(a.member_key(&NodeId::new("b"))).query_async(&mut conn(&server).await).await.unwrap();
-    assert_eq!(exists, 0);
+        redis::cmd("HEXISTS").arg(a.records_key()).arg("b").query_async(&mut conn(&server).await).await.unwrap();
+    assert_eq!(exists, 0, "a graceful leave deletes the record");
     assert!(!view_b.live().contains(&NodeId::new("b")));
     wait_view(&view_a, &["a"]).await;
     stop_a.cancel();
@@ -131,11 +131,60 @@ async fn a_node_replaced_after_a_pause_leaves_and_stops() {
     let server = RedisServer::start();
     let (a, view_a) = join(&server, "a").await.unwrap();
     // Another process takes the name while a is paused (its key was lost).
-    let _: i64 =
-        redis::cmd("DEL").arg(a.member_key(&NodeId::new("a"))).query_async(&mut conn(&server).await).await.unwrap();
+    let _: i64 = redis::cmd("HDEL").arg(a.records_key()).arg("a").query_async(&mut conn(&server).await).await.unwrap();
     let (_usurper, _) = join(&server, "a").await.unwrap();
     let (_stop, task) = run(&a);
     let outcome = tokio::time::timeout(WAIT, task).await.expect("stops").unwrap();
     assert!(matches!(outcome, Err(MembershipError::NameTaken { .. })), "{outcome:?}");
     assert!(!view_a.live().contains(&NodeId::new("a")));
+}
+
+/// Calls per command Redis has served so far (`INFO commandstats`; the
+/// commands a script runs count too).
+async fn calls(conn: &mut redis::aio::ConnectionManager) -> std::collections::BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_settled_membership_costs_one_command_per_node_and_heartbeat() {
+    let server = RedisServer::start();
+    let mut nodes = Vec::new();
+    for name in ["a", "b", "c"] {
+        let (member, view) = join(&server, name).await.unwrap();
+        nodes.push((run(&member), view));
+    }
+    for (_, view) in &nodes {
+        wait_view(view, &["a", "b", "c"]).await;
+    }
+    let mut conn = conn(&server).await;
+    let started = tokio::time::Instant::now();
+    let before = calls(&mut conn).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let after = calls(&mut conn).await;
+    let beats = (started.elapsed().as_millis() / options().heartbeat.as_millis()) as u64 + 1;
+    let spent = |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    // Each node beats at most once per heartbeat (and once more for a
+    // partial one), one script call each, and sends nothing else: the
+    // other commands are the ones the script runs inside.
+    let scripts = spent("evalsha") + spent("eval");
+    assert!((3..=3 * beats).contains(&scripts), "{scripts} script calls for 3 nodes × {beats} heartbeats");
+    let inside = ["time", "zrangebyscore", "zrem", "hdel", "hget", "hset", "zadd", "get", "set", "hgetall", "info"];
+    let outside: Vec<(&String, u64)> = after
+        .keys()
+        .filter(|name| !inside.contains(&name.as_str()) && !name.starts_with("eval"))
+        .map(|name| (name, spent(name)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert!(outside.is_empty(), "commands besides the heartbeat: {outside:?}");
+    assert_eq!(spent("hgetall"), 0, "a settled membership reads no records");
+    for (_, view) in &nodes {
+        assert_eq!(view.live().len(), 3);
+    }
 }

@@ -22,15 +22,15 @@ pub const SERVE_ADVERTISE: &str = "serve";
 pub struct RedisCluster {
     /// The queue leases.
     pub leases: RedisLeases,
-    /// This process's member key.
+    /// This process's member record.
     pub membership: RedisMembership,
 }
 
-/// Connects and claims `config.node.name`'s member key, with its agents
+/// Connects and claims `config.node.name`'s member record, with its agents
 /// published as `agents_started` (`false`: the other nodes never balance
 /// queues to it). A name held by
 /// another incarnation is waited for up to one `membership.ttl` (a process
-/// killed with `kill -9` holds it until its key expires); still held after
+/// killed with `kill -9` holds it until its record lapses); still held after
 /// that, it is refused: another live process runs under that name.
 pub async fn join(
     config: &Config,
@@ -43,7 +43,7 @@ pub async fn join(
     let leases = RedisLeases::connect_to(&endpoint, &redis.key_prefix, redis.response_timeout)
         .await
         .with_context(|| format!("connecting to Redis at {} for leases and membership", endpoint.shown()))?;
-    // Before the member key: a node refused here takes no lease.
+    // Before the member record: a node refused here takes no lease.
     check_persistence(config, &mut leases.connection(), advertise != SERVE_ADVERTISE).await?;
     let me = NodeId::new(config.node.name.clone());
     let options = config.membership.clone();
@@ -62,7 +62,7 @@ pub async fn join(
         match joined {
             Ok(membership) => return Ok(RedisCluster { leases, membership }),
             Err(MembershipError::NameTaken { .. }) if tokio::time::Instant::now() < deadline => {
-                tracing::warn!(node = %me, "node name held by another process; waiting for its key to expire");
+                tracing::warn!(node = %me, "node name held by another process; waiting for its record to lapse");
                 tokio::time::sleep(options.heartbeat).await;
             }
             Err(error) => return Err(error.into()),
@@ -146,7 +146,7 @@ pub async fn connect(config: &Config, cookie: String, membership: &RedisMembersh
     Ok(transport)
 }
 
-/// Deletes this process's member key, retrying a few times (a connection
+/// Deletes this process's member record, retrying a few times (a connection
 /// cut by a Redis restart is re-made on the next command). Best effort: a
 /// key left behind lapses within `membership.ttl`, so a failure is logged,
 /// not returned.
@@ -156,7 +156,7 @@ pub async fn leave(membership: &RedisMembership) {
         match membership.leave().await {
             Ok(()) => return,
             Err(error) if attempt == ATTEMPTS => {
-                tracing::warn!(%error, "cannot delete the member key; it lapses within membership.ttl")
+                tracing::warn!(%error, "cannot delete the member record; it lapses within membership.ttl")
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }

@@ -1,11 +1,11 @@
 //! `tailrace node --config FILE`: one node of a multi-process cluster. Its
 //! queues, checkpoints, subscriptions and run logs are in Redis; it takes
 //! queue leases in Redis (on the queues' server and key prefix, so their
-//! tokens fence the queues' writes) and keeps a member key there; the lease
+//! tokens fence the queues' writes) and keeps a member record there; the lease
 //! balancer (the default here) spreads the queues over the live members.
 //! It serves its edge on `[edge] listen` until SIGTERM or SIGINT, then
 //! leaves in order: out of the others' balancing, every agent hands its
-//! queue over and releases its lease, then its member key is deleted.
+//! queue over and releases its lease, then its member record is deleted.
 
 use std::path::PathBuf;
 use std::sync::Arc;

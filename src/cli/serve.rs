@@ -79,7 +79,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     served
 }
 
-/// Claims the node's member key on the queues' Redis (advertising `serve`,
+/// Claims the node's member record on the queues' Redis (advertising `serve`,
 /// agents published as stopped so no node balances queues to it) and
 /// refuses to go on while another process is a live member there.
 async fn join_alone(config: &tailrace::config::Config) -> anyhow::Result<RedisMembership> {
@@ -106,7 +106,7 @@ pub(super) struct Plan {
     pub leases: Arc<dyn QueueLeases>,
     /// The membership view the balancer follows (a node's own otherwise).
     pub view: Option<Membership>,
-    /// This process's member key in Redis, if it has one: kept alive while
+    /// This process's member record in Redis, if it has one: kept alive while
     /// the node runs, reported by the admin API.
     pub membership: Option<RedisMembership>,
     /// The transport to the other nodes (`tailrace node`).
@@ -115,7 +115,7 @@ pub(super) struct Plan {
 
 /// Runs the node and its edge until Ctrl-C or SIGTERM (or until its member
 /// key is taken over), then hands every queue over in order. The caller
-/// deletes the member key (again) once this returns.
+/// deletes the member record (again) once this returns.
 pub(super) async fn run_node(
     config: &tailrace::config::Config,
     store: Arc<dyn tailrace::archive::RunLogStore>,
@@ -149,7 +149,7 @@ pub(super) async fn run_node(
     if let Some(membership) = plan.membership.clone() {
         builder = builder.on_agents_switched(Arc::new(move |started| membership.set_agents_started(started)));
     }
-    // The member key lives from before the first lease until after the last
+    // The member record lives from before the first lease until after the last
     // is released.
     let member_stop = CancellationToken::new();
     let mut heartbeat = plan.membership.clone().map(|membership| {

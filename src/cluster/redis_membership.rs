@@ -1,16 +1,26 @@
 //! Membership in Redis, for nodes in separate processes: it feeds the same
 //! [`Membership`] watch the in-process cluster uses.
 //!
-//! Each node keeps `{prefix}:member:{name}` alive: a hash `incarnation` (a
-//! random number drawn at start), `advertise` (the address other nodes
-//! dial) and `agents` (`started` or `stopped`), with a PX TTL of
-//! `membership.ttl`, refreshed every `membership.heartbeat`. A name held by
-//! another incarnation whose key is still alive is refused: two processes
-//! never run as one node. The names are listed in the set
-//! `{prefix}:members`; names whose key expired are removed from it.
+//! All members live in three keys under one hash tag (one slot on a Redis
+//! Cluster), `{prefix:membership}`:
 //!
-//! Every heartbeat also reads every member and replaces the watch's view
-//! with the live ones whose agents are started: a node whose agents are
+//! - `…:records`, a hash: each member's name to `incarnation|agents|advertise`
+//!   (the incarnation is a random number drawn at start; `agents` is
+//!   `started` or `stopped`; `advertise` is the address other nodes dial);
+//! - `…:deadlines`, a sorted set: each member's name to the Redis server
+//!   time (ms) at which it lapses unless refreshed (`membership.ttl` after
+//!   its last heartbeat);
+//! - `…:version`, the time of the last change to the records.
+//!
+//! A heartbeat is one script call per `membership.heartbeat`: it drops the
+//! members past their deadline, refreshes this node's record and deadline,
+//! and answers the records only if they changed since the version this
+//! node last saw. An idle cluster of N nodes costs Redis N commands per
+//! heartbeat, not N². A name held by another incarnation whose record is
+//! still alive is refused: two processes never run as one node.
+//!
+//! Every heartbeat that brings new records replaces the watch's view with
+//! the live members whose agents are started: a node whose agents are
 //! stopped leaves the balancer's active set. If Redis cannot be read, the
 //! last view is kept (queue leases, not membership, keep a queue to one
 //! node). A node that finds its own name taken by another incarnation (it
@@ -20,6 +30,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use parking_lot::Mutex;
 use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -52,28 +63,69 @@ pub enum MembershipError {
     },
 }
 
-/// Claims or refreshes KEYS[1] for incarnation ARGV[1] (advertise ARGV[2],
-/// agents ARGV[3], TTL ARGV[4] ms) unless another incarnation holds it;
-/// adds ARGV[5] to the set KEYS[2]. `{'1'}` or `{'0', incarnation}`.
-const CLAIM: &str = r"
-local held = redis.call('HGET', KEYS[1], 'incarnation')
-if held and held ~= ARGV[1] then
-  return {'0', held}
+/// The heartbeat, on KEYS = records, deadlines, version. ARGV: name
+/// (empty: only read), incarnation, agents, advertise, TTL ms, the version
+/// the caller saw. Answers `{'taken', incarnation}`, `{'same', version}` or
+/// `{'view', version, {name, record, …}}`.
+const HEARTBEAT: &str = r"
+pcall(redis.replicate_commands)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local changed = false
+for _, name in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
+  redis.call('ZREM', KEYS[2], name)
+  redis.call('HDEL', KEYS[1], name)
+  changed = true
 end
-redis.call('HSET', KEYS[1], 'incarnation', ARGV[1], 'advertise', ARGV[2], 'agents', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('SADD', KEYS[2], ARGV[5])
-return {'1'}";
+if ARGV[1] ~= '' then
+  local held = redis.call('HGET', KEYS[1], ARGV[1])
+  if held then
+    local incarnation = string.match(held, '^([^|]*)')
+    if incarnation ~= ARGV[2] then
+      return {'taken', incarnation, {}}
+    end
+  end
+  local record = ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[4]
+  if held ~= record then
+    redis.call('HSET', KEYS[1], ARGV[1], record)
+    changed = true
+  end
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[1])
+end
+local version = redis.call('GET', KEYS[3])
+if changed or not version then
+  version = tostring(math.max(now, tonumber(version or '0') + 1))
+  redis.call('SET', KEYS[3], version)
+end
+if version == ARGV[6] then
+  return {'same', version, {}}
+end
+return {'view', version, redis.call('HGETALL', KEYS[1])}";
 
-/// Deletes KEYS[1] if incarnation ARGV[1] holds it, and removes ARGV[2]
-/// from the set KEYS[2].
+/// Removes ARGV[1]'s record (KEYS as [`HEARTBEAT`]) if incarnation ARGV[2]
+/// holds it. 1 if it did.
 const LEAVE: &str = r"
-if redis.call('HGET', KEYS[1], 'incarnation') == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('SREM', KEYS[2], ARGV[2])
+pcall(redis.replicate_commands)
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if held and string.match(held, '^([^|]*)') == ARGV[2] then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('SET', KEYS[3], tostring(math.max(now, tonumber(redis.call('GET', KEYS[3]) or '0') + 1)))
   return 1
 end
 return 0";
+
+/// What a heartbeat answered.
+enum Beat {
+    /// Another incarnation holds the name.
+    Taken(String),
+    /// The records did not change since the version sent.
+    Same,
+    /// The records changed: the version, and every live member.
+    View(String, Vec<Member>),
+}
 
 /// One member as read from Redis.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,14 +157,16 @@ struct Inner {
     view: Membership,
     /// Every live member (agents started or not), with its address.
     everyone: watch::Sender<Vec<Member>>,
-    claim: redis::Script,
+    /// The version of the records the view was last built from.
+    seen: Mutex<String>,
+    heartbeat: redis::Script,
     leave: redis::Script,
 }
 
 impl RedisMembership {
-    /// Claims `me`'s member key (refused if another live process holds the
-    /// name), then reads the members into `view`. Call
-    /// [`RedisMembership::run`] next to keep the key alive.
+    /// Claims `me`'s member record (refused if another live process holds
+    /// the name), then reads the members into `view`. Call
+    /// [`RedisMembership::run`] next to keep the record alive.
     pub async fn join(
         conn: ConnectionManager,
         prefix: &str,
@@ -148,7 +202,8 @@ impl RedisMembership {
                 agents_started: AtomicBool::new(agents_started),
                 view,
                 everyone: watch::Sender::new(Vec::new()),
-                claim: redis::Script::new(CLAIM),
+                seen: Mutex::new(String::new()),
+                heartbeat: redis::Script::new(HEARTBEAT),
                 leave: redis::Script::new(LEAVE),
             }),
         };
@@ -168,13 +223,16 @@ impl RedisMembership {
         &self.inner.incarnation
     }
 
-    /// The member key of `name`.
-    pub fn member_key(&self, name: &NodeId) -> String {
-        format!("{}:member:{name}", self.inner.prefix)
+    /// The hash of every member's record (name to
+    /// `incarnation|agents|advertise`).
+    pub fn records_key(&self) -> String {
+        self.keys()[0].clone()
     }
 
-    fn set_key(&self) -> String {
-        format!("{}:members", self.inner.prefix)
+    /// Records, deadlines, version: one hash tag, one slot.
+    fn keys(&self) -> [String; 3] {
+        let tag = format!("{{{}:membership}}", self.inner.prefix);
+        [format!("{tag}:records"), format!("{tag}:deadlines"), format!("{tag}:version")]
     }
 
     /// Publishes whether this node's agents run (stopped: it leaves the
@@ -183,7 +241,7 @@ impl RedisMembership {
         self.inner.agents_started.store(started, Ordering::SeqCst);
     }
 
-    /// Refreshes this node's key every heartbeat and follows the others,
+    /// Refreshes this node's record every heartbeat and follows the others,
     /// until `stop` (then leaves) or until the name is found taken.
     pub async fn run(self, stop: CancellationToken) -> Result<(), MembershipError> {
         let mut tick = tokio::time::interval(self.inner.options.heartbeat);
@@ -208,71 +266,57 @@ impl RedisMembership {
         self.leave().await
     }
 
-    /// Deletes this node's key (if still this incarnation's) and leaves the
-    /// view.
+    /// Deletes this node's record (if still this incarnation's) and leaves
+    /// the view.
     pub async fn leave(&self) -> Result<(), MembershipError> {
         self.inner.view.leave(&self.inner.me);
-        let key = self.member_key(&self.inner.me);
-        let _: i64 = self
-            .inner
-            .leave
-            .key(&key)
-            .key(self.set_key())
-            .arg(&self.inner.incarnation)
-            .arg(self.inner.me.as_str())
-            .invoke_async(&mut self.inner.conn.clone())
-            .await
-            .map_err(backend("leaving", &key))?;
+        self.remove(&self.inner.me, &self.inner.incarnation, "leaving").await?;
         tracing::info!(node = %self.inner.me, "left the cluster membership");
         Ok(())
     }
 
     /// Removes `member` (this incarnation of it only) from the cluster: it
     /// is known dead. The view is refreshed at once, so the balancer
-    /// re-plans without waiting for the next heartbeat. Whether its key
+    /// re-plans without waiting for the next heartbeat. Whether its record
     /// was still there.
     pub async fn evict(&self, member: &Member) -> Result<bool, MembershipError> {
-        let key = self.member_key(&member.name);
+        let removed = self.remove(&member.name, &member.incarnation, "evicting").await?;
+        self.heartbeat().await?;
+        Ok(removed)
+    }
+
+    async fn remove(&self, name: &NodeId, incarnation: &str, doing: &'static str) -> Result<bool, MembershipError> {
+        let [records, deadlines, version] = self.keys();
         let removed: i64 = self
             .inner
             .leave
-            .key(&key)
-            .key(self.set_key())
-            .arg(&member.incarnation)
-            .arg(member.name.as_str())
+            .key(&records)
+            .key(deadlines)
+            .key(version)
+            .arg(name.as_str())
+            .arg(incarnation)
             .invoke_async(&mut self.inner.conn.clone())
             .await
-            .map_err(backend("evicting", &key))?;
-        self.heartbeat().await?;
+            .map_err(backend(doing, &records))?;
         Ok(removed == 1)
     }
 
-    /// Refreshes this node's key, then replaces the view with the live
-    /// members whose agents are started.
+    /// Refreshes this node's record; if the records changed since the last
+    /// view, replaces the view with the live members whose agents are
+    /// started.
     async fn heartbeat(&self) -> Result<(), MembershipError> {
-        let key = self.member_key(&self.inner.me);
         let agents = if self.inner.agents_started.load(Ordering::SeqCst) { "started" } else { "stopped" };
-        let ttl = u64::try_from(self.inner.options.ttl.as_millis()).unwrap_or(u64::MAX);
-        let answer: Vec<String> = self
-            .inner
-            .claim
-            .key(&key)
-            .key(self.set_key())
-            .arg(&self.inner.incarnation)
-            .arg(&self.inner.advertise)
-            .arg(agents)
-            .arg(ttl)
-            .arg(self.inner.me.as_str())
-            .invoke_async(&mut self.inner.conn.clone())
-            .await
-            .map_err(backend("refreshing", &key))?;
-        if let [_, incarnation] = answer.as_slice() {
-            return Err(MembershipError::NameTaken {
-                name: self.inner.me.to_string(),
-                incarnation: incarnation.clone(),
-            });
-        }
-        let members = self.members().await?;
+        let seen = self.inner.seen.lock().clone();
+        let members = match self.beat(self.inner.me.as_str(), agents, &seen).await? {
+            Beat::Taken(incarnation) => {
+                return Err(MembershipError::NameTaken { name: self.inner.me.to_string(), incarnation });
+            }
+            Beat::Same => return Ok(()),
+            Beat::View(version, members) => {
+                *self.inner.seen.lock() = version;
+                members
+            }
+        };
         let active: BTreeSet<NodeId> = members.iter().filter(|m| m.agents_started).map(|m| m.name.clone()).collect();
         self.inner.view.replace(active);
         self.inner.everyone.send_if_modified(|everyone| {
@@ -283,49 +327,67 @@ impl RedisMembership {
         Ok(())
     }
 
-    /// The live members (at most `membership.max_members`, by name);
-    /// forgets names whose key expired.
+    /// The live members (at most `membership.max_members`, by name), read
+    /// now.
     pub async fn members(&self) -> Result<Vec<Member>, MembershipError> {
-        let mut conn = self.inner.conn.clone();
-        let set = self.set_key();
-        let mut names: Vec<String> =
-            redis::cmd("SMEMBERS").arg(&set).query_async(&mut conn).await.map_err(backend("listing", &set))?;
-        names.sort();
-        if names.len() > self.inner.options.max_members {
+        match self.beat("", "", "").await? {
+            Beat::View(_, members) => Ok(members),
+            Beat::Taken(_) | Beat::Same => Ok(self.inner.everyone.borrow().clone()),
+        }
+    }
+
+    /// One [`HEARTBEAT`] call: `name` empty only reads.
+    async fn beat(&self, name: &str, agents: &str, seen: &str) -> Result<Beat, MembershipError> {
+        let [records, deadlines, version] = self.keys();
+        let ttl = u64::try_from(self.inner.options.ttl.as_millis()).unwrap_or(u64::MAX);
+        let (kind, answer, fields): (String, String, Vec<String>) = self
+            .inner
+            .heartbeat
+            .key(&records)
+            .key(deadlines)
+            .key(version)
+            .arg(name)
+            .arg(&self.inner.incarnation)
+            .arg(agents)
+            .arg(&self.inner.advertise)
+            .arg(ttl)
+            .arg(seen)
+            .invoke_async(&mut self.inner.conn.clone())
+            .await
+            .map_err(backend(if name.is_empty() { "reading" } else { "refreshing" }, &records))?;
+        Ok(match kind.as_str() {
+            "taken" => Beat::Taken(answer),
+            "same" => Beat::Same,
+            _ => Beat::View(answer, self.parse(fields)),
+        })
+    }
+
+    /// Members from `HGETALL` of the records, sorted by name, at most
+    /// `membership.max_members` of them.
+    fn parse(&self, fields: Vec<String>) -> Vec<Member> {
+        let mut members: Vec<Member> = fields
+            .chunks_exact(2)
+            .filter_map(|pair| {
+                let mut parts = pair[1].splitn(3, '|');
+                let (incarnation, agents, advertise) = (parts.next()?, parts.next()?, parts.next()?);
+                Some(Member {
+                    name: NodeId::new(pair[0].as_str()),
+                    incarnation: incarnation.to_string(),
+                    advertise: advertise.to_string(),
+                    agents_started: agents != "stopped",
+                })
+            })
+            .collect();
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        if members.len() > self.inner.options.max_members {
             tracing::warn!(
-                members = names.len(),
+                members = members.len(),
                 max = self.inner.options.max_members,
                 "more members than membership.max_members; ignoring the rest"
             );
-            names.truncate(self.inner.options.max_members);
+            members.truncate(self.inner.options.max_members);
         }
-        let mut live = Vec::with_capacity(names.len());
-        for name in names {
-            let node = NodeId::new(&name);
-            let key = self.member_key(&node);
-            let fields: Vec<Option<String>> = redis::cmd("HMGET")
-                .arg(&key)
-                .arg("incarnation")
-                .arg("advertise")
-                .arg("agents")
-                .query_async(&mut conn)
-                .await
-                .map_err(backend("reading", &key))?;
-            match fields.as_slice() {
-                [Some(incarnation), advertise, agents] => live.push(Member {
-                    name: node,
-                    incarnation: incarnation.clone(),
-                    advertise: advertise.clone().unwrap_or_default(),
-                    agents_started: agents.as_deref() != Some("stopped"),
-                }),
-                // Expired: forget the name (a later claim adds it again).
-                _ => {
-                    let _: redis::RedisResult<i64> =
-                        redis::cmd("SREM").arg(&set).arg(&name).query_async(&mut conn).await;
-                }
-            }
-        }
-        Ok(live)
+        members
     }
 }
 

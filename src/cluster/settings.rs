@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// `[membership]`: each node keeps a member key alive in Redis.
+/// `[membership]`: each node keeps a member record alive in Redis.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MembershipOptions {
-    /// How often a node refreshes its member key and reads the others.
+    /// How often a node refreshes its member record (and reads the others when they changed).
     #[serde(with = "humantime_serde")]
     pub heartbeat: Duration,
-    /// A member key not refreshed for this long expires: the node is gone.
+    /// A member record not refreshed for this long lapses: the node is gone.
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
     /// Most members a node keeps track of (more are ignored and logged).

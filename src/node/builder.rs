@@ -44,7 +44,7 @@ pub struct NodeBuilder {
 }
 
 /// Told whether the agents run after `start_agents`/`stop_agents` (a
-/// multi-process node publishes it in its member key).
+/// multi-process node publishes it in its member record).
 pub type AgentsHook = Arc<dyn Fn(bool) + Send + Sync>;
 
 impl NodeBuilder {

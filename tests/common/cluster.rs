@@ -343,7 +343,7 @@ pub async fn fences(conn: &mut redis::aio::MultiplexedConnection) -> Vec<Option<
 }
 
 pub async fn member_exists(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> bool {
-    redis::cmd("EXISTS").arg(format!("tailrace:member:{name}")).query_async::<i64>(conn).await.unwrap() == 1
+    redis::cmd("HEXISTS").arg("{tailrace:membership}:records").arg(name).query_async::<i64>(conn).await.unwrap() == 1
 }
 
 /// How many queues `node` holds in `held`.

@@ -17,7 +17,7 @@
 //!   four), then leaves with SIGTERM (time until spread over three).
 //!
 //! It prints
-//! `RESULT scenario=scale nodes=… queues=… owned_ms=… balanced_ms=… idle_cmds_per_sec=… idle_cmds_per_queue_sec=… redis_clients=… clients_per_node=… node_cpu_pct_max=… node_rss_mib_max=… top=… idle_latency_p50_ms=… idle_latency_p99_ms=… join_spread_ms=… leave_spread_ms=…`.
+//! `RESULT scenario=scale nodes=… queues=… owned_ms=… balanced_ms=… idle_cmds_per_sec=… idle_cmds_per_queue_sec=… redis_clients=… clients_per_node=… node_cpu_pct_max=… node_rss_mib_max=… top=… idle_latency_p50_ms=… idle_latency_p99_ms=… join_spread_ms=… join_moved=… join_moved_elsewhere=… leave_spread_ms=… leave_moved=… leave_moved_elsewhere=…`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -282,7 +282,8 @@ async fn active(nodes: &[NodeProc], url: &str, queues: u32, seconds: u64) -> any
 
 /// A fourth node joins, then leaves (SIGTERM): how long until the queues
 /// are spread over the new set each time (every node's count within one
-/// of the others').
+/// of the others'), and how many queues changed holder: only the
+/// newcomer's share should move (to it), then only its queues (from it).
 async fn rebalance(
     nodes: &mut Vec<NodeProc>,
     dir: &std::path::Path,
@@ -291,32 +292,61 @@ async fn rebalance(
     queues: u32,
 ) -> anyhow::Result<String> {
     let http = reqwest::Client::new();
+    let newcomer = format!("n{}", NODES + 1);
+    let before = nodes[0].holders(&http).await.context("the holders before the join")?;
     let joined = Instant::now();
-    nodes.push(NodeProc::spawn(dir, &format!("n{}", NODES + 1), url, cookie, queues).await?);
-    let join_ms = spread(&nodes[0], &http, NODES + 1, joined).await?;
+    nodes.push(NodeProc::spawn(dir, &newcomer, url, cookie, queues).await?);
+    let (join_ms, during) = spread(&nodes[0], &http, NODES + 1, joined).await?;
+    let (join_moved, join_others) = moved(&before, &during, &newcomer);
     let left = Instant::now();
-    if let Some(newcomer) = nodes.last_mut() {
-        newcomer.stop(Duration::from_secs(120)).await;
+    if let Some(node) = nodes.last_mut() {
+        node.stop(Duration::from_secs(120)).await;
     }
-    let leave_ms = spread(&nodes[0], &http, NODES, left).await?;
-    println!("scale: a fourth node spread in {join_ms} ms; after it left, {leave_ms} ms");
-    Ok(format!("join_spread_ms={join_ms} leave_spread_ms={leave_ms}"))
+    let (leave_ms, after) = spread(&nodes[0], &http, NODES, left).await?;
+    let (leave_moved, leave_others) = moved(&during, &after, &newcomer);
+    println!(
+        "scale: a fourth node spread in {join_ms} ms ({join_moved} queues moved, {join_others} of them not to it); \
+         after it left, {leave_ms} ms ({leave_moved} moved, {leave_others} of them not from it)"
+    );
+    Ok(format!(
+        "join_spread_ms={join_ms} join_moved={join_moved} join_moved_elsewhere={join_others} \
+         leave_spread_ms={leave_ms} leave_moved={leave_moved} leave_moved_elsewhere={leave_others}"
+    ))
 }
 
+/// Queues whose holder differs between `before` and `after`, and how many
+/// of those moves did not involve `node` (neither from it nor to it).
+fn moved(before: &Holders, after: &Holders, node: &str) -> (usize, usize) {
+    let changed: Vec<(&Option<String>, &Option<String>)> = before
+        .iter()
+        .filter_map(|(queue, was)| after.get(queue).filter(|now| *now != was).map(|now| (was, now)))
+        .collect();
+    let elsewhere =
+        changed.iter().filter(|(was, now)| was.as_deref() != Some(node) && now.as_deref() != Some(node)).count();
+    (changed.len(), elsewhere)
+}
+
+type Holders = BTreeMap<u32, Option<String>>;
+
 /// Milliseconds from `since` until every queue is held and `members` nodes
-/// each hold their share (within one of each other).
-async fn spread(node: &NodeProc, http: &reqwest::Client, members: usize, since: Instant) -> anyhow::Result<u128> {
+/// each hold their share (within one of each other), with the holders then.
+async fn spread(
+    node: &NodeProc,
+    http: &reqwest::Client,
+    members: usize,
+    since: Instant,
+) -> anyhow::Result<(u128, Holders)> {
     let deadline = since + Duration::from_secs(300);
     loop {
         if let Some(held) = node.holders(http).await {
-            let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+            let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
             let all = held.values().all(Option::is_some);
-            for holder in held.into_values().flatten() {
+            for holder in held.values().flatten() {
                 *per_node.entry(holder).or_default() += 1;
             }
             let (least, most) = (per_node.values().min().copied(), per_node.values().max().copied());
             if all && per_node.len() == members && most.zip(least).is_some_and(|(most, least)| most - least <= 1) {
-                return Ok(since.elapsed().as_millis());
+                return Ok((since.elapsed().as_millis(), held));
             }
         }
         anyhow::ensure!(Instant::now() < deadline, "the queues did not spread over {members} nodes within 300 s");
