@@ -11,7 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tailrace::checkpoint::{Checkpointer, MemoryCheckpointer};
 use tailrace::conformance::Claims;
-use tailrace::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
+use tailrace::queue::{
+    Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver,
+};
 use tailrace::stream::{BatchContainer, Event, SequenceToken, StreamId};
 
 /// One queue: containers in order, each with an "acked" flag.
@@ -87,7 +89,7 @@ impl QueueAdapter for ListAdapter {
         Ok(token)
     }
 
-    async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
+    async fn create_receiver(&self, queue: QueueId, _fence: Fence) -> Result<Box<dyn QueueReceiver>, QueueError> {
         if queue.0 >= self.mapper.queue_count() {
             return Err(QueueError::Config(format!("no queue {queue}")));
         }

@@ -38,6 +38,7 @@ pub use file_store::FileRunLogStore;
 pub use redis_store::RedisRunLogStore;
 pub use retention::{MAX_REPORTED_RUNS, MAX_RUNS_PER_PRUNE, PruneReport, Retention, RetentionPolicy, Verdict};
 
+use crate::queue::Fence;
 use crate::redis_conn::{RedisAccess, RedisEndpoint};
 use crate::stream::{Event, SequenceToken, StreamId};
 
@@ -347,6 +348,46 @@ pub enum StoreError {
     },
 }
 
+/// How [`RunLogStore::append`] writes one container: under which fence,
+/// and the fingerprint of a producer's batch (the hash of its events' ids,
+/// to drop a retried batch).
+///
+/// ```
+/// use tailrace::archive::Append;
+/// use tailrace::queue::Fence;
+///
+/// let how = Append::new().fenced(Fence::lease(3)).batch(0xfeed);
+/// assert_eq!((how.fence, how.fingerprint), (Fence::lease(3), Some(0xfeed)));
+/// assert_eq!(Append::new(), Append::default());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Append {
+    /// The writer's lease, if any.
+    pub fence: Fence,
+    /// The batch's fingerprint, if it is a producer's batch.
+    pub fingerprint: Option<u64>,
+}
+
+impl Append {
+    /// Unfenced, no fingerprint.
+    pub const fn new() -> Self {
+        Self { fence: Fence::NONE, fingerprint: None }
+    }
+
+    /// Written under `fence`.
+    pub const fn fenced(mut self, fence: Fence) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    /// A producer's batch with this fingerprint.
+    pub const fn batch(mut self, fingerprint: u64) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+}
+
 /// Where run logs and statuses are kept. Lines are addressed by their
 /// zero-based offset in the run's log.
 #[async_trait]
@@ -357,53 +398,15 @@ pub trait RunLogStore: Send + Sync + 'static {
     /// Appends `lines` as the container `token` unless the run already
     /// holds it or a later one (then nothing changes). Returns whether the
     /// lines were appended. Atomic: after a crash either all the lines and
-    /// the token are stored or none.
-    async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError>;
-
-    /// Like [`append`](Self::append), for a container whose events' ids
-    /// hash to `fingerprint`: if one of the run's last
-    /// [`RECENT_BATCHES`] containers had the same fingerprint, this is a
-    /// producer's retried batch, and only the token moves (nothing is
-    /// appended; returns false). The default does no such check.
-    async fn append_batch(
-        &self,
-        run: &RunKey,
-        token: SequenceToken,
-        fingerprint: u64,
-        lines: &[&str],
-    ) -> Result<bool, StoreError> {
-        let _ = fingerprint;
-        self.append(run, token, lines).await
-    }
-
-    /// [`append`](Self::append) by a writer under the queue lease granted
-    /// with fencing token `fence`: a store that can fence refuses it with
-    /// [`StoreError::Fenced`] once a writer with a newer token appended to
-    /// the run. The default ignores the fence.
-    async fn append_fenced(
-        &self,
-        run: &RunKey,
-        token: SequenceToken,
-        lines: &[&str],
-        fence: u64,
-    ) -> Result<bool, StoreError> {
-        let _ = fence;
-        self.append(run, token, lines).await
-    }
-
-    /// [`append_batch`](Self::append_batch), fenced as
-    /// [`append_fenced`](Self::append_fenced). The default ignores the fence.
-    async fn append_batch_fenced(
-        &self,
-        run: &RunKey,
-        token: SequenceToken,
-        fingerprint: u64,
-        lines: &[&str],
-        fence: u64,
-    ) -> Result<bool, StoreError> {
-        let _ = fence;
-        self.append_batch(run, token, fingerprint, lines).await
-    }
+    /// the token are stored or none. `how` says under which fence (a store
+    /// that can fence refuses it with [`StoreError::Fenced`] once a writer
+    /// with a newer token appended to the run) and, for a producer's batch,
+    /// its fingerprint (if one of the run's last [`RECENT_BATCHES`]
+    /// containers had the same, this is a retried batch: only the token
+    /// moves, nothing is appended, and it returns false). A store may
+    /// ignore either.
+    async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str], how: Append)
+    -> Result<bool, StoreError>;
 
     /// Sets the run's status (creating the run if needed).
     async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError>;

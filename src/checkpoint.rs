@@ -25,6 +25,7 @@ use crate::retry::Backoff;
 use crate::stream::{QueueId, SequenceToken};
 use crate::telemetry;
 
+use crate::queue::Fence;
 pub use crate::queue::{CheckpointError, Checkpointer};
 
 /// Checkpoints in memory (tests, the memory adapter). Counts writes.
@@ -56,7 +57,7 @@ impl Checkpointer for MemoryCheckpointer {
         Ok(self.get(queue))
     }
 
-    async fn save(&self, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError> {
+    async fn save(&self, queue: QueueId, token: SequenceToken, _fence: Fence) -> Result<(), CheckpointError> {
         let mut state = self.state.lock();
         let entry = state.entry(queue).or_insert((token, 0));
         entry.0 = token;
@@ -157,7 +158,7 @@ impl Checkpointer for FileCheckpointer {
             .map_err(|e| CheckpointError::Task("reader", e))?
     }
 
-    async fn save(&self, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError> {
+    async fn save(&self, queue: QueueId, token: SequenceToken, _fence: Fence) -> Result<(), CheckpointError> {
         let (dir, temp, path) = (self.dir.clone(), self.temp_path(queue), self.path(queue));
         tokio::task::spawn_blocking(move || write_checkpoint(&dir, &temp, &path, queue, token))
             .await
@@ -200,19 +201,6 @@ impl Default for CheckpointOptions {
 const FLUSH_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(100), Duration::from_secs(2), Duration::from_millis(100));
 
-/// Saves fenced when the writer has a fencing token.
-async fn save(
-    store: &dyn Checkpointer,
-    queue: QueueId,
-    token: SequenceToken,
-    fence: Option<u64>,
-) -> Result<(), CheckpointError> {
-    match fence {
-        Some(fence) => store.save_fenced(queue, token, fence).await,
-        None => store.save(queue, token).await,
-    }
-}
-
 /// One queue's checkpoint as its agent sees it: throttled writes of the
 /// newest progress, and a flush.
 pub struct QueueCheckpoint {
@@ -222,7 +210,7 @@ pub struct QueueCheckpoint {
     latest: Option<SequenceToken>,
     persisted: Option<SequenceToken>,
     last_write: Option<Instant>,
-    fence: Option<u64>,
+    fence: Fence,
 }
 
 impl QueueCheckpoint {
@@ -233,12 +221,12 @@ impl QueueCheckpoint {
         options: CheckpointOptions,
     ) -> Result<Self, CheckpointError> {
         let persisted = store.load(queue).await?;
-        Ok(Self { store, queue, options, latest: persisted, persisted, last_write: None, fence: None })
+        Ok(Self { store, queue, options, latest: persisted, persisted, last_write: None, fence: Fence::NONE })
     }
 
-    /// Writes with the fencing token of the lease the writer holds (see
-    /// [`Checkpointer::save_fenced`]); `None` writes unfenced.
-    pub fn fenced(mut self, fence: Option<u64>) -> Self {
+    /// Writes under `fence`: the fencing token of the lease the writer
+    /// holds, if any (see [`Checkpointer::save`]).
+    pub fn fenced(mut self, fence: Fence) -> Self {
         self.fence = fence;
         self
     }
@@ -280,7 +268,7 @@ impl QueueCheckpoint {
         let (store, queue, fence) = (self.store.clone(), self.queue, self.fence);
         let retries = self.options.flush_attempts.max(1) - 1;
         self.last_write = Some(Instant::now());
-        (|| save(&*store, queue, token, fence))
+        (|| store.save(queue, token, fence))
             .retry(FLUSH_BACKOFF.schedule(retries))
             .when(|error| !matches!(error, CheckpointError::Fenced { .. }))
             .notify(|error, wait| tracing::warn!(%queue, %error, ?wait, "checkpoint flush failed; retrying"))
@@ -291,7 +279,7 @@ impl QueueCheckpoint {
 
     async fn write(&mut self, token: SequenceToken, now: Instant) -> Result<(), CheckpointError> {
         self.last_write = Some(now);
-        save(&*self.store, self.queue, token, self.fence).await?;
+        self.store.save(self.queue, token, self.fence).await?;
         self.saved(token);
         Ok(())
     }

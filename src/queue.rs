@@ -15,6 +15,7 @@
 //! The runtime never names a concrete adapter. `docs/adapters.md` explains how
 //! to write one and [`crate::conformance`] checks it.
 
+mod fence;
 pub mod mapper;
 mod storage;
 
@@ -27,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
 
 pub use crate::stream::QueueId;
+pub use fence::Fence;
 pub use mapper::QueueMapper;
 pub use storage::{CacheOptions, CheckpointError, Checkpointer};
 
@@ -200,18 +202,12 @@ pub trait QueueAdapter: Send + Sync + 'static {
     /// durable as the adapter promises.
     async fn enqueue(&self, stream: &StreamId, events: Vec<Event>) -> Result<SequenceToken, QueueError>;
 
-    /// Builds the receiver of one queue. Only the queue's owner calls it.
-    async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError>;
-
-    /// Builds the receiver of one queue for the owner of its lease granted
-    /// with fencing token `token`. A store that can fence refuses the
-    /// receiver's writes (acks, trims, and reads that take entries) once a
-    /// newer lease of the queue was granted, with [`QueueError::Fenced`].
-    /// The default ignores the token.
-    async fn create_fenced_receiver(&self, queue: QueueId, token: u64) -> Result<Box<dyn QueueReceiver>, QueueError> {
-        let _ = token;
-        self.create_receiver(queue).await
-    }
+    /// Builds the receiver of one queue. Only the queue's owner calls it,
+    /// under `fence`: a store that can fence refuses the receiver's writes
+    /// (acks, trims, and reads that take entries) once a newer lease of the
+    /// queue was granted, with [`QueueError::Fenced`]; one that cannot
+    /// ignores it.
+    async fn create_receiver(&self, queue: QueueId, fence: Fence) -> Result<Box<dyn QueueReceiver>, QueueError>;
 
     /// Flushes and releases what the adapter holds (writers, connections)
     /// once nothing enqueues any more. The default has nothing to do.

@@ -8,11 +8,11 @@
 
 use metrics::{Unit, describe_counter, describe_gauge};
 
-/// Containers the pulling agents read from their queues (label `queue`).
+/// Events the pulling agents read from their queues (label `queue`).
 pub const AGENT_EVENTS_READ: &str = "tailrace_agent_events_read_total";
-/// Containers delivered to a subscriber (label `queue`).
+/// Events delivered to a subscriber (label `queue`).
 pub const AGENT_EVENTS_DELIVERED: &str = "tailrace_agent_events_delivered_total";
-/// Containers read for a stream nobody subscribes to (label `queue`).
+/// Events read for a stream nobody subscribes to (label `queue`).
 pub const AGENT_EVENTS_UNSUBSCRIBED: &str = "tailrace_agent_events_unsubscribed_total";
 /// Failed delivery attempts (label `queue`).
 pub const AGENT_DELIVERY_FAILURES: &str = "tailrace_agent_delivery_failures_total";
@@ -22,7 +22,8 @@ pub const AGENT_DEAD_LETTERS: &str = "tailrace_agent_dead_letters_total";
 pub const AGENT_READ_ERRORS: &str = "tailrace_agent_read_errors_total";
 /// Cursors asked for positions the cache had already purged (label `queue`).
 pub const AGENT_CACHE_MISSES: &str = "tailrace_agent_cache_misses_total";
-/// Containers held in a queue's cache now (label `queue`).
+/// Batches (containers of a stream's events, as read) held in a queue's
+/// cache now (label `queue`).
 pub const CACHE_CONTAINERS: &str = "tailrace_cache_containers";
 /// 1 while a queue's cache is under pressure and its agent does not read (label `queue`).
 pub const CACHE_UNDER_PRESSURE: &str = "tailrace_cache_under_pressure";
@@ -61,7 +62,8 @@ pub const EDGE_RUNS: &str = "tailrace_edge_runs";
 pub const EDGE_CONNECTIONS: &str = "tailrace_edge_connections";
 /// Log frames queued to viewers (one per viewer per chunk).
 pub const EDGE_FRAMES: &str = "tailrace_edge_frames_total";
-/// Viewers disconnected because their mailbox was full (too slow).
+/// SSE viewers cut because their socket took nothing for
+/// `stall_timeout_seconds` while lines waited.
 pub const EDGE_VIEWERS_DROPPED: &str = "tailrace_edge_viewers_dropped_total";
 /// Reads the edge made from the run log store (catch-ups, pages, downloads).
 pub const EDGE_STORE_READS: &str = "tailrace_edge_store_reads_total";
@@ -83,9 +85,9 @@ pub const PURGED_SUBSCRIPTIONS: &str = "tailrace_purged_subscriptions_total";
 /// recorder. Call once, right after installing it.
 pub fn describe() {
     let counters = [
-        (AGENT_EVENTS_READ, Unit::Count, "Containers the pulling agents read from their queues."),
-        (AGENT_EVENTS_DELIVERED, Unit::Count, "Containers delivered to a subscriber."),
-        (AGENT_EVENTS_UNSUBSCRIBED, Unit::Count, "Containers read for a stream nobody subscribes to."),
+        (AGENT_EVENTS_READ, Unit::Count, "Events the pulling agents read from their queues."),
+        (AGENT_EVENTS_DELIVERED, Unit::Count, "Events delivered to a subscriber."),
+        (AGENT_EVENTS_UNSUBSCRIBED, Unit::Count, "Events read for a stream nobody subscribes to."),
         (AGENT_DELIVERY_FAILURES, Unit::Count, "Failed delivery attempts."),
         (AGENT_DEAD_LETTERS, Unit::Count, "Batches given up and sent to the dead-letter sink."),
         (AGENT_READ_ERRORS, Unit::Count, "Queue reads that failed."),
@@ -122,7 +124,7 @@ pub fn describe() {
         describe_counter!(name, unit, help);
     }
     let gauges = [
-        (CACHE_CONTAINERS, "Containers held in a queue's cache."),
+        (CACHE_CONTAINERS, "Batches of events held in a queue's cache."),
         (CACHE_UNDER_PRESSURE, "1 while a queue's cache is under pressure and its agent does not read."),
         (AGENTS_RUNNING, "Pulling agents running on the node."),
         (LEASES_HELD, "Queue leases the node holds."),

@@ -16,7 +16,7 @@ use tailrace::checkpoint::Checkpointer;
 use tailrace::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer, SubscriptionInfo,
 };
-use tailrace::queue::QueueId;
+use tailrace::queue::{Fence, QueueId};
 use tailrace::stream::SequenceToken;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -371,7 +371,7 @@ async fn shutdown_records_the_earliest_delivery_progress() {
 #[tokio::test(start_paused = true)]
 async fn an_unresolved_registration_keeps_the_old_checkpoint() {
     let factory = ScriptedFactory::new();
-    factory.checkpoints.save(QueueId(0), t(5)).await.unwrap();
+    factory.checkpoints.save(QueueId(0), t(5), Fence::NONE).await.unwrap();
     let recorder = Recorder::new();
     let node = TestNode::start(factory.clone(), quick_config(), implicit("t", &recorder)).await;
     node.store.hold();
@@ -410,7 +410,7 @@ async fn shutdown_with_no_subscribers_checkpoints_past_everything() {
 #[tokio::test]
 async fn containers_at_or_below_the_checkpoint_are_acked_when_read_again() {
     let factory = ScriptedFactory::new();
-    factory.checkpoints.save(QueueId(0), t(5)).await.unwrap();
+    factory.checkpoints.save(QueueId(0), t(5), Fence::NONE).await.unwrap();
     let recorder = Recorder::new();
     let node = TestNode::start(factory.clone(), quick_config(), implicit("t", &recorder)).await;
     let a = stream("t", "a");

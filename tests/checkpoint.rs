@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tailrace::checkpoint::*;
-use tailrace::queue::QueueId;
+use tailrace::queue::{Fence, QueueId};
 use tailrace::stream::SequenceToken;
 use tokio::time::Instant;
 
@@ -86,7 +86,7 @@ async fn a_regressed_checkpoint_is_persisted_when_the_policy_says_so() {
 #[tokio::test(start_paused = true)]
 async fn load_resumes_from_what_was_stored() {
     let store = Arc::new(MemoryCheckpointer::new());
-    store.save(q(), t(42)).await.unwrap();
+    store.save(q(), t(42), Fence::NONE).await.unwrap();
     let cp = checkpoint(&store, opts(0)).await;
     assert_eq!(cp.persisted(), Some(t(42)));
     assert_eq!(cp.latest(), Some(t(42)));
@@ -105,7 +105,7 @@ impl Checkpointer for Flaky {
         self.inner.load(queue).await
     }
 
-    async fn save(&self, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError> {
+    async fn save(&self, queue: QueueId, token: SequenceToken, fence: Fence) -> Result<(), CheckpointError> {
         if self.hang.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
@@ -116,7 +116,7 @@ impl Checkpointer for Flaky {
                 return Err(CheckpointError::Backend("injected write failure".into()));
             }
         }
-        self.inner.save(queue, token).await
+        self.inner.save(queue, token, fence).await
     }
 }
 
@@ -161,8 +161,8 @@ async fn file_checkpoints_survive_a_restart_and_are_replaced_atomically() {
     let dir = tempfile::tempdir().unwrap();
     let store = FileCheckpointer::new(dir.path()).unwrap();
     assert_eq!(store.load(q()).await.unwrap(), None);
-    store.save(q(), t(10)).await.unwrap();
-    store.save(q(), SequenceToken::new(11, u64::MAX)).await.unwrap();
+    store.save(q(), t(10), Fence::NONE).await.unwrap();
+    store.save(q(), SequenceToken::new(11, u64::MAX), Fence::NONE).await.unwrap();
     let reopened = FileCheckpointer::new(dir.path()).unwrap();
     assert_eq!(reopened.load(q()).await.unwrap(), Some(SequenceToken::new(11, u64::MAX)));
     assert!(!dir.path().join("checkpoint-q3.json.tmp").exists());
@@ -174,7 +174,7 @@ async fn file_checkpoints_survive_a_restart_and_are_replaced_atomically() {
 async fn a_complete_leftover_temp_file_wins_and_a_torn_one_is_ignored() {
     let dir = tempfile::tempdir().unwrap();
     let store = FileCheckpointer::new(dir.path()).unwrap();
-    store.save(q(), t(10)).await.unwrap();
+    store.save(q(), t(10), Fence::NONE).await.unwrap();
     let temp = dir.path().join("checkpoint-q3.json.tmp");
     std::fs::write(&temp, r#"{"version":"1","queue":3,"token":"12-0"}"#).unwrap();
     assert_eq!(store.load(q()).await.unwrap(), Some(t(12)));

@@ -22,7 +22,7 @@ use common::redis_server::{RedisServer, adapter_options};
 use tailrace::adapters::redis::RedisAdapterFactory;
 use tailrace::archive::AuditLine;
 use tailrace::checkpoint::CheckpointError;
-use tailrace::queue::{QueueAdapterFactory, QueueMapper};
+use tailrace::queue::{Fence, QueueAdapterFactory, QueueMapper};
 use tailrace::stream::{Event, EventId, QueueId, SequenceToken, StreamId};
 use tokio_util::sync::CancellationToken;
 
@@ -195,7 +195,7 @@ async fn a_paused_owner_is_fenced_and_loses_nothing() {
     let checkpoints = factory.create_checkpointer().await.unwrap();
     for (queue, token) in &old_tokens {
         let before = checkpoints.load(QueueId(*queue)).await.unwrap();
-        let zombie = checkpoints.save_fenced(QueueId(*queue), SequenceToken::new(0, 1), *token).await;
+        let zombie = checkpoints.save(QueueId(*queue), SequenceToken::new(0, 1), Fence::lease(*token)).await;
         assert!(
             matches!(zombie, Err(CheckpointError::Fenced { .. })),
             "q{queue}: a write under n2's old token {token} was not refused: {zombie:?}"

@@ -11,7 +11,9 @@ use bytes::Bytes;
 use tailrace::adapters::memory::{MemoryAdapter, MemoryAdapterFactory, MemoryOptions};
 use tailrace::checkpoint::Checkpointer;
 use tailrace::conformance::{self, Claims};
-use tailrace::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
+use tailrace::queue::{
+    Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver,
+};
 use tailrace::stream::{BatchContainer, Event, SequenceToken, StreamId};
 
 /// One broken rule.
@@ -119,8 +121,8 @@ impl QueueAdapter for Broken {
         }
     }
 
-    async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
-        let inner = self.inner.create_receiver(queue).await?;
+    async fn create_receiver(&self, queue: QueueId, fence: Fence) -> Result<Box<dyn QueueReceiver>, QueueError> {
+        let inner = self.inner.create_receiver(queue, fence).await?;
         Ok(Box::new(BrokenReceiver { inner, fault: self.fault, read: BTreeSet::new(), stash: Vec::new(), shut: 0 }))
     }
 }

@@ -209,7 +209,7 @@ async fn a_node_through_several_lives_on_one_redis_loses_nothing() {
 #[tokio::test]
 async fn the_restart_checks_catch_what_they_are_for() {
     use tailrace::checkpoint::{Checkpointer, MemoryCheckpointer};
-    use tailrace::queue::QueueId;
+    use tailrace::queue::{Fence, QueueId};
     use tailrace::stream::SequenceToken;
 
     let fails = |lives: &Lives, dir: &std::path::Path| {
@@ -234,7 +234,7 @@ async fn the_restart_checks_catch_what_they_are_for() {
     assert!(refused().await, "a life without a checkpoint");
 
     // Life 1 delivered a, b, c; its checkpoint is b's token.
-    checkpoints.save(QueueId(0), SequenceToken::new(2, 0)).await.unwrap();
+    checkpoints.save(QueueId(0), SequenceToken::new(2, 0), Fence::NONE).await.unwrap();
     write(dir.path(), &["0 1-0 crash/s0 a", "0 2-0 crash/s0 b", "0 3-0 crash/s0 c"]);
     let mut lives = Lives::default();
     lives.ended(dir.path(), &checkpoints, 1, End::Killed).await;
@@ -254,13 +254,13 @@ async fn the_restart_checks_catch_what_they_are_for() {
     // Life 1 skipped b and delivered c: b coming later is out of order.
     write(dir.path(), &["0 1-0 crash/s0 a", "0 3-0 crash/s0 c"]);
     let mut skipped = Lives::default();
-    checkpoints.save(QueueId(0), SequenceToken::new(3, 0)).await.unwrap();
+    checkpoints.save(QueueId(0), SequenceToken::new(3, 0), Fence::NONE).await.unwrap();
     skipped.ended(dir.path(), &checkpoints, 1, End::Killed).await;
     write(dir.path(), &["0 1-0 crash/s0 a", "0 3-0 crash/s0 c", "0 2-0 crash/s0 b"]);
     assert!(fails(&skipped, dir.path()), "b after c");
 
     // After an ordered stop nothing comes again, not even past the checkpoint.
-    checkpoints.save(QueueId(0), SequenceToken::new(2, 0)).await.unwrap();
+    checkpoints.save(QueueId(0), SequenceToken::new(2, 0), Fence::NONE).await.unwrap();
     write(dir.path(), &life_one);
     let mut stopped = Lives::default();
     stopped.ended(dir.path(), &checkpoints, 1, End::Stopped).await;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::*;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::conformance::{self, Claims};
-use tailrace::queue::{QueueAdapter, QueueAdapterFactory, QueueError, QueueId};
+use tailrace::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueId};
 
 fn factory(options: MemoryOptions) -> Arc<MemoryAdapterFactory> {
     Arc::new(MemoryAdapterFactory::new(4, options))
@@ -70,7 +70,7 @@ async fn a_full_queue_makes_producers_wait_and_never_drops() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!waiting.is_finished(), "the producer must wait for room");
     let q = tailrace::queue::QueueMapper::new(4).queue_for(&s);
-    let mut receiver = adapter.create_receiver(q).await.unwrap();
+    let mut receiver = adapter.create_receiver(q, Fence::NONE).await.unwrap();
     receiver.initialize(Duration::from_secs(1)).await.unwrap();
     let first = receiver.read(10).await.unwrap();
     assert_eq!(first.len(), 1);
@@ -105,10 +105,10 @@ async fn a_new_receiver_fences_the_old_one_and_rereads_what_was_not_acked() {
     let s = stream("t", "fence");
     let q = tailrace::queue::QueueMapper::new(4).queue_for(&s);
     adapter.enqueue(&s, events("e", 0..2)).await.unwrap();
-    let mut old = adapter.create_receiver(q).await.unwrap();
+    let mut old = adapter.create_receiver(q, Fence::NONE).await.unwrap();
     old.initialize(Duration::from_secs(1)).await.unwrap();
     assert_eq!(old.read(10).await.unwrap().len(), 1);
-    let mut new = adapter.create_receiver(q).await.unwrap();
+    let mut new = adapter.create_receiver(q, Fence::NONE).await.unwrap();
     new.initialize(Duration::from_secs(1)).await.unwrap();
     assert!(matches!(old.read(10).await, Err(QueueError::Fenced(fenced)) if fenced == q));
     let again = new.read(10).await.unwrap();

@@ -13,7 +13,7 @@ use common::*;
 use tailrace::adapters::redis::{RedisAdapter, RedisAdapterFactory, RedisOptions, TrimPolicy};
 use tailrace::conformance::{self, Claims};
 use tailrace::pubsub::{PubSubStore, StartPosition};
-use tailrace::queue::{QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueReceiver};
+use tailrace::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueReceiver};
 use tailrace::stream::SequenceToken;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -57,13 +57,13 @@ async fn a_new_owner_takes_over_what_the_old_one_left_pending() {
     for i in 0..4 {
         adapter.enqueue(&s, events("e", i..i + 1)).await.unwrap();
     }
-    let mut first = adapter.create_receiver(queue).await.unwrap();
+    let mut first = adapter.create_receiver(queue, Fence::NONE).await.unwrap();
     first.initialize(Duration::from_secs(5)).await.unwrap();
     let read = first.read(10).await.unwrap();
     assert_eq!(read.len(), 4);
     first.delivered(&[read[0].token]).await.unwrap();
     drop(first); // node-a dies with three entries pending
-    let mut second = new.adapter().create_receiver(queue).await.unwrap();
+    let mut second = new.adapter().create_receiver(queue, Fence::NONE).await.unwrap();
     second.initialize(Duration::from_secs(5)).await.unwrap();
     let taken: Vec<SequenceToken> = second.read(10).await.unwrap().iter().map(|b| b.token).collect();
     assert_eq!(taken, read[1..].iter().map(|b| b.token).collect::<Vec<_>>(), "nothing stranded, in order");
@@ -82,10 +82,10 @@ async fn trimming_never_passes_the_checkpoint_and_rewinds_say_what_is_gone() {
     for i in 0..6 {
         tokens.push(adapter.enqueue(&s, events("e", i..i + 1)).await.unwrap());
     }
-    let mut receiver = adapter.create_receiver(queue).await.unwrap();
+    let mut receiver = adapter.create_receiver(queue, Fence::NONE).await.unwrap();
     receiver.initialize(Duration::from_secs(5)).await.unwrap();
     let read = receiver.read(10).await.unwrap();
-    f.create_checkpointer().await.unwrap().save(queue, tokens[3]).await.unwrap();
+    f.create_checkpointer().await.unwrap().save(queue, tokens[3], Fence::NONE).await.unwrap();
     receiver.delivered(&read.iter().map(|b| b.token).collect::<Vec<_>>()).await.unwrap();
     // Entries below the checkpoint are gone; the checkpoint's own and later stay.
     let err = receiver.rewind(tokens[1], 10).await.unwrap_err();
@@ -106,10 +106,10 @@ async fn with_trimming_off_every_entry_stays() {
     let s = stream("t", "keep");
     let first = adapter.enqueue(&s, events("e", 0..1)).await.unwrap();
     adapter.enqueue(&s, events("e", 1..2)).await.unwrap();
-    let mut receiver = adapter.create_receiver(QueueId(0)).await.unwrap();
+    let mut receiver = adapter.create_receiver(QueueId(0), Fence::NONE).await.unwrap();
     receiver.initialize(Duration::from_secs(5)).await.unwrap();
     let read = receiver.read(10).await.unwrap();
-    f.create_checkpointer().await.unwrap().save(QueueId(0), read[1].token).await.unwrap();
+    f.create_checkpointer().await.unwrap().save(QueueId(0), read[1].token, Fence::NONE).await.unwrap();
     receiver.delivered(&[read[0].token, read[1].token]).await.unwrap();
     assert_eq!(receiver.rewind(first, 10).await.unwrap().len(), 2);
 }
@@ -119,7 +119,7 @@ async fn checkpoints_and_subscriptions_are_shared_through_redis() {
     let server = RedisServer::start();
     let (a, b) = (factory(&server, "a").await, factory(&server, "b").await);
     let checkpoints_a = a.create_checkpointer().await.unwrap();
-    checkpoints_a.save(QueueId(1), SequenceToken::new(1_700_000_000_000, 3)).await.unwrap();
+    checkpoints_a.save(QueueId(1), SequenceToken::new(1_700_000_000_000, 3), Fence::NONE).await.unwrap();
     assert_eq!(
         b.create_checkpointer().await.unwrap().load(QueueId(1)).await.unwrap(),
         Some(SequenceToken::new(1_700_000_000_000, 3))
@@ -196,7 +196,7 @@ async fn one_entry_for_n1(key: &str) -> (RedisServer, Arc<RedisAdapter>, QueueId
     let s = stream("t", key);
     let queue = f.queue_mapper().queue_for(&s);
     let adapter = f.adapter();
-    let mut receiver = adapter.create_receiver(queue).await.unwrap();
+    let mut receiver = adapter.create_receiver(queue, Fence::NONE).await.unwrap();
     receiver.initialize(Duration::from_secs(5)).await.unwrap();
     assert!(receiver.read(10).await.unwrap().is_empty());
     adapter.enqueue(&s, events("e", 0..1)).await.unwrap();
@@ -344,7 +344,7 @@ async fn a_checkpoint_past_the_streams_ids_hides_no_new_entry() {
     let s = stream("t", "ahead");
     let queue = f.queue_mapper().queue_for(&s);
     let ahead = SequenceToken::new(tailrace::stream::now_ms() + 86_400_000, 0);
-    f.create_checkpointer().await.unwrap().save(queue, ahead).await.unwrap();
+    f.create_checkpointer().await.unwrap().save(queue, ahead, Fence::NONE).await.unwrap();
     let recorder = Recorder::new();
     let node = TestNode::start(f.clone(), quick_config(), implicit("t", &recorder)).await;
     // The agent's first pump (its receiver's start) is over: it found
@@ -370,7 +370,7 @@ async fn entries_trimmed_while_pending_do_not_stall_the_next_owner() {
     for i in 0..4 {
         tokens.push(adapter.enqueue(&s, events("e", i..i + 1)).await.unwrap());
     }
-    let mut first = adapter.create_receiver(queue).await.unwrap();
+    let mut first = adapter.create_receiver(queue, Fence::NONE).await.unwrap();
     first.initialize(Duration::from_secs(5)).await.unwrap();
     assert_eq!(first.read(10).await.unwrap().len(), 4);
     drop(first); // dies with four entries pending
@@ -385,7 +385,7 @@ async fn entries_trimmed_while_pending_do_not_stall_the_next_owner() {
         .unwrap();
     assert_eq!(trimmed, 2);
     for consumer in ["n1", "n2"] {
-        let mut next = factory(&server, consumer).await.adapter().create_receiver(queue).await.unwrap();
+        let mut next = factory(&server, consumer).await.adapter().create_receiver(queue, Fence::NONE).await.unwrap();
         next.initialize(Duration::from_secs(5)).await.unwrap();
         let got: Vec<SequenceToken> = next.read(10).await.unwrap().iter().map(|b| b.token).collect();
         assert_eq!(got, tokens[2..], "read by {consumer}");

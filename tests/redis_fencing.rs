@@ -16,7 +16,7 @@ use common::*;
 use tailrace::adapters::redis::RedisAdapterFactory;
 use tailrace::checkpoint::CheckpointError;
 use tailrace::cluster::{NodeId, QueueLeases, RedisLeases};
-use tailrace::queue::{QueueAdapter, QueueAdapterFactory, QueueError, QueueReceiver};
+use tailrace::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueReceiver};
 use tailrace::stream::SequenceToken;
 
 const LONG: Duration = Duration::from_secs(60);
@@ -73,12 +73,12 @@ async fn a_zombie_cannot_ack_trim_checkpoint_or_take_entries_after_a_newer_lease
         fa.adapter().enqueue(&s, events("e", i..i + 1)).await.unwrap();
     }
     let old = leases.acquire(queue, &NodeId::new("node-a"), LONG).await.unwrap().expect("free");
-    let mut zombie = fa.adapter().create_fenced_receiver(queue, old.token).await.unwrap();
+    let mut zombie = fa.adapter().create_receiver(queue, Fence::lease(old.token)).await.unwrap();
     zombie.initialize(Duration::from_secs(5)).await.unwrap();
     let read = read_n(&mut zombie, 4).await;
     zombie.delivered(&read[..1]).await.unwrap();
     let zombie_checkpoints = fa.create_checkpointer().await.unwrap();
-    zombie_checkpoints.save_fenced(queue, read[0], old.token).await.unwrap();
+    zombie_checkpoints.save(queue, read[0], Fence::lease(old.token)).await.unwrap();
 
     // node-a pauses; its lease goes to node-b under a newer token.
     assert!(leases.release(&old).await.unwrap());
@@ -89,7 +89,7 @@ async fn a_zombie_cannot_ack_trim_checkpoint_or_take_entries_after_a_newer_lease
     }
 
     // node-a resumes: every write is refused, and nothing changed.
-    let refused = zombie_checkpoints.save_fenced(queue, read[3], old.token).await;
+    let refused = zombie_checkpoints.save(queue, read[3], Fence::lease(old.token)).await;
     assert!(matches!(refused, Err(CheckpointError::Fenced { queue: q, token }) if q == queue && token == old.token));
     assert_eq!(zombie_checkpoints.load(queue).await.unwrap(), Some(read[0]), "the checkpoint did not move");
     assert!(matches!(zombie.delivered(&read[1..]).await, Err(QueueError::Fenced(q)) if q == queue));
@@ -97,16 +97,16 @@ async fn a_zombie_cannot_ack_trim_checkpoint_or_take_entries_after_a_newer_lease
     assert_eq!(len(&server, &key).await, 6, "nothing trimmed");
 
     // node-b reads what node-a read but never acked, then the new entries.
-    let mut owner = fb.adapter().create_fenced_receiver(queue, new.token).await.unwrap();
+    let mut owner = fb.adapter().create_receiver(queue, Fence::lease(new.token)).await.unwrap();
     owner.initialize(Duration::from_secs(5)).await.unwrap();
     let taken = read_n(&mut owner, 5).await;
     assert_eq!(taken[..3], read[1..], "the zombie's unacked entries first, in order");
     owner.delivered(&taken).await.unwrap();
     let owner_checkpoints = fb.create_checkpointer().await.unwrap();
-    owner_checkpoints.save_fenced(queue, taken[4], new.token).await.unwrap();
+    owner_checkpoints.save(queue, taken[4], Fence::lease(new.token)).await.unwrap();
 
     // The zombie's late flush cannot take the checkpoint back.
-    let late = zombie_checkpoints.save_fenced(queue, read[3], old.token).await;
+    let late = zombie_checkpoints.save(queue, read[3], Fence::lease(old.token)).await;
     assert!(matches!(late, Err(CheckpointError::Fenced { .. })));
     assert_eq!(owner_checkpoints.load(queue).await.unwrap(), Some(taken[4]), "never goes back");
 }
@@ -166,11 +166,11 @@ async fn keys_of_the_old_layout_move_under_the_queue_hash_tag_once() {
     for i in 0..3 {
         f.adapter().enqueue(&s, events("e", i..i + 1)).await.unwrap();
     }
-    let mut reader = f.adapter().create_receiver(queue).await.unwrap();
+    let mut reader = f.adapter().create_receiver(queue, Fence::NONE).await.unwrap();
     reader.initialize(Duration::from_secs(5)).await.unwrap();
     let read = read_n(&mut reader, 3).await;
     reader.delivered(&read[..1]).await.unwrap();
-    checkpoint_key.save(queue, read[0]).await.unwrap();
+    checkpoint_key.save(queue, read[0], Fence::NONE).await.unwrap();
     drop(reader);
 
     // What an older release left: the same data under the old names.
@@ -187,7 +187,7 @@ async fn keys_of_the_old_layout_move_under_the_queue_hash_tag_once() {
     };
     assert!(!exists(old_stream.clone()).await && !exists(old_checkpoint.clone()).await, "moved");
     assert_eq!(g.create_checkpointer().await.unwrap().load(queue).await.unwrap(), Some(read[0]));
-    let mut next = g.adapter().create_receiver(queue).await.unwrap();
+    let mut next = g.adapter().create_receiver(queue, Fence::NONE).await.unwrap();
     next.initialize(Duration::from_secs(5)).await.unwrap();
     assert_eq!(read_n(&mut next, 2).await, read[1..], "the group and its pending entries moved along");
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::redis_server::RedisServer;
 use tailrace::archive::{
-    Clock, FileRunLogStore, RedisRunLogStore, Retention, RetentionPolicy, RunKey, RunLogStore, RunState,
+    Append, Clock, FileRunLogStore, RedisRunLogStore, Retention, RetentionPolicy, RunKey, RunLogStore, RunState,
 };
 use tailrace::stream::SequenceToken;
 use tokio_util::sync::CancellationToken;
@@ -67,7 +67,7 @@ async fn run_at(
     clock.set(at);
     let line = "x".repeat(99);
     let refs: Vec<&str> = (0..lines).map(|_| line.as_str()).collect();
-    assert!(store.append(run, SequenceToken::new(at, 0), &refs).await.unwrap());
+    assert!(store.append(run, SequenceToken::new(at, 0), &refs, Append::new()).await.unwrap());
     if let Some(state) = state {
         store.set_state(run, state).await.unwrap();
     }
@@ -300,9 +300,9 @@ async fn the_retention_task_prunes_every_interval_until_cancelled() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn RunLogStore> = Arc::new(FileRunLogStore::open(dir.path(), false).unwrap());
     let (first, second, live) = (key("svc.etl", "first"), key("svc.etl", "second"), key("svc.etl", "live"));
-    store.append(&first, SequenceToken::new(1, 0), &["a", "b"]).await.unwrap();
+    store.append(&first, SequenceToken::new(1, 0), &["a", "b"], Append::new()).await.unwrap();
     store.set_state(&first, RunState::Success).await.unwrap();
-    store.append(&live, SequenceToken::new(1, 0), &["c"]).await.unwrap();
+    store.append(&live, SequenceToken::new(1, 0), &["c"], Append::new()).await.unwrap();
     store.set_state(&live, RunState::Running).await.unwrap();
     let policy = RetentionPolicy { max_total_bytes: 1, ..policy() };
     let cancel = CancellationToken::new();
@@ -321,7 +321,7 @@ async fn the_retention_task_prunes_every_interval_until_cancelled() {
         }
     };
     assert!(gone(first.clone()).await, "the first prune runs at once");
-    store.append(&second, SequenceToken::new(1, 0), &["d"]).await.unwrap();
+    store.append(&second, SequenceToken::new(1, 0), &["d"], Append::new()).await.unwrap();
     store.set_state(&second, RunState::Stopped).await.unwrap();
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert!(store.info(&second).await.unwrap().is_some(), "not before the interval");

@@ -7,7 +7,8 @@ mod common;
 use std::sync::Arc;
 
 use common::redis_server::RedisServer;
-use tailrace::archive::{FileRunLogStore, RedisRunLogStore, RunKey, RunLogStore, RunState};
+use tailrace::archive::{Append, FileRunLogStore, RedisRunLogStore, RunKey, RunLogStore, RunState};
+use tailrace::queue::Fence;
 use tailrace::stream::SequenceToken;
 
 fn token(major: u64, minor: u64) -> SequenceToken {
@@ -18,10 +19,13 @@ async fn contract(store: Arc<dyn RunLogStore>) {
     let run = RunKey::new("svc.etl", "r-1").unwrap();
     assert_eq!(store.info(&run).await.unwrap(), None);
     assert!(!store.pipeline_exists("svc.etl").await.unwrap());
-    assert!(store.append(&run, token(1, 0), &["a", "b"]).await.unwrap());
-    assert!(store.append(&run, token(2, 5), &["c"]).await.unwrap());
-    assert!(!store.append(&run, token(2, 5), &["c"]).await.unwrap(), "a redelivered container changes nothing");
-    assert!(!store.append(&run, token(1, 9), &["old"]).await.unwrap(), "an older one neither");
+    assert!(store.append(&run, token(1, 0), &["a", "b"], Append::new()).await.unwrap());
+    assert!(store.append(&run, token(2, 5), &["c"], Append::new()).await.unwrap());
+    assert!(
+        !store.append(&run, token(2, 5), &["c"], Append::new()).await.unwrap(),
+        "a redelivered container changes nothing"
+    );
+    assert!(!store.append(&run, token(1, 9), &["old"], Append::new()).await.unwrap(), "an older one neither");
     let info = store.info(&run).await.unwrap().unwrap();
     assert_eq!((info.lines, info.bytes, info.last_token, info.state), (3, 6, Some(token(2, 5)), None));
     assert_eq!(store.read(&run, 0, 10, usize::MAX).await.unwrap(), ["a", "b", "c"]);
@@ -42,14 +46,20 @@ async fn contract(store: Arc<dyn RunLogStore>) {
     assert_eq!(store.runs("svc.etl", 1).await.unwrap().len(), 1);
     // A producer's retried batch: same ids (fingerprint), a new token.
     let retry = RunKey::new("svc.retry", "r-1").unwrap();
-    assert!(store.append_batch(&retry, token(3, 0), 0xfeed, &["r"]).await.unwrap());
-    assert!(!store.append_batch(&retry, token(3, 4), 0xfeed, &["r"]).await.unwrap(), "the retry is dropped");
+    assert!(store.append(&retry, token(3, 0), &["r"], Append::new().batch(0xfeed)).await.unwrap());
+    assert!(
+        !store.append(&retry, token(3, 4), &["r"], Append::new().batch(0xfeed)).await.unwrap(),
+        "the retry is dropped"
+    );
     assert_eq!(store.info(&retry).await.unwrap().unwrap().last_token, Some(token(3, 4)), "its token is held");
-    assert!(store.append_batch(&retry, token(4, 0), 0xbeef, &["s"]).await.unwrap());
+    assert!(store.append(&retry, token(4, 0), &["s"], Append::new().batch(0xbeef)).await.unwrap());
     for i in 0..tailrace::archive::RECENT_BATCHES as u64 {
-        assert!(store.append_batch(&retry, token(5, i), 0x1000 + i, &["w"]).await.unwrap());
+        assert!(store.append(&retry, token(5, i), &["w"], Append::new().batch(0x1000 + i)).await.unwrap());
     }
-    assert!(store.append_batch(&retry, token(6, 0), 0xfeed, &["r"]).await.unwrap(), "remembered for a window only");
+    assert!(
+        store.append(&retry, token(6, 0), &["r"], Append::new().batch(0xfeed)).await.unwrap(),
+        "remembered for a window only"
+    );
     let total = 2 + tailrace::archive::RECENT_BATCHES as u64 + 1;
     assert_eq!(store.info(&retry).await.unwrap().unwrap().lines, total);
     let tail = store.read(&retry, 0, 2, usize::MAX).await.unwrap();
@@ -59,7 +69,7 @@ async fn contract(store: Arc<dyn RunLogStore>) {
     let lines: Vec<String> = (0..5_000).map(|i| format!("line {i}")).collect();
     for (n, chunk) in lines.chunks(700).enumerate() {
         let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
-        assert!(store.append(&big, token(10 + n as u64, 0), &refs).await.unwrap());
+        assert!(store.append(&big, token(10 + n as u64, 0), &refs, Append::new()).await.unwrap());
     }
     assert_eq!(store.read(&big, 3_071, 3, usize::MAX).await.unwrap(), ["line 3071", "line 3072", "line 3073"]);
     assert_eq!(store.read(&big, 4_999, 5, usize::MAX).await.unwrap(), ["line 4999"]);
@@ -69,9 +79,9 @@ async fn contract(store: Arc<dyn RunLogStore>) {
     let top = 1u64 << 53;
     for (major, minor) in [(top, 0), (top + 1, 0), (top + 1, u64::MAX - 1), (top + 1, u64::MAX), (u64::MAX, 0)] {
         let line = format!("{major}-{minor}");
-        assert!(store.append(&wide, token(major, minor), &[&line]).await.unwrap(), "{line} was dropped");
+        assert!(store.append(&wide, token(major, minor), &[&line], Append::new()).await.unwrap(), "{line} was dropped");
     }
-    assert!(!store.append(&wide, token(top + 1, u64::MAX), &["again"]).await.unwrap());
+    assert!(!store.append(&wide, token(top + 1, u64::MAX), &["again"], Append::new()).await.unwrap());
     let info = store.info(&wide).await.unwrap().unwrap();
     assert_eq!((info.lines, info.last_token), (5, Some(token(u64::MAX, 0))));
 }
@@ -92,7 +102,7 @@ async fn long_names(store: Arc<dyn RunLogStore>) {
     ];
     for (n, run) in runs.iter().enumerate() {
         let line = format!("line of {n}");
-        assert!(store.append(run, token(1, n as u64), &[&line]).await.unwrap(), "{run}");
+        assert!(store.append(run, token(1, n as u64), &[&line], Append::new()).await.unwrap(), "{run}");
         store.set_state(run, RunState::Success).await.unwrap();
     }
     for (n, run) in runs.iter().enumerate() {
@@ -165,7 +175,7 @@ async fn the_file_store_recovers_from_a_crash_between_its_writes() {
     let dir = tempfile::tempdir().unwrap();
     let store = FileRunLogStore::open(dir.path(), false).unwrap();
     let run = RunKey::new("svc.etl", "r-1").unwrap();
-    store.append(&run, token(1, 0), &["kept"]).await.unwrap();
+    store.append(&run, token(1, 0), &["kept"], Append::new()).await.unwrap();
     let run_dir = dir.path().join("svc.etl").join("r-1");
     let log = run_dir.join("log.txt");
     let mut bytes = std::fs::read(&log).unwrap();
@@ -173,7 +183,7 @@ async fn the_file_store_recovers_from_a_crash_between_its_writes() {
     std::fs::write(&log, bytes).unwrap();
     std::fs::remove_file(run_dir.join("log.idx")).unwrap();
     assert_eq!(store.read(&run, 0, 10, usize::MAX).await.unwrap(), ["kept"], "junk past the meta is not read");
-    assert!(store.append(&run, token(2, 0), &["redelivered"]).await.unwrap());
+    assert!(store.append(&run, token(2, 0), &["redelivered"], Append::new()).await.unwrap());
     assert_eq!(store.read(&run, 0, 10, usize::MAX).await.unwrap(), ["kept", "redelivered"]);
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "kept\nredelivered\n");
 }
@@ -188,12 +198,12 @@ async fn a_redis_append_cut_short_by_a_crash_leaves_nothing_half_written() {
     let mut server = RedisServer::start();
     let store = RedisRunLogStore::connect(&server.url(), "test").await.unwrap();
     let run = RunKey::new("svc.etl", "r-1").unwrap();
-    assert!(store.append(&run, token(1, 0), &["a", "b"]).await.unwrap());
+    assert!(store.append(&run, token(1, 0), &["a", "b"], Append::new()).await.unwrap());
     let aof = server.aof_tail();
     let before = std::fs::metadata(&aof).unwrap().len();
     let lines: Vec<String> = (0..100).map(|i| format!("line {i}")).collect();
     let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
-    assert!(store.append(&run, token(2, 0), &refs).await.unwrap());
+    assert!(store.append(&run, token(2, 0), &refs, Append::new()).await.unwrap());
     let after = std::fs::metadata(&aof).unwrap().len();
     let text = String::from_utf8_lossy(&std::fs::read(&aof).unwrap()[before as usize..]).into_owned();
     assert!(text.contains("MULTI") && text.contains("EXEC"), "one transaction per append: {text:.200}");
@@ -206,7 +216,10 @@ async fn a_redis_append_cut_short_by_a_crash_leaves_nothing_half_written() {
     let info = store.info(&run).await.unwrap().unwrap();
     assert_eq!((info.lines, info.bytes, info.last_token), (2, 4, Some(token(1, 0))));
     assert_eq!(store.read(&run, 0, 200, usize::MAX).await.unwrap(), ["a", "b"]);
-    assert!(store.append(&run, token(2, 0), &refs).await.unwrap(), "the redelivered container is new again");
+    assert!(
+        store.append(&run, token(2, 0), &refs, Append::new()).await.unwrap(),
+        "the redelivered container is new again"
+    );
     assert_eq!(store.read(&run, 2, 1, usize::MAX).await.unwrap(), ["line 0"]);
     assert_eq!(store.info(&run).await.unwrap().unwrap().lines, 102);
 }
@@ -239,11 +252,14 @@ async fn a_zombie_archiver_cannot_append_after_a_newer_lease_wrote_the_run() {
     consumer.deliver(&delivery(2, "two", 6)).await.unwrap();
     assert!(consumer.deliver(&delivery(3, "zombie", 5)).await.is_err(), "an older token is refused");
     assert!(matches!(
-        store.append_fenced(&run, token(4, 0), &["zombie"], 5).await,
+        store.append(&run, token(4, 0), &["zombie"], Append::new().fenced(Fence::lease(5))).await,
         Err(StoreError::Fenced { token: 5, .. })
     ));
     consumer.deliver(&delivery(3, "three", 6)).await.unwrap();
     assert_eq!(store.read(&run, 0, 10, usize::MAX).await.unwrap(), ["one", "two", "three"]);
     assert_eq!(store.info(&run).await.unwrap().unwrap().last_token, Some(token(3, 0)));
-    assert!(store.append(&run, token(4, 0), &["unfenced"]).await.unwrap(), "an unfenced writer is not checked");
+    assert!(
+        store.append(&run, token(4, 0), &["unfenced"], Append::new()).await.unwrap(),
+        "an unfenced writer is not checked"
+    );
 }

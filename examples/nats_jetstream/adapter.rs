@@ -34,7 +34,9 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tailrace::checkpoint::{CheckpointError, Checkpointer};
-use tailrace::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
+use tailrace::queue::{
+    Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver,
+};
 use tailrace::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
 
 use crate::receiver::JetStreamReceiver;
@@ -257,7 +259,7 @@ impl QueueAdapter for JetStreamAdapter {
         }
     }
 
-    async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
+    async fn create_receiver(&self, queue: QueueId, _fence: Fence) -> Result<Box<dyn QueueReceiver>, QueueError> {
         let stream = self.stream(queue)?.clone();
         Ok(Box::new(JetStreamReceiver::new(queue, stream, self.options.clone(), self.checkpoints.clone())))
     }
@@ -293,7 +295,7 @@ impl Checkpointer for StreamCheckpointer {
         text.parse().map(Some).map_err(|e| CheckpointError::Backend(format!("checkpoint of {queue}: {e}")))
     }
 
-    async fn save(&self, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError> {
+    async fn save(&self, queue: QueueId, token: SequenceToken, _fence: Fence) -> Result<(), CheckpointError> {
         let failed = |e: &dyn std::fmt::Display| CheckpointError::Backend(format!("saving {token} for {queue}: {e}"));
         let pending =
             self.js.publish(self.subject(queue), Bytes::from(token.to_string())).await.map_err(|e| failed(&e))?;

@@ -38,7 +38,7 @@ use super::{BuiltInFactory, MappedAdapter};
 use crate::checkpoint::FileCheckpointer;
 use crate::failure::{DeadLetterSink, LogDeadLetters};
 use crate::handoff::{DataDirLock, HandoffError, RecoveryReport, WriterOptions, validate_prefix};
-use crate::queue::{Direction, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver};
+use crate::queue::{Direction, Fence, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver};
 use crate::retry::Backoff;
 use crate::stream::{Event, SequenceToken, StreamId};
 use crate::telemetry;
@@ -263,7 +263,7 @@ impl QueueAdapter for FileAdapter {
             .map_err(|error| handoff_error(queue.id, error))
     }
 
-    async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
+    async fn create_receiver(&self, queue: QueueId, _fence: Fence) -> Result<Box<dyn QueueReceiver>, QueueError> {
         let files = self.queue(queue)?;
         let dead_letters = self.dead_letters.lock().clone();
         Ok(Box::new(reader::FileReceiver::new(

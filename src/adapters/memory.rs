@@ -26,7 +26,7 @@ use tokio::sync::{Notify, Semaphore};
 
 use super::{BuiltInFactory, MappedAdapter};
 use crate::checkpoint::MemoryCheckpointer;
-use crate::queue::{Direction, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver, Wake};
+use crate::queue::{Direction, Fence, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver, Wake};
 use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
 
 /// Settings of the memory adapter.
@@ -134,7 +134,7 @@ impl QueueAdapter for MemoryAdapter {
         Ok(queue.push(stream, events))
     }
 
-    async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
+    async fn create_receiver(&self, queue: QueueId, _fence: Fence) -> Result<Box<dyn QueueReceiver>, QueueError> {
         Ok(Box::new(MemoryReceiver { queue: self.queue(queue)?.clone(), epoch: 0, shut_down: false }))
     }
 }

@@ -5,8 +5,8 @@
 //!
 //! - At connect, the old layout's keys (`{prefix}:q{n}`,
 //!   `{prefix}:checkpoint:q{n}`) are renamed to the new ones once.
-//! - A fenced receiver (`create_fenced_receiver`, the agent's under a
-//!   lease) acks, trims, claims and takes new entries in scripts that first
+//! - A fenced receiver (`create_receiver` with `Fence::lease`, the agent's
+//!   under a lease) acks, trims, claims and takes new entries in scripts that first
 //!   check the queue's fencing counter: a paused old owner can neither
 //!   strand entries in its pending list nor ack or trim after a newer lease
 //!   was granted.
@@ -312,12 +312,12 @@ impl QueueAdapter for RedisAdapter {
         })
     }
 
-    async fn create_receiver(&self, queue: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
-        self.receiver(queue, None).await
-    }
-
-    async fn create_fenced_receiver(&self, queue: QueueId, token: u64) -> Result<Box<dyn QueueReceiver>, QueueError> {
-        self.receiver(queue, Some(token)).await
+    async fn create_receiver(
+        &self,
+        queue: QueueId,
+        fence: crate::queue::Fence,
+    ) -> Result<Box<dyn QueueReceiver>, QueueError> {
+        self.receiver(queue, fence.token()).await
     }
 }
 

@@ -21,7 +21,7 @@ use super::worker::panic_text;
 use crate::cache::Purged;
 use crate::checkpoint::{CheckpointError, QueueCheckpoint};
 use crate::pubsub::SubscriptionId;
-use crate::queue::{QueueError, QueueId, QueueReceiver, Wake};
+use crate::queue::{Fence, QueueError, QueueId, QueueReceiver, Wake};
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
 use ractor::ActorProcessingErr;
 
@@ -35,13 +35,10 @@ impl Io {
     /// The queue's receiver and its checkpoint, both fenced with the
     /// agent's lease token when it has one.
     pub(crate) async fn open(services: &AgentServices, queue: QueueId) -> Result<Self, ActorProcessingErr> {
-        let receiver = match services.lease_token {
-            Some(token) => services.adapter.create_fenced_receiver(queue, token).await?,
-            None => services.adapter.create_receiver(queue).await?,
-        };
+        let receiver = services.adapter.create_receiver(queue, Fence::from(services.lease_token)).await?;
         let checkpoint = QueueCheckpoint::load(services.checkpointer.clone(), queue, services.checkpoint.clone())
             .await?
-            .fenced(services.lease_token);
+            .fenced(Fence::from(services.lease_token));
         Ok(Self { receiver, checkpoint })
     }
 }
@@ -382,36 +379,10 @@ async fn run_pump(mut io: Io, job: PumpJob) -> PumpOutcome {
     // A write the queue's fence refused ends the pump: a newer lease was
     // granted, so the agent stops with no further ack, checkpoint or read
     // (the read's answer carries the refusal to the agent).
-    let fenced = |mut outcome: PumpOutcome, io: Io| {
+    if commit(&mut io, job.queue, &job.purged, job.progress, limit).await.is_err() {
         outcome.read = Err(QueueError::Fenced(job.queue));
         outcome.io = Some(io);
-        outcome
-    };
-    if !job.purged.acked.is_empty() {
-        let acked = tokio::time::timeout(limit, io.receiver.delivered(&job.purged.acked)).await;
-        match flatten(acked, || timeout("delivered")) {
-            Some(QueueError::Fenced(_)) => return fenced(outcome, io),
-            Some(error) => {
-                tracing::warn!(%error, containers = job.purged.acked.len(), "ack failed; the queue may redeliver them")
-            }
-            None => {}
-        }
-    }
-    if !job.purged.failed.is_empty() {
-        let failed = tokio::time::timeout(limit, io.receiver.failed(&job.purged.failed)).await;
-        match flatten(failed, || timeout("failed")) {
-            Some(QueueError::Fenced(_)) => return fenced(outcome, io),
-            Some(error) => tracing::warn!(%error, "reporting failed containers to the receiver failed"),
-            None => {}
-        }
-    }
-    if let Some(progress) = job.progress {
-        match tokio::time::timeout(limit, io.checkpoint.update(progress, Instant::now())).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(CheckpointError::Fenced { .. })) => return fenced(outcome, io),
-            Ok(Err(error)) => tracing::warn!(%error, "checkpoint write failed; the next one retries"),
-            Err(_) => tracing::warn!(?limit, "checkpoint write timed out; the next one retries"),
-        }
+        return outcome;
     }
     for job in job.rewinds {
         let result = match tokio::time::timeout(limit, io.receiver.rewind(job.from, job.max)).await {
@@ -428,6 +399,56 @@ async fn run_pump(mut io: Io, job: PumpJob) -> PumpOutcome {
     }
     outcome.io = Some(io);
     outcome
+}
+
+/// A write the queue's fence refused: a newer lease of it was granted.
+#[derive(Debug)]
+pub(crate) struct Fenced;
+
+/// The commit step, the same for every pump and for the final handoff, in
+/// this order: ack what every cursor passed, report what failed for good,
+/// record the delivery progress (if known). Each call is bounded by
+/// `limit`; the first write the queue's fence refuses ends it, and nothing
+/// more is written. Other failures are logged: the queue redelivers what
+/// was not acked, and the next checkpoint write (or the final flush)
+/// retries.
+pub(crate) async fn commit(
+    io: &mut Io,
+    queue: QueueId,
+    purged: &Purged,
+    progress: Option<SequenceToken>,
+    limit: Duration,
+) -> Result<(), Fenced> {
+    let timeout = |operation: &'static str| QueueError::Timeout { operation, queue, after: limit };
+    if !purged.acked.is_empty() {
+        let acked = tokio::time::timeout(limit, io.receiver.delivered(&purged.acked)).await;
+        match flatten(acked, || timeout("delivered")) {
+            Some(QueueError::Fenced(_)) => return Err(Fenced),
+            Some(error) => {
+                tracing::warn!(%queue, %error, batches = purged.acked.len(), "ack failed; the queue may redeliver them")
+            }
+            None => {}
+        }
+    }
+    if !purged.failed.is_empty() {
+        let failed = tokio::time::timeout(limit, io.receiver.failed(&purged.failed)).await;
+        match flatten(failed, || timeout("failed")) {
+            Some(QueueError::Fenced(_)) => return Err(Fenced),
+            Some(error) => tracing::warn!(%queue, %error, "reporting failed batches to the receiver failed"),
+            None => {}
+        }
+    }
+    if let Some(progress) = progress {
+        match tokio::time::timeout(limit, io.checkpoint.update(progress, Instant::now())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(CheckpointError::Fenced { .. })) => return Err(Fenced),
+            Ok(Err(error)) => {
+                tracing::warn!(%queue, %error, "checkpoint write failed; the next write or the flush retries")
+            }
+            Err(_) => tracing::warn!(%queue, ?limit, "checkpoint write timed out; the next write or the flush retries"),
+        }
+    }
+    Ok(())
 }
 
 /// The error of a bounded call, if it failed or timed out.

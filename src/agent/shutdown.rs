@@ -21,9 +21,8 @@
 use std::time::Duration;
 
 use ractor::RpcReplyPort;
-use tokio::time::Instant;
 
-use super::pump::{Io, flatten};
+use super::pump::{Io, commit, flatten};
 use crate::cache::Purged;
 use crate::checkpoint::CheckpointError;
 use crate::queue::{QueueError, QueueId};
@@ -72,31 +71,7 @@ pub(crate) async fn release(
     let timeout = |operation: &'static str| QueueError::Timeout { operation, queue, after: limit };
     // Once the queue's fence refuses a write (a newer lease was granted),
     // nothing more is written: no ack, no checkpoint.
-    let mut fenced = false;
-    if !purged.acked.is_empty() {
-        let acked = tokio::time::timeout(limit, io.receiver.delivered(&purged.acked)).await;
-        match flatten(acked, || timeout("delivered")) {
-            Some(QueueError::Fenced(_)) => fenced = true,
-            Some(error) => tracing::warn!(%queue, %error, "final ack failed; the next owner may redeliver"),
-            None => {}
-        }
-    }
-    if !purged.failed.is_empty() && !fenced {
-        let failed = tokio::time::timeout(limit, io.receiver.failed(&purged.failed)).await;
-        match flatten(failed, || timeout("failed")) {
-            Some(QueueError::Fenced(_)) => fenced = true,
-            Some(error) => tracing::warn!(%queue, %error, "reporting failed containers failed"),
-            None => {}
-        }
-    }
-    if let Some(progress) = progress.filter(|_| !fenced) {
-        match tokio::time::timeout(limit, io.checkpoint.update(progress, Instant::now())).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(CheckpointError::Fenced { .. })) => fenced = true,
-            Ok(Err(error)) => tracing::warn!(%queue, %error, "final checkpoint write failed; flushing"),
-            Err(_) => tracing::warn!(%queue, ?limit, "final checkpoint write timed out; flushing"),
-        }
-    }
+    let mut fenced = commit(&mut io, queue, &purged, progress, limit).await.is_err();
     if !fenced {
         match tokio::time::timeout(limit, io.checkpoint.flush()).await {
             Ok(Ok(())) => {}

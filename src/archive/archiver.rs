@@ -6,10 +6,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{InvalidName, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError, batch_fingerprint, lines_of};
+use super::{
+    Append, InvalidName, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError, batch_fingerprint, lines_of,
+};
 use crate::pubsub::{
     ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionInfo,
 };
+use crate::queue::Fence;
 use crate::stream::{Event, EventId, StreamId};
 use crate::telemetry;
 
@@ -176,12 +179,9 @@ impl StreamConsumer for ArchiverConsumer {
             let store = &self.store;
             // Fenced with the delivering agent's lease token, if it has one:
             // a paused old owner cannot append after its successor did.
-            let appended = match (contents.texts.is_empty(), delivery.fence) {
-                (true, Some(fence)) => store.append_fenced(run, batch.token, &[], fence).await,
-                (true, None) => store.append(run, batch.token, &[]).await,
-                (false, Some(fence)) => store.append_batch_fenced(run, batch.token, fingerprint, &lines, fence).await,
-                (false, None) => store.append_batch(run, batch.token, fingerprint, &lines).await,
-            };
+            let how = Append::new().fenced(Fence::from(delivery.fence));
+            let how = if contents.texts.is_empty() { how } else { how.batch(fingerprint) };
+            let appended = store.append(run, batch.token, &lines, how).await;
             if appended.map_err(ConsumerError::failed)? {
                 metrics::counter!(telemetry::ARCHIVE_LINES).increment(lines.len() as u64);
             }

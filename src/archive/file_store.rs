@@ -39,7 +39,9 @@ mod prune;
 use super::file_names::{decode, folder, is_hashed};
 #[cfg(test)]
 use super::retention::Planner;
-use super::{Clock, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError};
+use super::{
+    Append, Clock, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError,
+};
 use crate::atomic_file::{self, Durability};
 use crate::stream::SequenceToken;
 
@@ -347,20 +349,15 @@ impl RunLogStore for FileRunLogStore {
         .await
     }
 
-    async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError> {
-        let (run, lines) = (run.clone(), lines.iter().map(|l| l.to_string()).collect::<Vec<_>>());
-        self.blocking(move |inner| inner.append(&run, token, None, &lines)).await
-    }
-
-    async fn append_batch(
+    async fn append(
         &self,
         run: &RunKey,
         token: SequenceToken,
-        fingerprint: u64,
         lines: &[&str],
+        how: Append,
     ) -> Result<bool, StoreError> {
         let (run, lines) = (run.clone(), lines.iter().map(|l| l.to_string()).collect::<Vec<_>>());
-        self.blocking(move |inner| inner.append(&run, token, Some(fingerprint), &lines)).await
+        self.blocking(move |inner| inner.append(&run, token, how.fingerprint, &lines)).await
     }
 
     async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {
@@ -415,7 +412,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = FileRunLogStore::open(dir.path(), false).unwrap();
         let run = RunKey::new("svc.etl", "r-1").unwrap();
-        store.append(&run, SequenceToken::new(1, 0), &["a"]).await.unwrap();
+        store.append(&run, SequenceToken::new(1, 0), &["a"], Append::new()).await.unwrap();
         store.set_state(&run, RunState::Success).await.unwrap();
         let policy = RetentionPolicy { max_total_bytes: 1, min_age: std::time::Duration::ZERO, ..Default::default() };
         let chosen = |info: &RunInfo| {
@@ -424,7 +421,7 @@ mod tests {
             planner.finish().0.remove(0)
         };
         let candidate = chosen(&store.info(&run).await.unwrap().unwrap());
-        store.append(&run, SequenceToken::new(2, 0), &["late"]).await.unwrap();
+        store.append(&run, SequenceToken::new(2, 0), &["late"], Append::new()).await.unwrap();
         assert!(!store.inner.remove_if_unchanged(&candidate).unwrap());
         assert_eq!(store.read(&run, 0, 10, usize::MAX).await.unwrap(), ["a", "late"]);
         let candidate = chosen(&store.info(&run).await.unwrap().unwrap());

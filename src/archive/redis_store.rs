@@ -34,7 +34,9 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 
 use super::retention::{Candidate, Planner};
-use super::{Clock, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError};
+use super::{
+    Append, Clock, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError,
+};
 use crate::redis_conn::RedisEndpoint;
 use crate::stream::SequenceToken;
 use crate::telemetry;
@@ -317,39 +319,14 @@ impl RunLogStore for RedisRunLogStore {
         self.ensure(run, None).await
     }
 
-    async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError> {
-        self.append_lines(run, token, None, lines, None).await
-    }
-
-    async fn append_fenced(
+    async fn append(
         &self,
         run: &RunKey,
         token: SequenceToken,
         lines: &[&str],
-        fence: u64,
+        how: Append,
     ) -> Result<bool, StoreError> {
-        self.append_lines(run, token, None, lines, Some(fence)).await
-    }
-
-    async fn append_batch_fenced(
-        &self,
-        run: &RunKey,
-        token: SequenceToken,
-        fingerprint: u64,
-        lines: &[&str],
-        fence: u64,
-    ) -> Result<bool, StoreError> {
-        self.append_lines(run, token, Some(fingerprint), lines, Some(fence)).await
-    }
-
-    async fn append_batch(
-        &self,
-        run: &RunKey,
-        token: SequenceToken,
-        fingerprint: u64,
-        lines: &[&str],
-    ) -> Result<bool, StoreError> {
-        self.append_lines(run, token, Some(fingerprint), lines, None).await
+        self.append_lines(run, token, how.fingerprint, lines, how.fence.token()).await
     }
 
     async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::Failure;
 use super::support::{CALL_LIMIT, Kit, events, fail, within};
-use crate::queue::{Direction, QueueError, QueueId};
+use crate::queue::{Direction, Fence, QueueError, QueueId};
 use crate::stream::{SequenceToken, StreamId};
 
 /// Write-only refuses receivers, read-only refuses writes, read-write does
@@ -15,7 +15,9 @@ pub(super) async fn direction(kit: &Kit) -> Result<(), Failure> {
     let probe = StreamId::new(CHECK, "probe");
     match kit.adapter.direction() {
         Direction::WriteOnly => {
-            if let Ok(Ok(_)) = tokio::time::timeout(CALL_LIMIT, kit.adapter.create_receiver(QueueId(0))).await {
+            if let Ok(Ok(_)) =
+                tokio::time::timeout(CALL_LIMIT, kit.adapter.create_receiver(QueueId(0), Fence::NONE)).await
+            {
                 return Err(fail(CHECK, "a write-only adapter handed out a receiver of queue q0"));
             }
         }
@@ -76,7 +78,7 @@ pub(super) async fn bad_input(kit: &Kit) -> Result<(), Failure> {
         Err(_) => return Err(fail(CHECK, format!("an empty batch for {stream} hung"))),
     }
     let outside = QueueId(kit.mapper.queue_count());
-    if let Ok(Ok(_)) = tokio::time::timeout(CALL_LIMIT, kit.adapter.create_receiver(outside)).await {
+    if let Ok(Ok(_)) = tokio::time::timeout(CALL_LIMIT, kit.adapter.create_receiver(outside, Fence::NONE)).await {
         return Err(fail(
             CHECK,
             format!("a receiver of queue {outside} was handed out, but there are {} queues", kit.mapper.queue_count()),

@@ -12,7 +12,7 @@ use bytes::Bytes;
 
 use super::{Claims, Failure};
 use crate::checkpoint::Checkpointer;
-use crate::queue::{QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
+use crate::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
 use crate::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
 
 /// How long a check waits for containers to become readable, unless told.
@@ -82,7 +82,8 @@ impl Kit {
     /// A receiver of `queue`, created and initialized.
     pub(super) async fn reader(&self, check: &'static str, queue: QueueId) -> Result<Reader, Failure> {
         let mut inner =
-            within(check, || format!("create_receiver({queue})"), self.adapter.create_receiver(queue)).await?;
+            within(check, || format!("create_receiver({queue})"), self.adapter.create_receiver(queue, Fence::NONE))
+                .await?;
         within(check, || format!("initialize of the receiver of queue {queue}"), inner.initialize(RECEIVER_TIMEOUT))
             .await?;
         Ok(Reader {
@@ -207,7 +208,7 @@ impl Reader {
         }
         let Some(token) = newest else { return Ok(()) };
         let queue = self.queue;
-        match tokio::time::timeout(CALL_LIMIT, self.checkpointer.save(queue, token)).await {
+        match tokio::time::timeout(CALL_LIMIT, self.checkpointer.save(queue, token, Fence::NONE)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(error)) => Err(fail(self.check, format!("saving checkpoint {token} of queue {queue}: {error}"))),
             Err(_) => Err(fail(self.check, format!("saving checkpoint {token} of queue {queue} did not answer"))),

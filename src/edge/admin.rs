@@ -280,6 +280,7 @@ mod tests {
     use crate::checkpoint::MemoryCheckpointer;
     use crate::cluster::MemoryLeases;
     use crate::config::{Scope, TokenEntry};
+    use crate::queue::Fence;
     use crate::stream::SequenceToken;
 
     const ADMIN: &str = "admin-token-0123456789";
@@ -289,7 +290,7 @@ mod tests {
         let leases = Arc::new(MemoryLeases::new());
         leases.acquire(QueueId(1), &NodeId::new("n2"), Duration::from_secs(8)).await.unwrap();
         let checkpointer = Arc::new(MemoryCheckpointer::new());
-        checkpointer.save(QueueId(1), SequenceToken { major: 7, minor: 0 }).await.unwrap();
+        checkpointer.save(QueueId(1), SequenceToken { major: 7, minor: 0 }, Fence::NONE).await.unwrap();
         ClusterView {
             me: NodeId::new("n1"),
             membership: None,

@@ -29,7 +29,7 @@ pub struct Delivery {
     /// The fencing token of the queue lease the delivering agent runs
     /// under, if its writes are fenced: a consumer that writes to a store
     /// may pass it along so that the store refuses a paused old owner's
-    /// writes (the archiver does, see `RunLogStore::append_fenced`).
+    /// writes (the archiver does, see `RunLogStore::append` and `Append::fenced`).
     pub fence: Option<u64>,
 }
 

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use super::Fence;
 use crate::stream::{QueueId, SequenceToken};
 
 /// A checkpoint could not be read or written.
@@ -57,17 +58,11 @@ pub trait Checkpointer: Send + Sync + 'static {
     /// The stored checkpoint of `queue`, if any.
     async fn load(&self, queue: QueueId) -> Result<Option<SequenceToken>, CheckpointError>;
 
-    /// Stores `token` as `queue`'s checkpoint; durable when this returns.
-    async fn save(&self, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError>;
-
-    /// Stores `token` as `queue`'s checkpoint for the owner of the lease
-    /// granted with fencing token `fence`. A store that can fence refuses
-    /// it with [`CheckpointError::Fenced`] once a newer lease of the queue
-    /// was granted. The default ignores the fence.
-    async fn save_fenced(&self, queue: QueueId, token: SequenceToken, fence: u64) -> Result<(), CheckpointError> {
-        let _ = fence;
-        self.save(queue, token).await
-    }
+    /// Stores `token` as `queue`'s checkpoint, written under `fence`;
+    /// durable when this returns. A store that can fence refuses it with
+    /// [`CheckpointError::Fenced`] once a newer lease of the queue was
+    /// granted; one that cannot ignores the fence.
+    async fn save(&self, queue: QueueId, token: SequenceToken, fence: Fence) -> Result<(), CheckpointError>;
 }
 
 /// Size and shape of one queue's cache.

@@ -12,8 +12,8 @@ use futures::StreamExt;
 use serde_json::Value;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::archive::{
-    Archiver, FileRunLogStore, LOGS_NAMESPACE, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState,
-    RunSummary, StoreError,
+    Append, Archiver, FileRunLogStore, LOGS_NAMESPACE, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore,
+    RunState, RunSummary, StoreError,
 };
 use tailrace::cluster::NodeId;
 use tailrace::config::Config;
@@ -67,19 +67,15 @@ impl RunLogStore for ProbeStore {
     async fn ensure_run(&self, run: &RunKey) -> Result<(), StoreError> {
         self.inner.ensure_run(run).await
     }
-    async fn append(&self, run: &RunKey, token: SequenceToken, lines: &[&str]) -> Result<bool, StoreError> {
-        self.slow_append().await;
-        self.inner.append(run, token, lines).await
-    }
-    async fn append_batch(
+    async fn append(
         &self,
         run: &RunKey,
         token: SequenceToken,
-        fingerprint: u64,
         lines: &[&str],
+        how: Append,
     ) -> Result<bool, StoreError> {
         self.slow_append().await;
-        self.inner.append_batch(run, token, fingerprint, lines).await
+        self.inner.append(run, token, lines, how).await
     }
     async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {
         self.inner.set_state(run, state).await

@@ -11,7 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tailrace::cache::CacheOptions;
 use tailrace::checkpoint::{Checkpointer, MemoryCheckpointer};
-use tailrace::queue::{Direction, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
+use tailrace::queue::{
+    Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver,
+};
 use tailrace::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
 use tokio::sync::Semaphore;
 
@@ -137,7 +139,7 @@ impl QueueAdapter for ScriptedAdapter {
         Err(QueueError::Config("the scripted adapter is fed by the test".into()))
     }
 
-    async fn create_receiver(&self, _: QueueId) -> Result<Box<dyn QueueReceiver>, QueueError> {
+    async fn create_receiver(&self, _: QueueId, _: Fence) -> Result<Box<dyn QueueReceiver>, QueueError> {
         let number = self.script.receivers.fetch_add(1, Ordering::SeqCst) + 1;
         self.script.reads_by_receiver.lock().unwrap().push(0);
         Ok(Box::new(ScriptedReceiver { script: self.script.clone(), number }))

@@ -7,7 +7,7 @@ use redis::aio::ConnectionManager;
 use super::fence;
 use crate::checkpoint::{CheckpointError, Checkpointer};
 use crate::pubsub::{PubSubError, PubSubStore, Subscription, SubscriptionId, SubscriptionState};
-use crate::queue::QueueId;
+use crate::queue::{Fence, QueueId};
 use crate::stream::{NodeId, SequenceToken, StreamId};
 
 /// Checkpoints as strings at `{prefix}:{qn}:checkpoint` (under the queue's
@@ -50,7 +50,16 @@ impl Checkpointer for RedisCheckpointer {
             .transpose()
     }
 
-    async fn save(&self, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError> {
+    async fn save(&self, queue: QueueId, token: SequenceToken, fence: Fence) -> Result<(), CheckpointError> {
+        match fence.token() {
+            Some(fence) => self.save_fenced(queue, token, fence).await,
+            None => self.save_unfenced(queue, token).await,
+        }
+    }
+}
+
+impl RedisCheckpointer {
+    async fn save_unfenced(&self, queue: QueueId, token: SequenceToken) -> Result<(), CheckpointError> {
         let mut conn = self.conn.clone();
         redis::cmd("SET")
             .arg(self.key(queue))

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use tailrace::adapters::file::{FileAdapterFactory, FileOptions};
 use tailrace::handoff::{FsyncPolicy, LoggingConsumer, WriterOptions};
-use tailrace::queue::{QueueAdapterFactory, QueueId};
+use tailrace::queue::{Fence, QueueAdapterFactory, QueueId};
 use tailrace::stream::{Event, EventId, StreamId};
 
 use super::Progress;
@@ -196,7 +196,7 @@ async fn reader_run(queues: &Path, total: u64) -> anyhow::Result<f64> {
     let done = Arc::new(AtomicU64::new(0));
     let progress = Progress::start("tailrace reader", total, done.clone());
     let started = Instant::now();
-    let mut receiver = adapter.create_receiver(QueueId(0)).await?;
+    let mut receiver = adapter.create_receiver(QueueId(0), Fence::NONE).await?;
     receiver.initialize(Duration::from_secs(5)).await?;
     let mut read = 0u64;
     while read < total {
