@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tailrace::checkpoint::{Checkpointer, MemoryCheckpointer};
+use tailrace::checkpoint::MemoryCheckpointer;
 use tailrace::conformance::Claims;
-use tailrace::queue::{
-    Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver,
-};
+use tailrace::queue::Checkpointer;
+use tailrace::queue::{Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
+use tailrace::stream::QueueId;
 use tailrace::stream::{BatchContainer, Event, SequenceToken, StreamId};
 
 /// One queue: containers in order, each with an "acked" flag.
@@ -160,7 +160,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("conformance: {report}");
 
     // 2. Run it: the runtime never needs to know what it is.
-    let node = tailrace::node::Node::builder(tailrace::cluster::NodeId::new("n1"), Arc::new(ListFactory::new(4)))
+    let node = tailrace::node::Node::builder(tailrace::stream::NodeId::new("n1"), Arc::new(ListFactory::new(4)))
         .start()
         .await?;
     while node.running_agents().await? < 4 {

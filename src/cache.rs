@@ -27,8 +27,9 @@ use std::sync::Arc;
 mod cursors;
 mod types;
 
-pub use types::{AddError, AddOutcome, CacheMiss, CacheOptions, CursorId, CursorPosition, CursorStart, Purged};
+pub use types::{AddError, AddOutcome, CacheMiss, CursorId, CursorPosition, CursorStart, Purged};
 
+use crate::queue::CacheOptions;
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
 
 struct Item {

@@ -25,8 +25,7 @@ use crate::retry::Backoff;
 use crate::stream::{QueueId, SequenceToken};
 use crate::telemetry;
 
-use crate::queue::Fence;
-pub use crate::queue::{CheckpointError, Checkpointer};
+use crate::queue::{CheckpointError, Checkpointer, Fence};
 
 /// Checkpoints in memory (tests, the memory adapter). Counts writes.
 #[derive(Default)]

@@ -21,7 +21,6 @@ mod settings;
 pub mod transport;
 pub mod wire;
 
-pub use crate::stream::NodeId;
 pub use detector::{FailureDetector, PROBE_TIMEOUT};
 pub use lease::{Lease, LeaseError, MemoryLeases, QueueLeases};
 pub use membership::Membership;

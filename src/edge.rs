@@ -38,13 +38,13 @@ use axum::routing::{get, post, put};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
-pub use crate::config::{AuthOptions, EdgeOptions, EdgeTls, LogStreamSettings, Scope, TokenEntry};
 pub use admin::{ClusterView, admin_router};
 pub use auth::check_listen;
 pub use frames::{BYTES_MESSAGE, DURATION_MESSAGE, EndReason, IDLE_MESSAGE, TOO_MANY_RUNS, TOO_MANY_VIEWERS};
 pub use https::check_tls;
 
 use crate::archive::{Archiver, RunLogReader};
+use crate::config::{EdgeOptions, LogStreamSettings};
 use crate::node::Node;
 use crate::tasks::{STOP_TIMEOUT, Tasks};
 use crate::telemetry;

@@ -10,7 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
-use crate::cluster::{Membership, MemoryLeases, NodeId};
+use crate::cluster::{Membership, MemoryLeases};
+
 use crate::config::Config;
 use crate::failure::{DeadLetterSink, LogDeadLetters};
 use crate::manager::AgentDirectory;
@@ -19,7 +20,9 @@ use crate::pubsub::{
     ConsumerAddress, ConsumerError, ConsumerResolver, Delivery, DeliveryOutcome, ImplicitSubscriptions, LocalConsumers,
     MemoryPubSubStore, PubSubStore, StartPosition, StreamConsumer, SubscriptionInfo,
 };
-use crate::queue::{QueueAdapterFactory, QueueId};
+use crate::queue::QueueAdapterFactory;
+use crate::stream::NodeId;
+use crate::stream::QueueId;
 
 /// The consumer directories of the nodes of this process, by node.
 type NodeTable = Arc<Mutex<HashMap<NodeId, Arc<LocalConsumers>>>>;

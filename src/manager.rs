@@ -32,13 +32,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::agent::{AgentArgs, AgentMsg, AgentServices, PullingAgent};
-use crate::cluster::{LeaseOptions, NodeId, QueueLeases};
-use crate::queue::QueueId;
+use crate::cluster::{LeaseOptions, QueueLeases};
+use crate::stream::NodeId;
+use crate::stream::QueueId;
 use crate::telemetry;
 pub use directory::AgentDirectory;
 pub(crate) use keeper::HeldLeases;
 use keeper::Keeper;
-pub use options::{ManagerOptions, ManagerStatus, RunState};
+pub use options::{AgentsState, ManagerOptions, ManagerStatus};
 
 /// Messages of the pulling manager.
 pub enum ManagerMsg {
@@ -54,7 +55,7 @@ pub enum ManagerMsg {
     /// Stop every agent; answered when all finished their ordered shutdown.
     StopAgents(Option<RpcReplyPort<()>>),
     /// The run state.
-    GetAgentsState(RpcReplyPort<RunState>),
+    GetAgentsState(RpcReplyPort<AgentsState>),
     /// How many agents run.
     GetNumberRunningAgents(RpcReplyPort<usize>),
     /// Queues and counters.
@@ -137,7 +138,7 @@ pub struct Manager {
     node: NodeId,
     myself: ActorRef<ManagerMsg>,
     args: ManagerArgs,
-    state: RunState,
+    state: AgentsState,
     owned: BTreeSet<QueueId>,
     slots: BTreeMap<QueueId, Slot>,
     restart_attempts: BTreeMap<QueueId, u32>,
@@ -163,7 +164,7 @@ impl Actor for PullingManager {
 
     async fn pre_start(&self, myself: ActorRef<ManagerMsg>, args: ManagerArgs) -> Result<Manager, ActorProcessingErr> {
         let node = args.services.node.clone();
-        let state = if args.options.start_agents { RunState::AgentsStarted } else { RunState::Initialized };
+        let state = if args.options.start_agents { AgentsState::AgentsStarted } else { AgentsState::Initialized };
         tracing::info!(%node, ?state, "pulling manager started");
         let held = args.held.clone();
         // A child of the kill switch: a crashed node renews nothing.
@@ -229,13 +230,13 @@ impl Manager {
             ManagerMsg::Ownership { seq, queues } => self.on_ownership(seq, queues).await,
             ManagerMsg::StartAgents(reply) => {
                 if self.exit_waiters.is_empty() {
-                    self.state = RunState::AgentsStarted;
+                    self.state = AgentsState::AgentsStarted;
                     self.reconcile().await;
                 }
                 reply.map(|r| r.send(()));
             }
             ManagerMsg::StopAgents(reply) => {
-                self.state = RunState::AgentsStopped;
+                self.state = AgentsState::AgentsStopped;
                 self.stop_waiters.extend(reply);
                 self.reconcile().await;
             }
@@ -250,7 +251,7 @@ impl Manager {
             }
             ManagerMsg::Stop(reply) => {
                 tracing::info!("pulling manager stopping: handing every queue over");
-                self.state = RunState::AgentsStopped;
+                self.state = AgentsState::AgentsStopped;
                 self.exit_waiters.push(reply);
                 self.reconcile().await;
             }
@@ -280,7 +281,7 @@ impl Manager {
     }
 
     fn desired(&self, queue: QueueId) -> bool {
-        self.state == RunState::AgentsStarted && self.owned.contains(&queue)
+        self.state == AgentsState::AgentsStarted && self.owned.contains(&queue)
     }
 
     async fn on_ownership(&mut self, seq: u64, queues: Vec<QueueId>) {
@@ -359,7 +360,7 @@ impl Manager {
 
     fn answer_waiters(&mut self) {
         let busy = self.slots.values().any(|s| !matches!(s, Slot::WaitingLease | Slot::Backoff));
-        if busy || self.state == RunState::AgentsStarted {
+        if busy || self.state == AgentsState::AgentsStarted {
             return;
         }
         for waiter in self.stop_waiters.drain(..) {

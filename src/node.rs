@@ -37,12 +37,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::AttachError;
-use crate::cluster::{ClusterTransport, Membership, NodeId, QueueLeases};
+use crate::cluster::{ClusterTransport, Membership, QueueLeases};
 use crate::config::Config;
-pub use crate::manager::AgentDirectory;
-use crate::manager::ManagerMsg;
+use crate::manager::{AgentDirectory, ManagerMsg};
 use crate::pubsub::{LocalConsumers, PubSubError, PubSubStore, StartPosition, SubscriptionId};
 use crate::queue::{QueueAdapter, QueueError, QueueMapper};
+use crate::stream::NodeId;
 use crate::stream::{Event, SequenceToken, StreamId};
 use crate::tasks::Tasks;
 pub use builder::{AgentsHook, NodeBuilder};

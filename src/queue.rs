@@ -25,9 +25,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
+use crate::stream::{BatchContainer, Event, QueueId, SequenceToken, StreamId};
 
-pub use crate::stream::QueueId;
 pub use fence::Fence;
 pub use mapper::QueueMapper;
 pub use storage::{CacheOptions, CheckpointError, Checkpointer};

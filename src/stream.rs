@@ -13,7 +13,7 @@
 //!   a counter and zero). Its string form `major-minor` is opaque to users.
 //! - A [`QueueId`] names one queue of a provider and a [`NodeId`] one node of
 //!   a cluster. They live here, at the bottom, because almost every module
-//!   speaks of them (re-exported as `queue::QueueId` and `cluster::NodeId`).
+//!   speaks of them; this is their one path.
 
 use std::cmp::Ordering;
 use std::fmt;

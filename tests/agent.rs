@@ -12,11 +12,12 @@ use async_trait::async_trait;
 use common::scripted::ScriptedFactory;
 use common::*;
 use tailrace::agent::AgentMsg;
-use tailrace::checkpoint::Checkpointer;
 use tailrace::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer, SubscriptionInfo,
 };
-use tailrace::queue::{Fence, QueueId};
+use tailrace::queue::Checkpointer;
+use tailrace::queue::Fence;
+use tailrace::stream::QueueId;
 use tailrace::stream::SequenceToken;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -197,7 +198,7 @@ async fn no_ack_while_a_batch_is_being_delivered() {
 ///    exactly the next event when it arrives.
 #[tokio::test]
 async fn a_drained_cursor_gets_exactly_the_next_event_after_a_purge() {
-    let factory = ScriptedFactory::with_cache(tailrace::cache::CacheOptions { cache_size: 20, buckets: 10 });
+    let factory = ScriptedFactory::with_cache(tailrace::queue::CacheOptions { cache_size: 20, buckets: 10 });
     let recorder = Recorder::new();
     let node = TestNode::start(factory.clone(), quick_config(), implicit("t", &recorder)).await;
     let (a, b) = (stream("t", "a"), stream("t", "b"));

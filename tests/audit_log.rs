@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::archive::{AuditLine, AuditLog};
-use tailrace::cluster::NodeId;
 use tailrace::node::Node;
 use tailrace::pubsub::{ConsumerFactory, Delivery, SubscriptionId};
+use tailrace::stream::NodeId;
 use tailrace::stream::{BatchContainer, SequenceToken, StreamId};
 
 fn lines(path: &std::path::Path) -> Vec<AuditLine> {

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use tailrace::cache::*;
+use tailrace::queue::CacheOptions;
 use tailrace::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
 
 fn s(name: &str) -> StreamId {

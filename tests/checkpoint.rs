@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tailrace::checkpoint::*;
-use tailrace::queue::{Fence, QueueId};
+use tailrace::queue::{CheckpointError, Checkpointer, Fence};
+use tailrace::stream::QueueId;
 use tailrace::stream::SequenceToken;
 use tokio::time::Instant;
 

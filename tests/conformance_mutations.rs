@@ -9,11 +9,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use tailrace::adapters::memory::{MemoryAdapter, MemoryAdapterFactory, MemoryOptions};
-use tailrace::checkpoint::Checkpointer;
 use tailrace::conformance::{self, Claims};
-use tailrace::queue::{
-    Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver,
-};
+use tailrace::queue::Checkpointer;
+use tailrace::queue::{Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
+use tailrace::stream::QueueId;
 use tailrace::stream::{BatchContainer, Event, SequenceToken, StreamId};
 
 /// One broken rule.

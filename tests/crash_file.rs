@@ -23,7 +23,8 @@ use common::*;
 use tailrace::adapters::file::{FileAdapterFactory, FileOptions};
 use tailrace::checkpoint::FileCheckpointer;
 use tailrace::handoff::{FsyncPolicy, HandoffError, LoggingConsumer, WriterOptions};
-use tailrace::queue::{QueueId, QueueMapper};
+use tailrace::queue::QueueMapper;
+use tailrace::stream::QueueId;
 use tailrace::stream::{Event, EventId, StreamId};
 
 const QUEUES: u32 = 2;

@@ -208,8 +208,10 @@ async fn a_node_through_several_lives_on_one_redis_loses_nothing() {
 /// order within a life or across lives.
 #[tokio::test]
 async fn the_restart_checks_catch_what_they_are_for() {
-    use tailrace::checkpoint::{Checkpointer, MemoryCheckpointer};
-    use tailrace::queue::{Fence, QueueId};
+    use tailrace::checkpoint::MemoryCheckpointer;
+    use tailrace::queue::Checkpointer;
+    use tailrace::queue::Fence;
+    use tailrace::stream::QueueId;
     use tailrace::stream::SequenceToken;
 
     let fails = |lives: &Lives, dir: &std::path::Path| {

@@ -294,7 +294,7 @@ async fn a_consumer_that_never_returns_does_not_stall_the_others() {
 #[tokio::test]
 async fn a_stalled_consumer_back_pressures_the_producer_with_bounded_memory() {
     let mut config = quick_config();
-    config.cache = tailrace::cache::CacheOptions { cache_size: 100, buckets: 10 };
+    config.cache = tailrace::queue::CacheOptions { cache_size: 100, buckets: 10 };
     config.agent.max_delivery_batch = 1;
     config.agent.delivery_attempt_timeout = Duration::from_secs(3600);
     config.agent.max_delivery_time = Duration::from_secs(3600);
@@ -321,7 +321,7 @@ async fn a_stalled_consumer_back_pressures_the_producer_with_bounded_memory() {
     let status = node.status(0).await;
     assert!(status.under_pressure, "{status:?}");
     assert_eq!(status.cached, 100);
-    assert!(adapter.held_events(tailrace::queue::QueueId(0)) <= 150);
+    assert!(adapter.held_events(tailrace::stream::QueueId(0)) <= 150);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(produced.load(Ordering::SeqCst), 150, "the producer is held back, nothing grows");
     assert!(!producer.is_finished());

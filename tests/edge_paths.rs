@@ -11,7 +11,10 @@ mod common;
 use std::time::Duration;
 
 use common::logs::*;
-use tailrace::edge::{AuthOptions, EdgeOptions, Scope, TokenEntry};
+use tailrace::config::AuthOptions;
+use tailrace::config::EdgeOptions;
+use tailrace::config::Scope;
+use tailrace::config::TokenEntry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

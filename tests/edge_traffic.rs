@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use common::logs::*;
 use serde_json::Value;
-use tailrace::edge::{EdgeOptions, LogStreamSettings};
+use tailrace::config::EdgeOptions;
+use tailrace::config::LogStreamSettings;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Lines `line {producer}-{i}` with a payload, `count` of them.

@@ -254,7 +254,7 @@ async fn events_after_a_drained_restart_are_delivered_in_every_life() {
         adapter.close().await.unwrap();
         let checkpoint = tailrace::checkpoint::FileCheckpointer::new(dir.path().join("checkpoints"))
             .unwrap()
-            .load_blocking(tailrace::queue::QueueId(0))
+            .load_blocking(tailrace::stream::QueueId(0))
             .unwrap();
         assert!(checkpoint.is_some(), "life {life}: a checkpoint was saved");
         // Nothing from an earlier life came again, nothing of this one is missing.

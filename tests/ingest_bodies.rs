@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::life::ServeNode;
 use common::logs::*;
-use tailrace::edge::EdgeOptions;
+use tailrace::config::EdgeOptions;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -14,11 +14,12 @@ use common::redis_server::RedisServer;
 use common::*;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::balancer::BalancerKind;
-use tailrace::cluster::{Membership, NodeId, QueueLeases, RedisLeases};
+use tailrace::cluster::{Membership, QueueLeases, RedisLeases};
 use tailrace::config::Config;
 use tailrace::harness::InProcessCluster;
 use tailrace::node::Node;
-use tailrace::queue::QueueId;
+use tailrace::stream::NodeId;
+use tailrace::stream::QueueId;
 
 const WAIT: Duration = Duration::from_secs(30);
 

@@ -13,12 +13,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::scripted::ScriptedFactory;
 use common::*;
-use tailrace::cluster::{Lease, LeaseError, MemoryLeases, NodeId, QueueLeases};
+use tailrace::cluster::{Lease, LeaseError, MemoryLeases, QueueLeases};
 use tailrace::manager::ManagerStatus;
 use tailrace::pubsub::{
     ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer,
 };
-use tailrace::queue::{QueueError, QueueId};
+use tailrace::queue::QueueError;
+use tailrace::stream::NodeId;
+use tailrace::stream::QueueId;
 use tokio::time::Instant;
 
 const WAIT: Duration = Duration::from_secs(30);

@@ -6,7 +6,10 @@ mod common;
 
 use common::logs::*;
 use serde_json::{Value, json};
-use tailrace::edge::{AuthOptions, EdgeOptions, Scope, TokenEntry};
+use tailrace::config::AuthOptions;
+use tailrace::config::EdgeOptions;
+use tailrace::config::Scope;
+use tailrace::config::TokenEntry;
 
 async fn body(response: reqwest::Response) -> (u16, Value) {
     let status = response.status().as_u16();

@@ -12,9 +12,9 @@ use common::scripted::ScriptedFactory;
 use common::*;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::harness::InProcessCluster;
-use tailrace::manager::{ManagerMsg, RunState};
+use tailrace::manager::{AgentsState, ManagerMsg};
 use tailrace::pubsub::ImplicitSubscriptions;
-use tailrace::queue::QueueId;
+use tailrace::stream::QueueId;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -42,15 +42,15 @@ async fn start_and_stop_commands_across_two_nodes() {
     let (a, b) = (cluster.add_node("a").await.unwrap(), cluster.add_node("b").await.unwrap());
     cluster.wait_balanced(WAIT).await.unwrap();
     let total = |a: usize, b: usize| a + b;
-    assert_eq!(a.agents_state().await.unwrap(), RunState::AgentsStarted);
-    assert_eq!(b.agents_state().await.unwrap(), RunState::AgentsStarted);
+    assert_eq!(a.agents_state().await.unwrap(), AgentsState::AgentsStarted);
+    assert_eq!(b.agents_state().await.unwrap(), AgentsState::AgentsStarted);
     assert_eq!(total(a.running_agents().await.unwrap(), b.running_agents().await.unwrap()), 8);
     a.start_agents().await.unwrap();
     b.start_agents().await.unwrap();
     assert_eq!(total(a.running_agents().await.unwrap(), b.running_agents().await.unwrap()), 8);
     a.stop_agents().await.unwrap();
     b.stop_agents().await.unwrap();
-    assert_eq!(a.agents_state().await.unwrap(), RunState::AgentsStopped);
+    assert_eq!(a.agents_state().await.unwrap(), AgentsState::AgentsStopped);
     assert_eq!(total(a.running_agents().await.unwrap(), b.running_agents().await.unwrap()), 0);
     a.start_agents().await.unwrap();
     b.start_agents().await.unwrap();
@@ -88,7 +88,7 @@ async fn stopped_agents_stay_stopped_when_ownership_changes() {
     assert_eq!(status.owned, [QueueId(2), QueueId(3)]);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(running(&node.node).await.is_empty());
-    assert_eq!(node.node.agents_state().await.unwrap(), RunState::AgentsStopped);
+    assert_eq!(node.node.agents_state().await.unwrap(), AgentsState::AgentsStopped);
     node.node.start_agents().await.unwrap();
     wait_running(&node.node, &[2, 3]).await;
 }
@@ -101,7 +101,7 @@ async fn a_node_can_start_with_agents_stopped() {
     config.manager.start_agents = false;
     let node = TestNode::start(factory, config, ImplicitSubscriptions::new()).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(node.node.agents_state().await.unwrap(), RunState::Initialized);
+    assert_eq!(node.node.agents_state().await.unwrap(), AgentsState::Initialized);
     assert!(running(&node.node).await.is_empty());
     node.node.start_agents().await.unwrap();
     wait_running(&node.node, &[0, 1]).await;

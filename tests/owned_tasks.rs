@@ -11,10 +11,11 @@ use common::logs::{Sse, quick_settings};
 use common::*;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::archive::{Archiver, FileRunLogStore, LOGS_NAMESPACE};
-use tailrace::cluster::NodeId;
-use tailrace::edge::{EdgeOptions, LogEdge};
+use tailrace::config::EdgeOptions;
+use tailrace::edge::LogEdge;
 use tailrace::node::Node;
 use tailrace::pubsub::{ImplicitSubscriptions, StartPosition};
+use tailrace::stream::NodeId;
 use tokio::io::AsyncWriteExt;
 
 /// A guard against a hang, well above the stop bound

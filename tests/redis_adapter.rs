@@ -13,7 +13,8 @@ use common::*;
 use tailrace::adapters::redis::{RedisAdapter, RedisAdapterFactory, RedisOptions, TrimPolicy};
 use tailrace::conformance::{self, Claims};
 use tailrace::pubsub::{PubSubStore, StartPosition};
-use tailrace::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueReceiver};
+use tailrace::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueReceiver};
+use tailrace::stream::QueueId;
 use tailrace::stream::SequenceToken;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -136,7 +137,7 @@ async fn checkpoints_and_subscriptions_are_shared_through_redis() {
     let subscription = |node: &str| tailrace::pubsub::Subscription {
         id: tailrace::pubsub::SubscriptionId::random(),
         stream: s.clone(),
-        consumer: tailrace::pubsub::ConsumerAddress { node: tailrace::cluster::NodeId::new(node), name: "x".into() },
+        consumer: tailrace::pubsub::ConsumerAddress { node: tailrace::stream::NodeId::new(node), name: "x".into() },
         start: StartPosition::Latest,
         state: tailrace::pubsub::SubscriptionState::Active,
     };

@@ -14,9 +14,10 @@ use std::time::Duration;
 use common::redis_server::RedisServer;
 use common::*;
 use tailrace::adapters::redis::RedisAdapterFactory;
-use tailrace::checkpoint::CheckpointError;
-use tailrace::cluster::{NodeId, QueueLeases, RedisLeases};
+use tailrace::cluster::{QueueLeases, RedisLeases};
+use tailrace::queue::CheckpointError;
 use tailrace::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueReceiver};
+use tailrace::stream::NodeId;
 use tailrace::stream::SequenceToken;
 
 const LONG: Duration = Duration::from_secs(60);

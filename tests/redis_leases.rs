@@ -9,8 +9,9 @@ mod common;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
-use tailrace::cluster::{NodeId, QueueLeases, RedisLeases};
-use tailrace::queue::QueueId;
+use tailrace::cluster::{QueueLeases, RedisLeases};
+use tailrace::stream::NodeId;
+use tailrace::stream::QueueId;
 
 const LONG: Duration = Duration::from_secs(60);
 const WAIT: Duration = Duration::from_secs(20);

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use common::*;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-use tailrace::cluster::NodeId;
 use tailrace::node::Node;
 use tailrace::pubsub::StartPosition;
+use tailrace::stream::NodeId;
 
 #[tokio::test]
 async fn one_node_delivers_in_order_after_subscribe() {

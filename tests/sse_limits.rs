@@ -7,7 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::logs::*;
-use tailrace::edge::{EdgeOptions, LogStreamSettings, TOO_MANY_RUNS, TOO_MANY_VIEWERS};
+use tailrace::config::EdgeOptions;
+use tailrace::config::LogStreamSettings;
+use tailrace::edge::{TOO_MANY_RUNS, TOO_MANY_VIEWERS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// 21: a run past `max_active_runs` is refused with one `error` frame and

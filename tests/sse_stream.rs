@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use common::logs::*;
 use serde_json::Value;
-use tailrace::edge::{IDLE_MESSAGE, LogStreamSettings};
+use tailrace::config::LogStreamSettings;
+use tailrace::edge::IDLE_MESSAGE;
 
 /// 1, 14: content produced while a viewer watches arrives in order, live,
 /// each event carrying the cursor just past it and the run id.
@@ -265,7 +266,7 @@ async fn a_status_never_overtakes_the_lines_before_it() {
     // second, must not look quiet for the unknown-run grace meanwhile (it
     // did, under load, at 1 s): this test is about a known finish.
     let log_stream = LogStreamSettings { unknown_run_grace_seconds: 30.0, ..quick_settings() };
-    let options = tailrace::edge::EdgeOptions { log_stream, ..Default::default() };
+    let options = tailrace::config::EdgeOptions { log_stream, ..Default::default() };
     let memory = tailrace::adapters::memory::MemoryOptions { read_wait: Duration::ZERO, ..Default::default() };
     let server = LogServer::start_on(options, config, memory).await;
     let mut sse = server.open_after_lines("svc.etl", "r-1", &["line 0"]).await;

@@ -33,10 +33,10 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tailrace::checkpoint::{CheckpointError, Checkpointer};
-use tailrace::queue::{
-    Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver,
-};
+use tailrace::queue::CheckpointError;
+use tailrace::queue::Checkpointer;
+use tailrace::queue::{Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
+use tailrace::stream::QueueId;
 use tailrace::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
 
 use crate::receiver::JetStreamReceiver;

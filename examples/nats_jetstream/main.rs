@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 
 use adapter::{JetStreamFactory, JetStreamOptions};
 use async_trait::async_trait;
-use tailrace::cluster::NodeId;
 use tailrace::conformance::{self, Claims};
 use tailrace::node::Node;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use tailrace::queue::QueueAdapterFactory;
+use tailrace::stream::NodeId;
 use tailrace::stream::{Event, StreamId};
 
 const QUEUES: u32 = 4;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::cache::CacheOptions;
-use crate::checkpoint::Checkpointer;
+use crate::queue::CacheOptions;
+use crate::queue::Checkpointer;
 use crate::queue::{QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper};
 
 /// An adapter that knows how its streams map to queues.

@@ -38,8 +38,9 @@ use super::{BuiltInFactory, MappedAdapter};
 use crate::checkpoint::FileCheckpointer;
 use crate::failure::{DeadLetterSink, LogDeadLetters};
 use crate::handoff::{DataDirLock, HandoffError, RecoveryReport, WriterOptions, validate_prefix};
-use crate::queue::{Direction, Fence, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver};
+use crate::queue::{Direction, Fence, QueueAdapter, QueueError, QueueMapper, QueueReceiver};
 use crate::retry::Backoff;
+use crate::stream::QueueId;
 use crate::stream::{Event, SequenceToken, StreamId};
 use crate::telemetry;
 

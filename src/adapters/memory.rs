@@ -26,7 +26,8 @@ use tokio::sync::{Notify, Semaphore};
 
 use super::{BuiltInFactory, MappedAdapter};
 use crate::checkpoint::MemoryCheckpointer;
-use crate::queue::{Direction, Fence, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver, Wake};
+use crate::queue::{Direction, Fence, QueueAdapter, QueueError, QueueMapper, QueueReceiver, Wake};
+use crate::stream::QueueId;
 use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
 
 /// Settings of the memory adapter.

@@ -54,8 +54,9 @@ use entry::encode_entry;
 use fence::Fence;
 
 use super::{BuiltInFactory, MappedAdapter};
-use crate::queue::{Direction, QueueAdapter, QueueError, QueueId, QueueMapper, QueueReceiver};
+use crate::queue::{Direction, QueueAdapter, QueueError, QueueMapper, QueueReceiver};
 use crate::redis_conn::{self, RedisAccess, RedisConnError, RedisEndpoint};
+use crate::stream::QueueId;
 use crate::stream::{Event, SequenceToken, StreamId};
 
 const NAME: &str = "redis";

@@ -19,9 +19,11 @@ use tokio_util::sync::CancellationToken;
 use super::settings::{AgentOptions, AgentServices};
 use super::worker::panic_text;
 use crate::cache::Purged;
-use crate::checkpoint::{CheckpointError, QueueCheckpoint};
+use crate::checkpoint::QueueCheckpoint;
 use crate::pubsub::SubscriptionId;
-use crate::queue::{Fence, QueueError, QueueId, QueueReceiver, Wake};
+use crate::queue::CheckpointError;
+use crate::queue::{Fence, QueueError, QueueReceiver, Wake};
+use crate::stream::QueueId;
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
 use ractor::ActorProcessingErr;
 

@@ -8,10 +8,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::CacheOptions;
-use crate::checkpoint::{CheckpointOptions, Checkpointer};
+use crate::checkpoint::CheckpointOptions;
 use crate::failure::{DeadLetterSink, FailureHandler};
 use crate::pubsub::{ConsumerResolver, ImplicitSubscriptions, PubSubStore};
+use crate::queue::CacheOptions;
+use crate::queue::Checkpointer;
 use crate::queue::QueueAdapter;
 use crate::retry::Backoff;
 use crate::stream::NodeId;

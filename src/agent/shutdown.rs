@@ -24,8 +24,9 @@ use ractor::RpcReplyPort;
 
 use super::pump::{Io, commit, flatten};
 use crate::cache::Purged;
-use crate::checkpoint::CheckpointError;
-use crate::queue::{QueueError, QueueId};
+use crate::queue::CheckpointError;
+use crate::queue::QueueError;
+use crate::stream::QueueId;
 use crate::stream::SequenceToken;
 
 /// The stop reason of an agent that finished its ordered shutdown.

@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::pump::Pump;
 use super::streams::Streams;
 use crate::cache::QueueCache;
-use crate::queue::QueueId;
+use crate::stream::QueueId;
 
 /// What an agent reports about itself (tests and the admin API assert on it).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]

@@ -29,8 +29,9 @@ use crate::pubsub::{
     ConsumerError, ImplicitSubscriptions, StartPosition, StreamConsumer, Subscription, SubscriptionId,
     SubscriptionInfo, SubscriptionState,
 };
-use crate::queue::{QueueError, QueueId};
+use crate::queue::QueueError;
 use crate::retry::Backoff;
+use crate::stream::QueueId;
 use crate::stream::{BatchContainer, StreamId};
 
 /// What the agent should do after a change to the table.

@@ -19,8 +19,9 @@ use crate::pubsub::{
     ConsumerAddress, ConsumerError, ConsumerResolver, Delivery, Origin, PubSubStore, StartPosition, StreamConsumer,
     Subscription, SubscriptionId, SubscriptionInfo,
 };
-use crate::queue::{QueueError, QueueId};
+use crate::queue::QueueError;
 use crate::retry::Backoff;
+use crate::stream::QueueId;
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
 
 /// Why an attach did not happen.

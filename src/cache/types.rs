@@ -3,8 +3,6 @@
 
 use crate::stream::SequenceToken;
 
-pub use crate::queue::CacheOptions;
-
 /// Identifies one cursor of one cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CursorId(pub(super) u64);

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tailrace::cluster::{
-    Member, Membership, MembershipError, NodeId, RactorTransport, RedisLeases, RedisMembership, TlsFiles,
-    TransportSettings,
+    Member, Membership, MembershipError, RactorTransport, RedisLeases, RedisMembership, TlsFiles, TransportSettings,
 };
 use tailrace::config::Config;
 use tailrace::redis_conn::durability::Persistence;
+use tailrace::stream::NodeId;
 
 /// What a `serve` process advertises: it accepts no node connections, and
 /// `tailrace node` refuses to join next to it.

@@ -12,8 +12,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use tailrace::balancer::BalancerKind;
-use tailrace::cluster::{Membership, NodeId, QueueLeases};
+use tailrace::cluster::{Membership, QueueLeases};
 use tailrace::config::Config;
+use tailrace::stream::NodeId;
 
 use super::cluster::{self, SERVE_ADVERTISE};
 use super::serve::{Plan, run_node};

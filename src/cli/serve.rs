@@ -13,11 +13,12 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use tailrace::archive::{Archiver, LOGS_NAMESPACE};
-use tailrace::cluster::{Membership, MemoryLeases, NodeId, QueueLeases, RactorTransport, RedisMembership};
+use tailrace::cluster::{Membership, MemoryLeases, QueueLeases, RactorTransport, RedisMembership};
 use tailrace::edge::{ClusterView, LogEdge};
 use tailrace::handoff::DataDirLock;
 use tailrace::node::Node;
 use tailrace::pubsub::ImplicitSubscriptions;
+use tailrace::stream::NodeId;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 

@@ -9,8 +9,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::cluster::{LeaseOptions, MembershipOptions};
-
 /// The environment variable that overrides `cluster.cookie` and
 /// `cluster.cookie_file`.
 pub const COOKIE_ENV: &str = "TAILRACE_COOKIE";
@@ -159,6 +157,7 @@ impl ClusterSection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::{LeaseOptions, MembershipOptions};
 
     #[test]
     fn defaults_pass_and_bad_values_name_their_key() {

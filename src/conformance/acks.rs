@@ -28,7 +28,7 @@ async fn setup(
 /// `never` did; others (acked past a gap) may.
 fn judge_again(
     check: &'static str,
-    queue: crate::queue::QueueId,
+    queue: crate::stream::QueueId,
     again: &[Arc<BatchContainer>],
     want: &[SequenceToken],
     never: &[SequenceToken],

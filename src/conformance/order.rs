@@ -66,7 +66,7 @@ pub(super) async fn ordering(kit: &Kit) -> Vec<(&'static str, Result<(), Failure
     }
 }
 
-type Read = BTreeMap<crate::queue::QueueId, Vec<Arc<BatchContainer>>>;
+type Read = BTreeMap<crate::stream::QueueId, Vec<Arc<BatchContainer>>>;
 
 async fn scenario(kit: &Kit) -> Result<(Vec<Sent>, Read), Failure> {
     const CHECK: &str = "ordering";
@@ -165,7 +165,7 @@ fn judge_order(sent: &[Sent], read: &Read) -> Result<(), Failure> {
     Ok(())
 }
 
-fn find<'r>(read: &'r Read, id: &str) -> Option<(crate::queue::QueueId, &'r Arc<BatchContainer>)> {
+fn find<'r>(read: &'r Read, id: &str) -> Option<(crate::stream::QueueId, &'r Arc<BatchContainer>)> {
     read.iter().find_map(|(q, batches)| batches.iter().find(|b| first_id(&b.events) == id).map(|b| (*q, b)))
 }
 

@@ -11,8 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{Claims, Failure};
-use crate::checkpoint::Checkpointer;
-use crate::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver};
+use crate::queue::Checkpointer;
+use crate::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
+use crate::stream::QueueId;
 use crate::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
 
 /// How long a check waits for containers to become readable, unless told.
@@ -43,7 +44,7 @@ pub(super) async fn within<T>(
 pub(super) struct Kit {
     pub(super) claims: Claims,
     pub(super) adapter: Arc<dyn QueueAdapter>,
-    pub(super) checkpointer: Arc<dyn crate::checkpoint::Checkpointer>,
+    pub(super) checkpointer: Arc<dyn crate::queue::Checkpointer>,
     pub(super) mapper: QueueMapper,
     /// How long a check waits for containers to become readable.
     pub(super) read_deadline: Duration,

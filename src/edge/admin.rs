@@ -22,11 +22,12 @@ use tokio::time::Instant;
 
 use super::auth;
 use super::problem::{ApiError, problem};
-use crate::checkpoint::Checkpointer;
 use crate::cluster::wire::{AgentsCommand, Reply, Request};
-use crate::cluster::{NodeId, QueueLeases, RedisMembership};
+use crate::cluster::{QueueLeases, RedisMembership};
 use crate::config::AuthOptions;
 use crate::node::Node;
+use crate::queue::Checkpointer;
+use crate::stream::NodeId;
 use crate::stream::QueueId;
 
 /// What the admin API reads the cluster from.

@@ -7,7 +7,7 @@ use parking_lot::Mutex;
 use ractor::ActorRef;
 
 use crate::agent::AgentMsg;
-use crate::queue::QueueId;
+use crate::stream::QueueId;
 
 /// The running agent of each queue (shared by the nodes of one process).
 #[derive(Default)]

@@ -21,8 +21,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Internal, ManagerInternal, ManagerMsg};
-use crate::cluster::{Lease, LeaseOptions, NodeId, QueueLeases};
-use crate::queue::QueueId;
+use crate::cluster::{Lease, LeaseOptions, QueueLeases};
+use crate::stream::NodeId;
+use crate::stream::QueueId;
 use crate::telemetry;
 
 /// The leases a node holds, one per queue at most (so at most

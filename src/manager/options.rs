@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::queue::QueueId;
 use crate::retry::Backoff;
+use crate::stream::QueueId;
 
 /// Whether the manager runs agents (Orleans' `RunState`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum RunState {
+pub enum AgentsState {
     /// Created; waits for `StartAgents`.
     Initialized,
     /// Runs an agent per owned queue.

@@ -13,7 +13,7 @@ use tracing::Instrument;
 use super::{Node, NodeError, ownership};
 use crate::agent::AgentServices;
 use crate::balancer::BalancerKind;
-use crate::cluster::{ClusterTransport, Membership, MemoryLeases, NodeId, QueueLeases};
+use crate::cluster::{ClusterTransport, Membership, MemoryLeases, QueueLeases};
 use crate::config::Config;
 use crate::failure::{DeadLetterSink, DefaultFailureHandler, FailureHandler, LogDeadLetters};
 use crate::manager::{AgentDirectory, HeldLeases, ManagerArgs, PullingManager};
@@ -21,6 +21,7 @@ use crate::pubsub::{
     ConsumerDirectory, ConsumerResolver, ImplicitSubscriptions, LocalConsumers, MemoryPubSubStore, PubSubStore,
 };
 use crate::queue::QueueAdapterFactory;
+use crate::stream::NodeId;
 use crate::tasks::Tasks;
 
 /// Builds a node. Defaults make a standalone node: its own membership

@@ -7,7 +7,7 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 
 use super::{Node, NodeError, ownership};
-use crate::manager::{ManagerMsg, ManagerStatus, RunState};
+use crate::manager::{AgentsState, ManagerMsg, ManagerStatus};
 use crate::tasks::STOP_TIMEOUT;
 
 /// How long a call to the pulling manager may take.
@@ -42,7 +42,7 @@ impl Node {
         self.ask(|r| ManagerMsg::StopAgents(Some(r))).await
     }
     /// `GetAgentsState`.
-    pub async fn agents_state(&self) -> Result<RunState, NodeError> {
+    pub async fn agents_state(&self) -> Result<AgentsState, NodeError> {
         self.ask(ManagerMsg::GetAgentsState).await
     }
 

@@ -9,9 +9,11 @@ use ractor::ActorRef;
 use tokio_util::sync::CancellationToken;
 
 use crate::balancer::{BalancerKind, LeasePlanner, responsibility};
-use crate::cluster::{Membership, NodeId, QueueLeases};
+use crate::cluster::{Membership, QueueLeases};
 use crate::manager::{HeldLeases, ManagerMsg};
-use crate::queue::{QueueId, QueueMapper};
+use crate::queue::QueueMapper;
+use crate::stream::NodeId;
+use crate::stream::QueueId;
 
 /// Follows membership and tells the manager which queues are this node's,
 /// each time with a higher sequence number.

@@ -4,7 +4,7 @@
 //! consistent hashing (Lamping & Veach), so growing the queue count moves only
 //! `1/n` of the streams. Golden vectors in the tests pin the mapping.
 
-use crate::queue::QueueId;
+use crate::stream::QueueId;
 use crate::stream::StreamId;
 
 /// Maps streams to a fixed number of queues.

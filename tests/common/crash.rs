@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tailrace::checkpoint::Checkpointer;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer};
-use tailrace::queue::{QueueId, QueueMapper};
+use tailrace::queue::Checkpointer;
+use tailrace::queue::QueueMapper;
+use tailrace::stream::QueueId;
 use tailrace::stream::{SequenceToken, StreamId};
 
 /// Runs this test binary again on the ignored entry `entry`.

@@ -15,11 +15,13 @@ use tailrace::archive::{
     Append, Archiver, FileRunLogStore, LOGS_NAMESPACE, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore,
     RunState, RunSummary, StoreError,
 };
-use tailrace::cluster::NodeId;
 use tailrace::config::Config;
-use tailrace::edge::{EdgeOptions, LogEdge, LogStreamSettings};
+use tailrace::config::EdgeOptions;
+use tailrace::config::LogStreamSettings;
+use tailrace::edge::LogEdge;
 use tailrace::node::Node;
 use tailrace::pubsub::ImplicitSubscriptions;
+use tailrace::stream::NodeId;
 use tailrace::stream::SequenceToken;
 use tokio_util::sync::CancellationToken;
 

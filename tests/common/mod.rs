@@ -160,12 +160,13 @@ pub mod store;
 pub mod tcp_proxy;
 
 use tailrace::agent::{AgentMsg, AgentStatus};
-use tailrace::cluster::NodeId;
 use tailrace::config::Config;
-use tailrace::node::AgentDirectory;
+use tailrace::manager::AgentDirectory;
 use tailrace::node::Node;
 use tailrace::pubsub::ImplicitSubscriptions;
-use tailrace::queue::{QueueAdapterFactory, QueueId};
+use tailrace::queue::QueueAdapterFactory;
+use tailrace::stream::NodeId;
+use tailrace::stream::QueueId;
 
 /// One node over a factory, with its agent directory and store exposed.
 pub struct TestNode {

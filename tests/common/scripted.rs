@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tailrace::cache::CacheOptions;
-use tailrace::checkpoint::{Checkpointer, MemoryCheckpointer};
-use tailrace::queue::{
-    Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueId, QueueMapper, QueueReceiver,
-};
+use tailrace::checkpoint::MemoryCheckpointer;
+use tailrace::queue::CacheOptions;
+use tailrace::queue::Checkpointer;
+use tailrace::queue::{Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
+use tailrace::stream::QueueId;
 use tailrace::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
 use tokio::sync::Semaphore;
 

@@ -13,10 +13,12 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::{FileOptions, NAME};
-use crate::checkpoint::{Checkpointer, FileCheckpointer};
+use crate::checkpoint::FileCheckpointer;
 use crate::failure::{DeadLetter, DeadLetterSink};
 use crate::handoff::{LineView, list_prefix_files};
-use crate::queue::{QueueError, QueueId, QueueReceiver, Wake};
+use crate::queue::Checkpointer;
+use crate::queue::{QueueError, QueueReceiver, Wake};
+use crate::stream::QueueId;
 use crate::stream::{BatchContainer, Event, EventId, SequenceToken};
 
 /// How often consumed files are looked for (needs a checkpoint load).

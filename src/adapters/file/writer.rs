@@ -12,7 +12,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::FileOptions;
 use crate::handoff::{HandoffError, LinePosition, LoggingConsumer};
-use crate::queue::QueueId;
+use crate::stream::QueueId;
 use crate::stream::{Event, StreamId};
 
 /// Appends waiting to be written at most (the rest wait to be queued).

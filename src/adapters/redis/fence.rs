@@ -24,7 +24,8 @@
 //! comes between them. A refusal is the error code `FENCED`.
 
 use crate::cluster::queue_tag;
-use crate::queue::{QueueError, QueueId};
+use crate::queue::QueueError;
+use crate::stream::QueueId;
 use crate::telemetry;
 
 /// The stream key of `queue`.

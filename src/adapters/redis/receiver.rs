@@ -16,9 +16,11 @@ use super::entry::decode_entry;
 use super::fence::{self, Fence, NewEntries};
 use super::wake::Wakes;
 use super::{NAME, RedisCheckpointer, RedisOptions, TrimPolicy, backend};
-use crate::checkpoint::{CheckpointError, Checkpointer};
-use crate::queue::{QueueError, QueueId, QueueReceiver, Wake};
+use crate::queue::CheckpointError;
+use crate::queue::Checkpointer;
+use crate::queue::{QueueError, QueueReceiver, Wake};
 use crate::retry::Backoff;
+use crate::stream::QueueId;
 use crate::stream::{BatchContainer, SequenceToken};
 
 /// Where the next read starts.

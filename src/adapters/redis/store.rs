@@ -5,9 +5,11 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 
 use super::fence;
-use crate::checkpoint::{CheckpointError, Checkpointer};
 use crate::pubsub::{PubSubError, PubSubStore, Subscription, SubscriptionId, SubscriptionState};
-use crate::queue::{Fence, QueueId};
+use crate::queue::CheckpointError;
+use crate::queue::Checkpointer;
+use crate::queue::Fence;
+use crate::stream::QueueId;
 use crate::stream::{NodeId, SequenceToken, StreamId};
 
 /// Checkpoints as strings at `{prefix}:{qn}:checkpoint` (under the queue's

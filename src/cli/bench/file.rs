@@ -20,7 +20,8 @@ use bytes::Bytes;
 use serde::Serialize;
 use tailrace::adapters::file::{FileAdapterFactory, FileOptions};
 use tailrace::handoff::{FsyncPolicy, LoggingConsumer, WriterOptions};
-use tailrace::queue::{Fence, QueueAdapterFactory, QueueId};
+use tailrace::queue::{Fence, QueueAdapterFactory};
+use tailrace::stream::QueueId;
 use tailrace::stream::{Event, EventId, StreamId};
 
 use super::Progress;

@@ -12,11 +12,11 @@ use anyhow::{Context, bail};
 use async_trait::async_trait;
 use bytes::Bytes;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-use tailrace::cluster::NodeId;
 use tailrace::config::Config;
 use tailrace::node::Node;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use tailrace::queue::{QueueAdapterFactory, QueueMapper};
+use tailrace::stream::NodeId;
 use tailrace::stream::{Event, EventId, StreamId};
 use tokio::sync::{Notify, mpsc};
 

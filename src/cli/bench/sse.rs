@@ -20,11 +20,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::archive::{Archiver, FileRunLogStore, LOGS_NAMESPACE};
-use tailrace::cluster::NodeId;
 use tailrace::config::Config;
-use tailrace::edge::{EdgeOptions, LogEdge, LogStreamSettings};
+use tailrace::config::EdgeOptions;
+use tailrace::config::LogStreamSettings;
+use tailrace::edge::LogEdge;
 use tailrace::node::Node;
 use tailrace::pubsub::ImplicitSubscriptions;
+use tailrace::stream::NodeId;
 use tokio::io::AsyncBufReadExt;
 use tokio_util::sync::CancellationToken;
 

@@ -17,10 +17,11 @@ use anyhow::Context;
 use async_trait::async_trait;
 use bytes::Bytes;
 use tailrace::cluster::wire::{self, Reply, Request, WireDelivery};
-use tailrace::cluster::{Member, NodeId, RactorTransport, Served, TransportSettings};
+use tailrace::cluster::{Member, RactorTransport, Served, TransportSettings};
 use tailrace::pubsub::{
     ConsumerAddress, ConsumerError, ConsumerResolver, Delivery, DeliveryOutcome, Origin, SubscriptionId,
 };
+use tailrace::stream::NodeId;
 use tailrace::stream::{BatchContainer, Event, EventId, QueueId, SequenceToken, StreamId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
