@@ -11,10 +11,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tailrace::checkpoint::MemoryCheckpointer;
 use tailrace::conformance::Claims;
-use tailrace::queue::Checkpointer;
-use tailrace::queue::{Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
-use tailrace::stream::QueueId;
-use tailrace::stream::{BatchContainer, Event, SequenceToken, StreamId};
+use tailrace::queue::{
+    Checkpointer, Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver,
+};
+use tailrace::stream::{BatchContainer, Event, QueueId, SequenceToken, StreamId};
 
 /// One queue: containers in order, each with an "acked" flag.
 #[derive(Default)]

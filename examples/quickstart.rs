@@ -9,8 +9,7 @@ use async_trait::async_trait;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::node::Node;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
-use tailrace::stream::NodeId;
-use tailrace::stream::{Event, StreamId};
+use tailrace::stream::{Event, NodeId, StreamId};
 
 /// Prints what it receives.
 struct Printer(tokio::sync::mpsc::Sender<String>);

@@ -48,8 +48,7 @@ use crate::cache::QueueCache;
 use crate::failure::FailureAction;
 use crate::pubsub::{ConsumerError, Origin, StartPosition, SubscriptionId};
 use crate::queue::QueueError;
-use crate::stream::QueueId;
-use crate::stream::{BatchContainer, StreamId};
+use crate::stream::{BatchContainer, QueueId, StreamId};
 use calls::RetryLimits;
 use delivery::{Delivered, Dispatch, Settled};
 use messages::{InternalMsg, Outbox};
@@ -58,9 +57,14 @@ use shutdown::Shutdown;
 use status::AgentMetrics;
 use streams::{Next, Streams};
 
+// The agent's messages and services: the runtime's wiring, not the API
+// (tests drive an agent through them).
+#[doc(hidden)]
 pub use messages::{AgentMsg, Internal};
 pub(crate) use pump::is_fenced;
-pub use settings::{AgentOptions, AgentServices};
+pub use settings::AgentOptions;
+#[doc(hidden)]
+pub use settings::AgentServices;
 pub(crate) use shutdown::HANDED_OVER;
 pub use status::AgentStatus;
 pub use subscription::AttachError;

@@ -315,6 +315,7 @@ pub struct RunSummary {
 
 /// The store failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// A file could not be read or written.
     #[error("run log store: {context}: {source}")]

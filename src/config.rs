@@ -117,6 +117,7 @@ pub struct FailureSection {
 
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The file could not be read.
     #[error("cannot read config {path}: {source}")]
@@ -138,7 +139,17 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// Parses TOML text.
+    /// Parses TOML text; every key it does not set keeps its default, and
+    /// an unknown key or a bad value is an error naming it.
+    ///
+    /// ```
+    /// use tailrace::config::Config;
+    ///
+    /// let config = Config::from_toml("[queues]\ncount = 16\n", "node.toml").unwrap();
+    /// assert_eq!(config.queues.count, 16);
+    /// let error = Config::from_toml("[queues]\ncuont = 16\n", "node.toml").unwrap_err();
+    /// assert!(error.to_string().contains("cuont"), "{error}");
+    /// ```
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
         let config: Config =
             toml::from_str(text).map_err(|e| ConfigError::Invalid { path: origin.into(), message: e.to_string() })?;

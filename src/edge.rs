@@ -51,6 +51,7 @@ use crate::telemetry;
 
 /// The edge could not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EdgeError {
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}: {source}")]

@@ -45,6 +45,7 @@ use std::path::PathBuf;
 
 /// What can go wrong with a handoff directory.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum HandoffError {
     /// The prefix is not `[A-Za-z0-9][A-Za-z0-9._-]*`.
     #[error("invalid prefix `{prefix}`: {reason} (allowed: a letter or digit, then letters, digits, `.`, `_`, `-`)")]

@@ -21,8 +21,7 @@ use crate::pubsub::{
     MemoryPubSubStore, PubSubStore, StartPosition, StreamConsumer, SubscriptionInfo,
 };
 use crate::queue::QueueAdapterFactory;
-use crate::stream::NodeId;
-use crate::stream::QueueId;
+use crate::stream::{NodeId, QueueId};
 
 /// The consumer directories of the nodes of this process, by node.
 type NodeTable = Arc<Mutex<HashMap<NodeId, Arc<LocalConsumers>>>>;

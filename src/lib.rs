@@ -8,6 +8,12 @@
 //! subscription, delivers in order with at-least-once semantics, checkpoints
 //! its progress and hands its queue over in strict order on shutdown.
 //!
+//! The types a program needs are at the root: a [`Node`] (built with
+//! [`Node::builder`]) [produces](Node::produce) [`Event`]s to a
+//! [`StreamId`] and [subscribes](Node::subscribe) a [`StreamConsumer`];
+//! a queue plugs in as a [`QueueAdapterFactory`] (checked by
+//! [`conformance`]); the [`Archiver`] keeps pipeline runs' logs.
+//!
 //! Start with `docs/architecture.md`; `docs/adapters.md` shows how to plug in
 //! a queue.
 
@@ -17,6 +23,7 @@ pub mod adapters;
 pub mod agent;
 pub mod archive;
 mod atomic_file;
+#[doc(hidden)]
 pub mod backend;
 pub mod balancer;
 pub mod cache;
@@ -32,9 +39,22 @@ pub mod manager;
 pub mod node;
 pub mod pubsub;
 pub mod queue;
+#[doc(hidden)]
 pub mod redis_conn;
+#[doc(hidden)]
 pub mod retry;
 pub mod stream;
+#[doc(hidden)]
 pub mod tasks;
 pub mod telemetry;
+#[doc(hidden)]
 pub mod tls;
+
+// The front door: what a program that runs a node, produces, subscribes or
+// plugs in a queue needs. Each is also at its module's path, its one home.
+pub use archive::{Archiver, RunKey, RunLogStore};
+pub use config::Config;
+pub use node::{Node, NodeBuilder};
+pub use pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionId};
+pub use queue::{Checkpointer, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
+pub use stream::{BatchContainer, Event, EventId, NodeId, QueueId, SequenceToken, StreamId};

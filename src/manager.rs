@@ -33,15 +33,16 @@ use tracing::Instrument;
 
 use crate::agent::{AgentArgs, AgentMsg, AgentServices, PullingAgent};
 use crate::cluster::{LeaseOptions, QueueLeases};
-use crate::stream::NodeId;
-use crate::stream::QueueId;
+use crate::stream::{NodeId, QueueId};
 use crate::telemetry;
 pub use directory::AgentDirectory;
 pub(crate) use keeper::HeldLeases;
 use keeper::Keeper;
 pub use options::{AgentsState, ManagerOptions, ManagerStatus};
 
-/// Messages of the pulling manager.
+/// Messages of the pulling manager: the runtime's wiring, not the API
+/// (tests drive a manager through them).
+#[doc(hidden)]
 pub enum ManagerMsg {
     /// The balancer's view: this node owns `queues` (as of `seq`).
     Ownership {

@@ -42,14 +42,14 @@ use crate::config::Config;
 use crate::manager::{AgentDirectory, ManagerMsg};
 use crate::pubsub::{LocalConsumers, PubSubError, PubSubStore, StartPosition, SubscriptionId};
 use crate::queue::{QueueAdapter, QueueError, QueueMapper};
-use crate::stream::NodeId;
-use crate::stream::{Event, SequenceToken, StreamId};
+use crate::stream::{Event, NodeId, SequenceToken, StreamId};
 use crate::tasks::Tasks;
 pub use builder::{AgentsHook, NodeBuilder};
 use tracked::TrackedConsumer;
 
 /// A node could not start or answer.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum NodeError {
     /// The adapter could not be built.
     #[error("queue adapter: {0}")]
@@ -70,6 +70,7 @@ pub enum NodeError {
 
 /// `subscribe`, `resume` or `unsubscribe` failed; nothing is left behind.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SubscribeError {
     /// The pub-sub store or the consumer directory refused.
     #[error(transparent)]
@@ -146,12 +147,31 @@ impl Node {
         &self.adapter
     }
 
-    /// The pulling manager.
+    /// The pulling manager (for tests; the node's own methods are the API).
+    #[doc(hidden)]
     pub fn manager(&self) -> &ActorRef<ManagerMsg> {
         &self.manager
     }
 
-    /// Appends events to a stream (waits while its queue is full).
+    /// Appends events to a stream (waits while its queue is full) as one
+    /// batch, and answers its token once the adapter holds it.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
+    /// # use tailrace::node::Node;
+    /// use tailrace::stream::{Event, NodeId, StreamId};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = Node::builder(NodeId::new("n1"), Arc::new(MemoryAdapterFactory::new(4, MemoryOptions::default()))).start().await?;
+    /// let stream = StreamId::new("logs", "etl.daily/run-7");
+    /// let first = node.produce(&stream, vec![Event::new("e-1", "starting")]).await?;
+    /// let second = node.produce(&stream, vec![Event::new("e-2", "done")]).await?;
+    /// assert!(first < second, "tokens grow in enqueue order");
+    /// # node.shutdown().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn produce(&self, stream: &StreamId, events: Vec<Event>) -> Result<SequenceToken, QueueError> {
         self.adapter.enqueue(stream, events).await
     }

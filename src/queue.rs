@@ -44,6 +44,7 @@ pub enum Direction {
 
 /// Errors of the queue surface, with enough context to act on.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum QueueError {
     /// `try_enqueue` found the queue full; nothing was written.
     #[error("queue {queue} is full ({capacity} events); nothing was written, retry later")]
@@ -182,6 +183,31 @@ pub trait QueueAdapterFactory: Send + Sync + 'static {
 }
 
 /// Writes events and hands out one receiver per queue.
+///
+/// What the runtime does with one, by hand, on the memory adapter: write a
+/// batch, read it back on its queue's receiver, acknowledge it.
+///
+/// ```
+/// use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
+/// use tailrace::queue::{Fence, QueueAdapterFactory};
+/// use tailrace::stream::{Event, StreamId};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let factory = MemoryAdapterFactory::new(4, MemoryOptions::default());
+/// let (adapter, mapper) = (factory.create_adapter().await?, factory.queue_mapper());
+/// let stream = StreamId::new("logs", "etl.daily/run-7");
+/// let token = adapter.enqueue(&stream, vec![Event::new("e-1", "one")]).await?;
+///
+/// let mut receiver = adapter.create_receiver(mapper.queue_for(&stream), Fence::NONE).await?;
+/// receiver.initialize(Duration::from_secs(5)).await?;
+/// let read = receiver.read(16).await?;
+/// assert_eq!((read.len(), read[0].token, read[0].stream.clone()), (1, token, stream));
+/// receiver.delivered(&[token]).await?; // acknowledged: not read again
+/// receiver.shutdown(Duration::from_secs(5)).await?;
+/// # Ok(()) }
+/// ```
 #[async_trait]
 pub trait QueueAdapter: Send + Sync + 'static {
     /// The adapter's name.

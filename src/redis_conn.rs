@@ -34,6 +34,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Why Redis could not be reached. The message names the setting to fix.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RedisConnError {
     /// A setting is malformed or names a file that cannot be read.
     #[error("{setting}: {message}")]

@@ -263,6 +263,16 @@ pub struct BatchContainer {
 /// A totally ordered position in one queue: `(major, minor)` compared as a
 /// pair of unsigned 64-bit numbers, so gaps larger than `i32::MAX` or
 /// `i64::MAX` compare correctly.
+///
+/// ```
+/// use tailrace::stream::SequenceToken;
+///
+/// let token: SequenceToken = "1764460800000-3".parse().unwrap();
+/// assert_eq!(token, SequenceToken::new(1_764_460_800_000, 3));
+/// assert_eq!(token.to_string(), "1764460800000-3");
+/// assert!(SequenceToken::new(2, 0) > SequenceToken::new(1, u64::MAX));
+/// assert!("7".parse::<SequenceToken>().is_err());
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct SequenceToken {
     /// The major part: a counter, a Redis millisecond time, a file number.

@@ -15,6 +15,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// A TLS file or setting that cannot be used.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TlsError {
     /// The file could not be read or parsed as PEM.
     #[error("{setting}: cannot read {}: {reason}", path.display())]

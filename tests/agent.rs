@@ -15,10 +15,8 @@ use tailrace::agent::AgentMsg;
 use tailrace::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer, SubscriptionInfo,
 };
-use tailrace::queue::Checkpointer;
-use tailrace::queue::Fence;
-use tailrace::stream::QueueId;
-use tailrace::stream::SequenceToken;
+use tailrace::queue::{Checkpointer, Fence};
+use tailrace::stream::{QueueId, SequenceToken};
 
 const WAIT: Duration = Duration::from_secs(10);
 

@@ -12,8 +12,8 @@ use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::archive::{AuditLine, AuditLog};
 use tailrace::node::Node;
 use tailrace::pubsub::{ConsumerFactory, Delivery, SubscriptionId};
-use tailrace::stream::NodeId;
-use tailrace::stream::{BatchContainer, SequenceToken, StreamId};
+use tailrace::queue::Fence;
+use tailrace::stream::{BatchContainer, NodeId, SequenceToken, StreamId};
 
 fn lines(path: &std::path::Path) -> Vec<AuditLine> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -34,12 +34,12 @@ async fn a_delivery_is_in_the_file_when_deliver_returns() {
             events: ids.iter().map(|id| tailrace::stream::Event::new(*id, "x")).collect(),
         })
     };
-    let delivery = Delivery {
-        subscription: SubscriptionId::implicit("audit", &stream),
-        stream: stream.clone(),
-        batches: vec![batch(1, &["a", "b"]), batch(2, &["c"])],
-        fence: Some(7),
-    };
+    let delivery = Delivery::new(
+        SubscriptionId::implicit("audit", &stream),
+        stream.clone(),
+        vec![batch(1, &["a", "b"]), batch(2, &["c"])],
+    )
+    .fenced(Fence::lease(7));
     let before = tailrace::archive::now_us();
     consumer.deliver(&delivery).await.unwrap();
     let after = tailrace::archive::now_us();
@@ -63,7 +63,7 @@ async fn a_delivery_is_in_the_file_when_deliver_returns() {
     }
     // Appends: a second log on the same file (another process) adds to it.
     let again = AuditLog::open(&path, "n2").unwrap();
-    again.append(&Delivery { fence: None, ..delivery }).await.unwrap();
+    again.append(&delivery.fenced(Fence::NONE)).await.unwrap();
     let seen = lines(&path);
     assert_eq!(seen.len(), 6);
     assert_eq!((seen[5].node.as_str(), seen[5].fence), ("n2", None));

@@ -3,8 +3,7 @@
 use std::collections::BTreeMap;
 
 use tailrace::balancer::BalancerKind;
-use tailrace::stream::NodeId;
-use tailrace::stream::QueueId;
+use tailrace::stream::{NodeId, QueueId};
 
 fn nodes(n: usize) -> Vec<NodeId> {
     (0..n).map(|i| NodeId::new(format!("node-{i:03}"))).collect()

@@ -15,8 +15,7 @@ use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::harness::InProcessCluster;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use tailrace::queue::QueueAdapter;
-use tailrace::stream::QueueId;
-use tailrace::stream::{Event, StreamId};
+use tailrace::stream::{Event, QueueId, StreamId};
 
 const WAIT: Duration = Duration::from_secs(20);
 

@@ -21,8 +21,7 @@ use common::cluster::{LeaseWatch, Proc, QUEUES, config, free_port, held_by};
 use common::redis_server::{RedisServer, adapter_options};
 use tailrace::adapters::redis::RedisAdapterFactory;
 use tailrace::archive::AuditLine;
-use tailrace::queue::CheckpointError;
-use tailrace::queue::{Fence, QueueAdapterFactory, QueueMapper};
+use tailrace::queue::{CheckpointError, Fence, QueueAdapterFactory, QueueMapper};
 use tailrace::stream::{Event, EventId, QueueId, SequenceToken, StreamId};
 use tokio_util::sync::CancellationToken;
 

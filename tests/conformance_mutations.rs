@@ -10,10 +10,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tailrace::adapters::memory::{MemoryAdapter, MemoryAdapterFactory, MemoryOptions};
 use tailrace::conformance::{self, Claims};
-use tailrace::queue::Checkpointer;
-use tailrace::queue::{Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
-use tailrace::stream::QueueId;
-use tailrace::stream::{BatchContainer, Event, SequenceToken, StreamId};
+use tailrace::queue::{
+    Checkpointer, Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver,
+};
+use tailrace::stream::{BatchContainer, Event, QueueId, SequenceToken, StreamId};
 
 /// One broken rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

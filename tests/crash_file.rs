@@ -24,8 +24,7 @@ use tailrace::adapters::file::{FileAdapterFactory, FileOptions};
 use tailrace::checkpoint::FileCheckpointer;
 use tailrace::handoff::{FsyncPolicy, HandoffError, LoggingConsumer, WriterOptions};
 use tailrace::queue::QueueMapper;
-use tailrace::stream::QueueId;
-use tailrace::stream::{Event, EventId, StreamId};
+use tailrace::stream::{Event, EventId, QueueId, StreamId};
 
 const QUEUES: u32 = 2;
 

@@ -209,10 +209,8 @@ async fn a_node_through_several_lives_on_one_redis_loses_nothing() {
 #[tokio::test]
 async fn the_restart_checks_catch_what_they_are_for() {
     use tailrace::checkpoint::MemoryCheckpointer;
-    use tailrace::queue::Checkpointer;
-    use tailrace::queue::Fence;
-    use tailrace::stream::QueueId;
-    use tailrace::stream::SequenceToken;
+    use tailrace::queue::{Checkpointer, Fence};
+    use tailrace::stream::{QueueId, SequenceToken};
 
     let fails = |lives: &Lives, dir: &std::path::Path| {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lives.check(dir))).is_err()

@@ -11,10 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::logs::*;
-use tailrace::config::AuthOptions;
-use tailrace::config::EdgeOptions;
-use tailrace::config::Scope;
-use tailrace::config::TokenEntry;
+use tailrace::config::{AuthOptions, EdgeOptions, Scope, TokenEntry};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use common::logs::*;
 use serde_json::Value;
-use tailrace::config::EdgeOptions;
-use tailrace::config::LogStreamSettings;
+use tailrace::config::{EdgeOptions, LogStreamSettings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Lines `line {producer}-{i}` with a payload, `count` of them.

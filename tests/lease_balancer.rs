@@ -18,8 +18,7 @@ use tailrace::cluster::{Membership, QueueLeases, RedisLeases};
 use tailrace::config::Config;
 use tailrace::harness::InProcessCluster;
 use tailrace::node::Node;
-use tailrace::stream::NodeId;
-use tailrace::stream::QueueId;
+use tailrace::stream::{NodeId, QueueId};
 
 const WAIT: Duration = Duration::from_secs(30);
 

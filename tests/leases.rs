@@ -19,8 +19,7 @@ use tailrace::pubsub::{
     ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer,
 };
 use tailrace::queue::QueueError;
-use tailrace::stream::NodeId;
-use tailrace::stream::QueueId;
+use tailrace::stream::{NodeId, QueueId};
 use tokio::time::Instant;
 
 const WAIT: Duration = Duration::from_secs(30);

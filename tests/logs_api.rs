@@ -6,10 +6,7 @@ mod common;
 
 use common::logs::*;
 use serde_json::{Value, json};
-use tailrace::config::AuthOptions;
-use tailrace::config::EdgeOptions;
-use tailrace::config::Scope;
-use tailrace::config::TokenEntry;
+use tailrace::config::{AuthOptions, EdgeOptions, Scope, TokenEntry};
 
 async fn body(response: reqwest::Response) -> (u16, Value) {
     let status = response.status().as_u16();

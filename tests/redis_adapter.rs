@@ -14,8 +14,7 @@ use tailrace::adapters::redis::{RedisAdapter, RedisAdapterFactory, RedisOptions,
 use tailrace::conformance::{self, Claims};
 use tailrace::pubsub::{PubSubStore, StartPosition};
 use tailrace::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueReceiver};
-use tailrace::stream::QueueId;
-use tailrace::stream::SequenceToken;
+use tailrace::stream::{QueueId, SequenceToken};
 
 const WAIT: Duration = Duration::from_secs(20);
 

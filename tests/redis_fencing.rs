@@ -15,10 +15,8 @@ use common::redis_server::RedisServer;
 use common::*;
 use tailrace::adapters::redis::RedisAdapterFactory;
 use tailrace::cluster::{QueueLeases, RedisLeases};
-use tailrace::queue::CheckpointError;
-use tailrace::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueReceiver};
-use tailrace::stream::NodeId;
-use tailrace::stream::SequenceToken;
+use tailrace::queue::{CheckpointError, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueReceiver};
+use tailrace::stream::{NodeId, SequenceToken};
 
 const LONG: Duration = Duration::from_secs(60);
 const WAIT: Duration = Duration::from_secs(20);

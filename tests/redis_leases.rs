@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use common::redis_server::RedisServer;
 use tailrace::cluster::{QueueLeases, RedisLeases};
-use tailrace::stream::NodeId;
-use tailrace::stream::QueueId;
+use tailrace::stream::{NodeId, QueueId};
 
 const LONG: Duration = Duration::from_secs(60);
 const WAIT: Duration = Duration::from_secs(20);

@@ -8,8 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
-use tailrace::cluster::MembershipOptions;
-use tailrace::cluster::{Membership, MembershipError, RedisMembership};
+use tailrace::cluster::{Membership, MembershipError, MembershipOptions, RedisMembership};
 use tailrace::stream::NodeId;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

@@ -238,15 +238,13 @@ async fn a_zombie_archiver_cannot_append_after_a_newer_lease_wrote_the_run() {
     let store = Arc::new(RedisRunLogStore::connect(&server.url(), "test").await.unwrap());
     let run = RunKey::new("svc.etl", "r-1").unwrap();
     let consumer = Archiver::new(store.clone()).create(&run.stream());
-    let delivery = |major: u64, line: &str, fence: u64| Delivery {
-        subscription: SubscriptionId::random(),
-        stream: run.stream(),
-        batches: vec![Arc::new(BatchContainer {
+    let delivery = |major: u64, line: &str, fence: u64| {
+        let batch = BatchContainer {
             stream: run.stream(),
             token: token(major, 0),
             events: vec![Event::new(EventId::new(format!("id-{major}")), line.to_string())],
-        })],
-        fence: Some(fence),
+        };
+        Delivery::new(SubscriptionId::random(), run.stream(), vec![Arc::new(batch)]).fenced(Fence::lease(fence))
     };
     consumer.deliver(&delivery(1, "one", 5)).await.unwrap();
     consumer.deliver(&delivery(2, "two", 6)).await.unwrap();

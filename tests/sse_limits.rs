@@ -7,8 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::logs::*;
-use tailrace::config::EdgeOptions;
-use tailrace::config::LogStreamSettings;
+use tailrace::config::{EdgeOptions, LogStreamSettings};
 use tailrace::edge::{TOO_MANY_RUNS, TOO_MANY_VIEWERS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

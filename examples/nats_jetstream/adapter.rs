@@ -33,11 +33,11 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tailrace::queue::CheckpointError;
-use tailrace::queue::Checkpointer;
-use tailrace::queue::{Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
-use tailrace::stream::QueueId;
-use tailrace::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
+use tailrace::queue::{
+    CheckpointError, Checkpointer, Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper,
+    QueueReceiver,
+};
+use tailrace::stream::{BatchContainer, Event, EventId, QueueId, SequenceToken, StreamId};
 
 use crate::receiver::JetStreamReceiver;
 

@@ -26,8 +26,7 @@ use tailrace::conformance::{self, Claims};
 use tailrace::node::Node;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use tailrace::queue::QueueAdapterFactory;
-use tailrace::stream::NodeId;
-use tailrace::stream::{Event, StreamId};
+use tailrace::stream::{Event, NodeId, StreamId};
 
 const QUEUES: u32 = 4;
 const PRODUCERS: usize = 4;

@@ -9,10 +9,8 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, consumer, stream};
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
-use tailrace::queue::Checkpointer;
-use tailrace::queue::{QueueError, QueueReceiver};
-use tailrace::stream::QueueId;
-use tailrace::stream::{BatchContainer, SequenceToken};
+use tailrace::queue::{Checkpointer, QueueError, QueueReceiver};
+use tailrace::stream::{BatchContainer, QueueId, SequenceToken};
 
 use crate::adapter::{JetStreamOptions, NAME, StreamCheckpointer, backend, decode};
 

@@ -7,9 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::queue::CacheOptions;
-use crate::queue::Checkpointer;
-use crate::queue::{QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper};
+use crate::queue::{CacheOptions, Checkpointer, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper};
 
 /// An adapter that knows how its streams map to queues.
 pub trait MappedAdapter: QueueAdapter {

@@ -40,8 +40,7 @@ use crate::failure::{DeadLetterSink, LogDeadLetters};
 use crate::handoff::{DataDirLock, HandoffError, RecoveryReport, WriterOptions, validate_prefix};
 use crate::queue::{Direction, Fence, QueueAdapter, QueueError, QueueMapper, QueueReceiver};
 use crate::retry::Backoff;
-use crate::stream::QueueId;
-use crate::stream::{Event, SequenceToken, StreamId};
+use crate::stream::{Event, QueueId, SequenceToken, StreamId};
 use crate::telemetry;
 
 const NAME: &str = "file";

@@ -27,8 +27,7 @@ use tokio::sync::{Notify, Semaphore};
 use super::{BuiltInFactory, MappedAdapter};
 use crate::checkpoint::MemoryCheckpointer;
 use crate::queue::{Direction, Fence, QueueAdapter, QueueError, QueueMapper, QueueReceiver, Wake};
-use crate::stream::QueueId;
-use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
+use crate::stream::{BatchContainer, Event, QueueId, SequenceToken, StreamId};
 
 /// Settings of the memory adapter.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

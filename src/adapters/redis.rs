@@ -56,8 +56,7 @@ use fence::Fence;
 use super::{BuiltInFactory, MappedAdapter};
 use crate::queue::{Direction, QueueAdapter, QueueError, QueueMapper, QueueReceiver};
 use crate::redis_conn::{self, RedisAccess, RedisConnError, RedisEndpoint};
-use crate::stream::QueueId;
-use crate::stream::{Event, SequenceToken, StreamId};
+use crate::stream::{Event, QueueId, SequenceToken, StreamId};
 
 const NAME: &str = "redis";
 

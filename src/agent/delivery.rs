@@ -17,6 +17,7 @@ use super::subscription::{Sub, successor};
 use crate::cache::QueueCache;
 use crate::failure::{DeadLetter, DeadLetterSink, FailureAction, FailureHandler};
 use crate::pubsub::{Delivery, DeliveryOutcome, StreamConsumer, SubscriptionId, SubscriptionInfo};
+use crate::queue::Fence;
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
 
 /// How a delivery ended.
@@ -124,7 +125,7 @@ pub(crate) fn next_delivery(
         },
     };
     sub.delivering = true;
-    let delivery = Arc::new(Delivery { subscription: id, stream: stream.clone(), batches, fence });
+    let delivery = Arc::new(Delivery { subscription: id, stream: stream.clone(), batches, fence: Fence::from(fence) });
     sub.in_flight = Some(delivery.clone());
     let done = Delivered {
         stream: stream.clone(),

@@ -21,10 +21,8 @@ use super::worker::panic_text;
 use crate::cache::Purged;
 use crate::checkpoint::QueueCheckpoint;
 use crate::pubsub::SubscriptionId;
-use crate::queue::CheckpointError;
-use crate::queue::{Fence, QueueError, QueueReceiver, Wake};
-use crate::stream::QueueId;
-use crate::stream::{BatchContainer, SequenceToken, StreamId};
+use crate::queue::{CheckpointError, Fence, QueueError, QueueReceiver, Wake};
+use crate::stream::{BatchContainer, QueueId, SequenceToken, StreamId};
 use ractor::ActorProcessingErr;
 
 /// The receiver and checkpoint: owned by the pump, lent to its task.

@@ -24,10 +24,8 @@ use ractor::RpcReplyPort;
 
 use super::pump::{Io, commit, flatten};
 use crate::cache::Purged;
-use crate::queue::CheckpointError;
-use crate::queue::QueueError;
-use crate::stream::QueueId;
-use crate::stream::SequenceToken;
+use crate::queue::{CheckpointError, QueueError};
+use crate::stream::{QueueId, SequenceToken};
 
 /// The stop reason of an agent that finished its ordered shutdown.
 pub(crate) const HANDED_OVER: &str = "handed over";

@@ -31,8 +31,7 @@ use crate::pubsub::{
 };
 use crate::queue::QueueError;
 use crate::retry::Backoff;
-use crate::stream::QueueId;
-use crate::stream::{BatchContainer, StreamId};
+use crate::stream::{BatchContainer, QueueId, StreamId};
 
 /// What the agent should do after a change to the table.
 pub(crate) enum Next {

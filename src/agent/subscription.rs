@@ -21,11 +21,11 @@ use crate::pubsub::{
 };
 use crate::queue::QueueError;
 use crate::retry::Backoff;
-use crate::stream::QueueId;
-use crate::stream::{BatchContainer, SequenceToken, StreamId};
+use crate::stream::{BatchContainer, QueueId, SequenceToken, StreamId};
 
 /// Why an attach did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AttachError {
     /// The agent is shutting down (the queue is moving); retry.
     #[error("queue {0} is being handed over; retry")]

@@ -12,7 +12,6 @@ use super::{
 use crate::pubsub::{
     ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionInfo,
 };
-use crate::queue::Fence;
 use crate::stream::{Event, EventId, StreamId};
 use crate::telemetry;
 
@@ -111,6 +110,33 @@ impl RunLogReader {
 /// only [registers](Archiver::register) a run before its first line is
 /// produced (so its viewers find it at once) and reads through
 /// [`Archiver::reader`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use tailrace::archive::{Archiver, FileRunLogStore, RunKey};
+/// use tailrace::pubsub::{ConsumerFactory, Delivery, SubscriptionId};
+/// use tailrace::stream::{BatchContainer, Event, SequenceToken};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// let archiver = Archiver::new(Arc::new(FileRunLogStore::open(dir.path(), true)?));
+/// let run = RunKey::new("svc.etl", "run-7")?;
+///
+/// // What the run's agent hands the archiver: one container of lines.
+/// let batch = BatchContainer {
+///     stream: run.stream(),
+///     token: SequenceToken::new(1, 0),
+///     events: vec![Event::new("l-1", "starting"), Event::new("l-2", "done")],
+/// };
+/// let delivery = Delivery::new(SubscriptionId(1), run.stream(), vec![Arc::new(batch)]);
+/// archiver.create(&run.stream()).deliver(&delivery).await?;
+/// archiver.create(&run.stream()).deliver(&delivery).await?; // redelivered: stored once
+///
+/// let lines = archiver.reader().read(&run, 0, 100, 1 << 20).await?;
+/// assert_eq!(lines, ["starting", "done"]);
+/// # Ok(()) }
+/// ```
 pub struct Archiver {
     store: Arc<dyn RunLogStore>,
 }
@@ -179,7 +205,7 @@ impl StreamConsumer for ArchiverConsumer {
             let store = &self.store;
             // Fenced with the delivering agent's lease token, if it has one:
             // a paused old owner cannot append after its successor did.
-            let how = Append::new().fenced(Fence::from(delivery.fence));
+            let how = Append::new().fenced(delivery.fence);
             let how = if contents.texts.is_empty() { how } else { how.batch(fingerprint) };
             let appended = store.append(run, batch.token, &lines, how).await;
             if appended.map_err(ConsumerError::failed)? {

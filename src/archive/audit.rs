@@ -76,6 +76,7 @@ pub fn now_us() -> u64 {
 
 /// Why the audit log cannot be written.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AuditError {
     /// The file could not be opened for appending.
     #[error("cannot open the audit log {path}: {source}")]
@@ -158,7 +159,7 @@ impl Shared {
                 stream: delivery.stream.key().to_string(),
                 token: token.to_string(),
                 event: event.id.to_string(),
-                fence: delivery.fence,
+                fence: delivery.fence.token(),
                 at_us: now_us(),
             };
             // A struct of strings and numbers always serializes.

@@ -33,6 +33,7 @@ pub struct CacheMiss {
 /// `add` was offered more than fits (containers out of queue order are not
 /// an error: they are skipped as redeliveries, see [`AddOutcome::skipped`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AddError {
     /// More containers than the free space (the agent reads at most `max_add_count`).
     #[error("cache full: {offered} containers offered, {free} free of {capacity}")]

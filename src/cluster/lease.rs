@@ -21,6 +21,7 @@ use crate::stream::{NodeId, QueueId};
 
 /// A lease store could not answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LeaseError {
     /// The store could not be reached at all.
     #[error("queue lease store at {url}: cannot connect: {message}")]

@@ -40,6 +40,7 @@ use crate::stream::NodeId;
 
 /// Membership in Redis failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum MembershipError {
     /// Another live process runs as this node.
     #[error(

@@ -53,6 +53,7 @@ pub trait Served: Send + Sync + 'static {
 
 /// A call to another node failed.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransportError {
     /// The peer is not a live member (it left, or died and its record lapsed).
     #[error("node {0} is not a live member of the cluster")]

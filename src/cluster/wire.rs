@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, Origin, StartPosition, Subscription, SubscriptionId, SubscriptionInfo,
 };
+use crate::queue::Fence;
 use crate::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
 
 /// The version of the messages this build speaks.
@@ -209,7 +210,12 @@ impl WireDelivery {
             .iter()
             .map(|batch| WireBatch { token: batch.token, events: batch.events.iter().map(WireEvent::from).collect() })
             .collect();
-        Self { subscription: delivery.subscription, stream: delivery.stream.clone(), fence: delivery.fence, batches }
+        Self {
+            subscription: delivery.subscription,
+            stream: delivery.stream.clone(),
+            fence: delivery.fence.token(),
+            batches,
+        }
     }
 
     /// The delivery as received.
@@ -220,7 +226,7 @@ impl WireDelivery {
             let events = batch.events.into_iter().map(Event::try_from).collect::<Result<Vec<_>, _>>()?;
             batches.push(Arc::new(BatchContainer { stream: stream.clone(), token: batch.token, events }));
         }
-        Ok(Delivery { subscription: self.subscription, stream, batches, fence: self.fence })
+        Ok(Delivery::new(self.subscription, stream, batches).fenced(Fence::from(self.fence)))
     }
 }
 
@@ -300,7 +306,7 @@ mod tests {
             subscription: SubscriptionId(9),
             stream: stream.clone(),
             batches: vec![Arc::new(BatchContainer { stream, token: SequenceToken::new(4, 1), events: events.clone() })],
-            fence: Some(7),
+            fence: Fence::lease(7),
         };
         let request = Request::Deliver {
             from: Some(Origin { queue: crate::stream::QueueId(3), fence: Some(7) }),
@@ -314,7 +320,7 @@ mod tests {
         assert_eq!(from.and_then(|f| f.fence), Some(7));
         let back = wire.into_delivery().unwrap();
         assert_eq!(back.batches[0].events, events);
-        assert_eq!((back.batches[0].token, back.fence), (SequenceToken::new(4, 1), Some(7)));
+        assert_eq!((back.batches[0].token, back.fence), (SequenceToken::new(4, 1), Fence::lease(7)));
     }
 
     #[test]

@@ -6,8 +6,7 @@ use std::time::Duration;
 use super::Failure;
 use super::support::{CALL_LIMIT, Kit, events, fail, within};
 use crate::queue::{Direction, Fence, QueueError};
-use crate::stream::QueueId;
-use crate::stream::{SequenceToken, StreamId};
+use crate::stream::{QueueId, SequenceToken, StreamId};
 
 /// Write-only refuses receivers, read-only refuses writes, read-write does
 /// both on every queue.

@@ -6,18 +6,23 @@
 //! check runs in bounded time and a failure names the check, the queue, the
 //! token and the event involved.
 //!
-//! ```no_run
-//! # use std::sync::Arc;
-//! # use tailrace::queue::QueueAdapterFactory;
-//! # async fn demo(factory: Arc<dyn QueueAdapterFactory>) -> Result<(), tailrace::conformance::Failures> {
+//! ```
+//! use std::sync::Arc;
+//! use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 //! use tailrace::conformance::{self, Claims};
-//! let claims = Claims { rewindable: true, ..Claims::default() };
-//! let report = conformance::run(claims, move || {
-//!     let factory = factory.clone();
-//!     async move { Ok(factory) }
+//! use tailrace::queue::QueueAdapterFactory;
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), tailrace::conformance::Failures> {
+//! // What the adapter promises; a check whose claim is not made is
+//! // reported as not claimed, never as passed.
+//! let claims = Claims { rewindable: true, exclusive_receivers: true, ..Claims::default() };
+//! let report = conformance::run(claims, || async {
+//!     // A fresh factory per call (the durability check restarts it).
+//!     Ok(Arc::new(MemoryAdapterFactory::new(4, MemoryOptions::default())) as Arc<dyn QueueAdapterFactory>)
 //! })
 //! .await?;
-//! println!("{report}");
+//! assert!(report.passed.contains(&"ordering"), "{report}");
 //! # Ok(()) }
 //! ```
 //!

@@ -11,10 +11,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{Claims, Failure};
-use crate::queue::Checkpointer;
-use crate::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
-use crate::stream::QueueId;
-use crate::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
+use crate::queue::{Checkpointer, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
+use crate::stream::{BatchContainer, Event, EventId, QueueId, SequenceToken, StreamId};
 
 /// How long a check waits for containers to become readable, unless told.
 pub(super) const READ_DEADLINE: Duration = Duration::from_secs(10);

@@ -27,8 +27,7 @@ use crate::cluster::{QueueLeases, RedisMembership};
 use crate::config::AuthOptions;
 use crate::node::Node;
 use crate::queue::Checkpointer;
-use crate::stream::NodeId;
-use crate::stream::QueueId;
+use crate::stream::{NodeId, QueueId};
 
 /// What the admin API reads the cluster from.
 pub struct ClusterView {

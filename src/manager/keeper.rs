@@ -22,8 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Internal, ManagerInternal, ManagerMsg};
 use crate::cluster::{Lease, LeaseOptions, QueueLeases};
-use crate::stream::NodeId;
-use crate::stream::QueueId;
+use crate::stream::{NodeId, QueueId};
 use crate::telemetry;
 
 /// The leases a node holds, one per queue at most (so at most

@@ -231,6 +231,21 @@ impl NodeBuilder {
 
 impl Node {
     /// Starts building node `id` over the queues of `factory`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
+    /// use tailrace::node::Node;
+    /// use tailrace::stream::NodeId;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let queues = Arc::new(MemoryAdapterFactory::new(4, MemoryOptions::default()));
+    /// let node = Node::builder(NodeId::new("n1"), queues).start().await?;
+    /// assert_eq!(node.id(), &NodeId::new("n1"));
+    /// node.shutdown().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn builder(id: NodeId, factory: Arc<dyn QueueAdapterFactory>) -> NodeBuilder {
         NodeBuilder {
             id,

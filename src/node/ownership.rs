@@ -12,8 +12,7 @@ use crate::balancer::{BalancerKind, LeasePlanner, responsibility};
 use crate::cluster::{Membership, QueueLeases};
 use crate::manager::{HeldLeases, ManagerMsg};
 use crate::queue::QueueMapper;
-use crate::stream::NodeId;
-use crate::stream::QueueId;
+use crate::stream::{NodeId, QueueId};
 
 /// Follows membership and tells the manager which queues are this node's,
 /// each time with a higher sequence number.

@@ -16,7 +16,44 @@ use crate::stream::StreamId;
 
 impl Node {
     /// Subscribes `consumer` to `stream`. Returns once the queue's agent has
-    /// attached it: every event enqueued after this returns is delivered.
+    /// attached it: every event enqueued after this returns is delivered,
+    /// in order, at least once.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use async_trait::async_trait;
+    /// use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
+    /// use tailrace::stream::{Event, StreamId};
+    /// # use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
+    /// # use tailrace::node::Node;
+    /// # use tailrace::stream::NodeId;
+    ///
+    /// /// Forwards every payload to a channel.
+    /// struct Lines(tokio::sync::mpsc::Sender<String>);
+    ///
+    /// #[async_trait]
+    /// impl StreamConsumer for Lines {
+    ///     async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+    ///         for (event, _token) in delivery.events() {
+    ///             let line = String::from_utf8_lossy(&event.payload).into_owned();
+    ///             self.0.send(line).await.map_err(ConsumerError::failed)?;
+    ///         }
+    ///         Ok(DeliveryOutcome::Continue)
+    ///     }
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = Node::builder(NodeId::new("n1"), Arc::new(MemoryAdapterFactory::new(4, MemoryOptions::default()))).start().await?;
+    /// let stream = StreamId::new("logs", "etl.daily/run-7");
+    /// let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+    /// node.subscribe(&stream, Arc::new(Lines(tx)), StartPosition::Latest).await?;
+    /// node.produce(&stream, vec![Event::new("e-1", "one"), Event::new("e-2", "two")]).await?;
+    /// assert_eq!(rx.recv().await.as_deref(), Some("one"));
+    /// assert_eq!(rx.recv().await.as_deref(), Some("two"));
+    /// # node.shutdown().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn subscribe(
         &self,
         stream: &StreamId,

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::{StartPosition, SubscriptionId};
+use crate::queue::Fence;
 use crate::stream::{BatchContainer, Event, SequenceToken, StreamId};
 
 /// What a consumer is told about the subscription it serves.
@@ -18,7 +19,26 @@ pub struct SubscriptionInfo {
 }
 
 /// One in-order delivery: consecutive containers of one stream.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tailrace::pubsub::{Delivery, SubscriptionId};
+/// use tailrace::queue::Fence;
+/// use tailrace::stream::{BatchContainer, Event, SequenceToken, StreamId};
+///
+/// let stream = StreamId::new("logs", "etl/run-1");
+/// let batch = BatchContainer {
+///     stream: stream.clone(),
+///     token: SequenceToken::new(1, 0),
+///     events: vec![Event::new("e-1", "one"), Event::new("e-2", "two")],
+/// };
+/// let delivery = Delivery::new(SubscriptionId(1), stream, vec![Arc::new(batch)]).fenced(Fence::lease(4));
+/// assert_eq!(delivery.event_count(), 2);
+/// assert_eq!(delivery.last_token(), Some(SequenceToken::new(1, 0)));
+/// assert_eq!(delivery.fence.token(), Some(4));
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Delivery {
     /// The subscription delivered to.
     pub subscription: SubscriptionId,
@@ -26,14 +46,26 @@ pub struct Delivery {
     pub stream: StreamId,
     /// Containers in queue order (at least one).
     pub batches: Vec<Arc<BatchContainer>>,
-    /// The fencing token of the queue lease the delivering agent runs
-    /// under, if its writes are fenced: a consumer that writes to a store
-    /// may pass it along so that the store refuses a paused old owner's
-    /// writes (the archiver does, see `RunLogStore::append` and `Append::fenced`).
-    pub fence: Option<u64>,
+    /// The queue lease the delivering agent runs under, if its writes are
+    /// fenced: a consumer that writes to a store may pass it along so that
+    /// the store refuses a paused old owner's writes (the archiver does,
+    /// see `RunLogStore::append` and `Append::fenced`).
+    pub fence: Fence,
 }
 
 impl Delivery {
+    /// `batches` (consecutive containers of `stream`, in queue order, at
+    /// least one) for `subscription`, under no lease.
+    pub fn new(subscription: SubscriptionId, stream: StreamId, batches: Vec<Arc<BatchContainer>>) -> Self {
+        Self { subscription, stream, batches, fence: Fence::NONE }
+    }
+
+    /// The same, delivered under `fence`.
+    pub fn fenced(mut self, fence: Fence) -> Self {
+        self.fence = fence;
+        self
+    }
+
     /// Every event with its container's token, in order.
     pub fn events(&self) -> impl Iterator<Item = (&Event, SequenceToken)> {
         self.batches.iter().flat_map(|b| b.events.iter().map(move |e| (e, b.token)))

@@ -11,6 +11,7 @@ use crate::stream::{NodeId, StreamId};
 
 /// A pub-sub operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PubSubError {
     /// The store itself failed.
     #[error("pub-sub store failed: {0}")]

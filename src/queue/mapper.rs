@@ -4,8 +4,7 @@
 //! consistent hashing (Lamping & Veach), so growing the queue count moves only
 //! `1/n` of the streams. Golden vectors in the tests pin the mapping.
 
-use crate::stream::QueueId;
-use crate::stream::StreamId;
+use crate::stream::{QueueId, StreamId};
 
 /// Maps streams to a fixed number of queues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,7 +28,19 @@ impl QueueMapper {
         (0..self.queue_count).map(QueueId).collect()
     }
 
-    /// The queue that holds `stream`.
+    /// The queue that holds `stream`: a jump consistent hash of its stable
+    /// hash, the same in every process and release.
+    ///
+    /// ```
+    /// use tailrace::queue::QueueMapper;
+    /// use tailrace::stream::StreamId;
+    ///
+    /// let stream = StreamId::new("logs", "etl.daily/run-7");
+    /// let eight = QueueMapper::new(8);
+    /// assert!(eight.queue_for(&stream).0 < 8);
+    /// assert_eq!(eight.queue_for(&stream), QueueMapper::new(8).queue_for(&stream));
+    /// assert_eq!(QueueMapper::new(1).queue_for(&stream).0, 0);
+    /// ```
     pub fn queue_for(&self, stream: &StreamId) -> QueueId {
         QueueId(jump_consistent_hash(stream.stable_hash(), self.queue_count))
     }

@@ -14,6 +14,7 @@ use crate::stream::{QueueId, SequenceToken};
 
 /// A checkpoint could not be read or written.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CheckpointError {
     /// File-system failure, with the path.
     #[error("checkpoint {path}: {source}")]

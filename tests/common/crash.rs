@@ -11,10 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer};
-use tailrace::queue::Checkpointer;
-use tailrace::queue::QueueMapper;
-use tailrace::stream::QueueId;
-use tailrace::stream::{SequenceToken, StreamId};
+use tailrace::queue::{Checkpointer, QueueMapper};
+use tailrace::stream::{QueueId, SequenceToken, StreamId};
 
 /// Runs this test binary again on the ignored entry `entry`.
 pub fn child(entry: &str, env: &[(&str, String)]) -> Child {

@@ -15,14 +15,11 @@ use tailrace::archive::{
     Append, Archiver, FileRunLogStore, LOGS_NAMESPACE, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore,
     RunState, RunSummary, StoreError,
 };
-use tailrace::config::Config;
-use tailrace::config::EdgeOptions;
-use tailrace::config::LogStreamSettings;
+use tailrace::config::{Config, EdgeOptions, LogStreamSettings};
 use tailrace::edge::LogEdge;
 use tailrace::node::Node;
 use tailrace::pubsub::ImplicitSubscriptions;
-use tailrace::stream::NodeId;
-use tailrace::stream::SequenceToken;
+use tailrace::stream::{NodeId, SequenceToken};
 use tokio_util::sync::CancellationToken;
 
 /// Short limits for tests (seconds may be fractional).

@@ -7,8 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tailrace::pubsub::{ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StreamConsumer, SubscriptionInfo};
-use tailrace::stream::{Event, EventId, SequenceToken, StreamId};
+use tailrace::pubsub::{
+    ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer, SubscriptionInfo,
+};
+use tailrace::stream::{Event, EventId, NodeId, QueueId, SequenceToken, StreamId};
 
 /// Polls `check` every 10 ms until it holds or `timeout` passes; returns
 /// whether it held. Use it instead of sleeping.
@@ -163,10 +165,7 @@ use tailrace::agent::{AgentMsg, AgentStatus};
 use tailrace::config::Config;
 use tailrace::manager::AgentDirectory;
 use tailrace::node::Node;
-use tailrace::pubsub::ImplicitSubscriptions;
 use tailrace::queue::QueueAdapterFactory;
-use tailrace::stream::NodeId;
-use tailrace::stream::QueueId;
 
 /// One node over a factory, with its agent directory and store exposed.
 pub struct TestNode {

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tailrace::checkpoint::MemoryCheckpointer;
-use tailrace::queue::CacheOptions;
-use tailrace::queue::Checkpointer;
-use tailrace::queue::{Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
-use tailrace::stream::QueueId;
-use tailrace::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
+use tailrace::queue::{
+    CacheOptions, Checkpointer, Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper,
+    QueueReceiver,
+};
+use tailrace::stream::{BatchContainer, Event, EventId, QueueId, SequenceToken, StreamId};
 use tokio::sync::Semaphore;
 
 /// What the receiver did and will do.

@@ -16,10 +16,8 @@ use super::{FileOptions, NAME};
 use crate::checkpoint::FileCheckpointer;
 use crate::failure::{DeadLetter, DeadLetterSink};
 use crate::handoff::{LineView, list_prefix_files};
-use crate::queue::Checkpointer;
-use crate::queue::{QueueError, QueueReceiver, Wake};
-use crate::stream::QueueId;
-use crate::stream::{BatchContainer, Event, EventId, SequenceToken};
+use crate::queue::{Checkpointer, QueueError, QueueReceiver, Wake};
+use crate::stream::{BatchContainer, Event, EventId, QueueId, SequenceToken};
 
 /// How often consumed files are looked for (needs a checkpoint load).
 const DELETE_EVERY: Duration = Duration::from_secs(1);

@@ -12,8 +12,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::FileOptions;
 use crate::handoff::{HandoffError, LinePosition, LoggingConsumer};
-use crate::stream::QueueId;
-use crate::stream::{Event, StreamId};
+use crate::stream::{Event, QueueId, StreamId};
 
 /// Appends waiting to be written at most (the rest wait to be queued).
 const QUEUE_DEPTH: usize = 1024;

@@ -16,12 +16,9 @@ use super::entry::decode_entry;
 use super::fence::{self, Fence, NewEntries};
 use super::wake::Wakes;
 use super::{NAME, RedisCheckpointer, RedisOptions, TrimPolicy, backend};
-use crate::queue::CheckpointError;
-use crate::queue::Checkpointer;
-use crate::queue::{QueueError, QueueReceiver, Wake};
+use crate::queue::{CheckpointError, Checkpointer, QueueError, QueueReceiver, Wake};
 use crate::retry::Backoff;
-use crate::stream::QueueId;
-use crate::stream::{BatchContainer, SequenceToken};
+use crate::stream::{BatchContainer, QueueId, SequenceToken};
 
 /// Where the next read starts.
 enum Phase {

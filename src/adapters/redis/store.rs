@@ -6,11 +6,8 @@ use redis::aio::ConnectionManager;
 
 use super::fence;
 use crate::pubsub::{PubSubError, PubSubStore, Subscription, SubscriptionId, SubscriptionState};
-use crate::queue::CheckpointError;
-use crate::queue::Checkpointer;
-use crate::queue::Fence;
-use crate::stream::QueueId;
-use crate::stream::{NodeId, SequenceToken, StreamId};
+use crate::queue::{CheckpointError, Checkpointer, Fence};
+use crate::stream::{NodeId, QueueId, SequenceToken, StreamId};
 
 /// Checkpoints as strings at `{prefix}:{qn}:checkpoint` (under the queue's
 /// hash tag; see `fence.rs`). A fenced save checks the queue's fencing

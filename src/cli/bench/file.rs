@@ -21,8 +21,7 @@ use serde::Serialize;
 use tailrace::adapters::file::{FileAdapterFactory, FileOptions};
 use tailrace::handoff::{FsyncPolicy, LoggingConsumer, WriterOptions};
 use tailrace::queue::{Fence, QueueAdapterFactory};
-use tailrace::stream::QueueId;
-use tailrace::stream::{Event, EventId, StreamId};
+use tailrace::stream::{Event, EventId, QueueId, StreamId};
 
 use super::Progress;
 

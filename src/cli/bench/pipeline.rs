@@ -16,8 +16,7 @@ use tailrace::config::Config;
 use tailrace::node::Node;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use tailrace::queue::{QueueAdapterFactory, QueueMapper};
-use tailrace::stream::NodeId;
-use tailrace::stream::{Event, EventId, StreamId};
+use tailrace::stream::{Event, EventId, NodeId, StreamId};
 use tokio::sync::{Notify, mpsc};
 
 use super::Progress;

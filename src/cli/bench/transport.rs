@@ -21,8 +21,8 @@ use tailrace::cluster::{Member, RactorTransport, Served, TransportSettings};
 use tailrace::pubsub::{
     ConsumerAddress, ConsumerError, ConsumerResolver, Delivery, DeliveryOutcome, Origin, SubscriptionId,
 };
-use tailrace::stream::NodeId;
-use tailrace::stream::{BatchContainer, Event, EventId, QueueId, SequenceToken, StreamId};
+use tailrace::queue::Fence;
+use tailrace::stream::{BatchContainer, Event, EventId, NodeId, QueueId, SequenceToken, StreamId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -68,7 +68,7 @@ fn delivery(n: u64) -> Delivery {
             Arc::new(BatchContainer { stream: stream.clone(), token: SequenceToken::new(n, c), events })
         })
         .collect();
-    Delivery { subscription: SubscriptionId(1), stream, batches, fence: Some(1) }
+    Delivery::new(SubscriptionId(1), stream, batches).fenced(Fence::lease(1))
 }
 
 fn free_addr() -> anyhow::Result<std::net::SocketAddr> {
