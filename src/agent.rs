@@ -57,14 +57,9 @@ use shutdown::Shutdown;
 use status::AgentMetrics;
 use streams::{Next, Streams};
 
-// The agent's messages and services: the runtime's wiring, not the API
-// (tests drive an agent through them).
-#[doc(hidden)]
 pub use messages::{AgentMsg, Internal};
 pub(crate) use pump::is_fenced;
-pub use settings::AgentOptions;
-#[doc(hidden)]
-pub use settings::AgentServices;
+pub use settings::{AgentOptions, AgentServices};
 pub(crate) use shutdown::HANDED_OVER;
 pub use status::AgentStatus;
 pub use subscription::AttachError;

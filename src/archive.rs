@@ -25,6 +25,7 @@ mod file_names;
 mod file_store;
 mod redis_store;
 mod retention;
+mod run_stream;
 
 use std::fmt;
 use std::sync::Arc;
@@ -32,15 +33,18 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-pub use archiver::{Archiver, Contents, RunLogReader, STATUS_ID_PREFIX, is_status, status_event};
+pub use archiver::{Archiver, RunLogReader};
 pub use audit::{AuditError, AuditLine, AuditLog, now_us};
 pub use file_store::FileRunLogStore;
 pub use redis_store::RedisRunLogStore;
 pub use retention::{MAX_REPORTED_RUNS, MAX_RUNS_PER_PRUNE, PruneReport, Retention, RetentionPolicy, Verdict};
+pub use run_stream::{
+    Contents, RESERVED_ID_PREFIX, STATUS_ID_PREFIX, batch_fingerprint, is_reserved, is_status, lines_of, status_event,
+};
 
 use crate::queue::Fence;
 use crate::redis_conn::{RedisAccess, RedisEndpoint};
-use crate::stream::{Event, SequenceToken, StreamId};
+use crate::stream::{SequenceToken, StreamId};
 
 /// `[archive]`: where the archiver keeps run logs. `Debug` shows
 /// `redis_url` without its password.
@@ -109,18 +113,6 @@ pub async fn open_store(options: &ArchiveOptions, access: &RedisAccess) -> Resul
 /// How many of a run's latest containers a store remembers the
 /// fingerprints of, to drop a producer's retried batch.
 pub const RECENT_BATCHES: usize = 128;
-
-/// A container's fingerprint: a hash of its events' ids, in order. A
-/// producer that retries a POST with the same ids (NDJSON `id`) sends the
-/// same fingerprint; generated ids never repeat.
-pub fn batch_fingerprint(events: &[Event]) -> u64 {
-    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-    for event in events {
-        hasher.update(event.id.as_str().as_bytes());
-        hasher.update(&[0]);
-    }
-    hasher.digest()
-}
 
 /// The namespace of run logs.
 pub const LOGS_NAMESPACE: &str = "logs";
@@ -440,14 +432,6 @@ pub trait RunLogStore: Send + Sync + 'static {
     /// it and its status did not change since it was chosen; a removed run
     /// reads as never seen, and a pipeline whose last run went is unknown.
     async fn prune(&self, policy: &RetentionPolicy, now_ms: u64) -> Result<PruneReport, StoreError>;
-}
-
-/// The log lines an event carries: its payload split at `\n` (a final
-/// newline ends the last line; a `\r` before a newline is dropped). The
-/// archiver and the SSE edge count offsets with this same function.
-pub fn lines_of(text: &str) -> impl Iterator<Item = &str> {
-    let text = text.strip_suffix('\n').unwrap_or(text);
-    text.split('\n').map(|line| line.strip_suffix('\r').unwrap_or(line))
 }
 
 #[cfg(test)]

@@ -21,7 +21,9 @@ use crate::pubsub::{StartPosition, Subscription, SubscriptionId};
 use crate::stream::StreamId;
 use crate::tasks::Tasks;
 
-/// Messages of the pulling agent.
+/// Messages of the pulling agent: the runtime's wiring, not the API (tests
+/// drive an agent through them).
+#[doc(hidden)]
 pub enum AgentMsg {
     /// Attach a subscription (from `subscribe` or a re-attach); answers with
     /// the concrete start position once its cursor is in place.
@@ -50,6 +52,7 @@ pub enum AgentMsg {
 }
 
 /// An internal message of the agent (not constructible outside the crate).
+#[doc(hidden)]
 pub struct Internal(pub(super) InternalMsg);
 
 /// Completions and timers, sent by the agent to itself.

@@ -81,7 +81,8 @@ impl Default for AgentOptions {
     }
 }
 
-/// What every agent of a node uses.
+/// What every agent of a node uses: the runtime's wiring, not the API.
+#[doc(hidden)]
 #[derive(Clone)]
 pub struct AgentServices {
     /// The node the agent runs on.

@@ -1,67 +1,18 @@
 //! The archiver: the run log store's one writer, as the implicit
-//! subscriber of the `logs` namespace; what a run's stream carries (lines
-//! and status changes, in order); and the read-only view the edge gets.
+//! subscriber of the `logs` namespace, and the read-only view the edge
+//! gets. What a run's stream carries is `run_stream`'s.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{
-    Append, InvalidName, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError, batch_fingerprint, lines_of,
-};
+use super::run_stream::{Contents, batch_fingerprint};
+use super::{Append, InvalidName, RunInfo, RunKey, RunLogStore, RunSummary, StoreError};
 use crate::pubsub::{
     ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionInfo,
 };
-use crate::stream::{Event, EventId, StreamId};
+use crate::stream::StreamId;
 use crate::telemetry;
-
-/// Event ids that start with this carry a run's status change, not lines
-/// (producers may not use it for their own ids; ingest refuses them).
-pub const STATUS_ID_PREFIX: &str = "tailrace:status:";
-
-/// The event that sets a run's status to `state`. Produced to the run's
-/// stream like its lines, so the change is stored, and reaches viewers,
-/// after every line produced before it.
-pub fn status_event(state: RunState) -> Event {
-    Event::new(EventId::new(format!("{STATUS_ID_PREFIX}{:016x}", rand::random::<u64>())), state.as_str())
-}
-
-/// Whether `event` is a status change (see [`status_event`]).
-pub fn is_status(event: &Event) -> bool {
-    event.id.as_str().starts_with(STATUS_ID_PREFIX)
-}
-
-/// What a container of a run's stream says: the texts of its line events,
-/// in order, and the last status change it carries (a status event whose
-/// payload is not a state is ignored).
-pub struct Contents<'a> {
-    /// One text per line event (each may hold several lines).
-    pub texts: Vec<std::borrow::Cow<'a, str>>,
-    /// The last status set.
-    pub status: Option<RunState>,
-}
-
-impl<'a> Contents<'a> {
-    /// Reads `events`.
-    pub fn of(events: &'a [Event]) -> Self {
-        let mut contents = Contents { texts: Vec::new(), status: None };
-        for event in events {
-            if is_status(event) {
-                if let Some(state) = std::str::from_utf8(&event.payload).ok().and_then(RunState::parse) {
-                    contents.status = Some(state);
-                }
-            } else {
-                contents.texts.push(String::from_utf8_lossy(&event.payload));
-            }
-        }
-        contents
-    }
-
-    /// The lines, in order (see [`lines_of`]).
-    pub fn lines(&self) -> impl Iterator<Item = &str> {
-        self.texts.iter().flat_map(|t| lines_of(t))
-    }
-}
 
 /// The run log store as the edge sees it: read-only. The archiver is the
 /// store's one writer; a reader comes from [`Archiver::reader`].

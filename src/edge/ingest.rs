@@ -28,7 +28,7 @@ use super::LogEdge;
 use super::body::IngestBody;
 use super::incident::{self, store_unavailable};
 use super::problem::{ApiError, problem, run_key};
-use crate::archive::{RunKey, RunState, lines_of, status_event};
+use crate::archive::{RESERVED_ID_PREFIX, RunKey, RunState, is_reserved, lines_of, status_event};
 use crate::config::secs;
 use crate::queue::QueueError;
 use crate::stream::{Event, EventId, SequenceToken, now_ms};
@@ -36,10 +36,6 @@ use crate::telemetry;
 
 /// How often `PUT …/status` looks whether its change was stored.
 const STORED_POLL: Duration = Duration::from_millis(10);
-
-/// Producer ids may not start with this: the run's stream uses such ids
-/// for its own records (status changes).
-const RESERVED_ID_PREFIX: &str = "tailrace:";
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -91,7 +87,7 @@ fn parse_lines(headers: &HeaderMap, body: &[u8], max: usize) -> Result<Vec<(Stri
             if parsed.id.as_ref().is_some_and(|id| id.is_empty() || id.len() > 256) {
                 return Err(problem(StatusCode::BAD_REQUEST, format!("line {}: an id must be 1 to 256 bytes", n + 1)));
             }
-            if parsed.id.as_ref().is_some_and(|id| id.starts_with(RESERVED_ID_PREFIX)) {
+            if parsed.id.as_deref().is_some_and(is_reserved) {
                 let message = format!("line {}: ids starting with `{RESERVED_ID_PREFIX}` are reserved", n + 1);
                 return Err(problem(StatusCode::BAD_REQUEST, message));
             }
