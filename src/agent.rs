@@ -52,7 +52,7 @@ use crate::stream::{BatchContainer, QueueId, StreamId};
 use calls::RetryLimits;
 use delivery::{Delivered, Dispatch, Settled};
 use messages::{InternalMsg, Outbox};
-use pump::{AfterRead, Io, Pump, PumpError, PumpOutcome, Pumped, Tick};
+use pump::{AfterRead, Io, Pump, PumpError, PumpOutcome, PumpWork, Pumped, Tick};
 use shutdown::Shutdown;
 use status::AgentMetrics;
 use streams::{Next, Streams};
@@ -260,7 +260,6 @@ impl Agent {
         let mut purged = self.cache.purge();
         self.pump.take_redelivered(&mut purged);
         self.status.acked += purged.acked.len() as u64;
-        let progress = self.cache.progress();
         let paused = self.cache.is_under_pressure() || self.streams.len() >= options.max_streams;
         let room = self.cache.max_add_count();
         // Rewinds wait for a receiver that initialized (a failed initialize
@@ -269,8 +268,8 @@ impl Agent {
             true => self.streams.take_rewinds(options.max_rewinds_per_pump, room),
             false => Vec::new(),
         };
-        let run = self.pump.begin(self.queue, options.init_timeout, purged, progress, rewinds, paused, room);
-        let Some(run) = run else { return };
+        let work = PumpWork { purged, progress: self.cache.progress(), rewinds, paused, room };
+        let Some(run) = self.pump.begin(self.queue, options.init_timeout, work) else { return };
         if run.reads() {
             self.status.read_calls += 1;
         }

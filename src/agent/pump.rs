@@ -117,6 +117,21 @@ pub(crate) struct PumpRun {
     job: PumpJob,
 }
 
+/// What the agent asks of one pump.
+pub(crate) struct PumpWork {
+    /// What every cursor passed (to ack) or gave up (to report failed).
+    pub purged: Purged,
+    /// The delivery progress to checkpoint, if known.
+    pub progress: Option<SequenceToken>,
+    /// Streams to serve from before the live position.
+    pub rewinds: Vec<RewindJob>,
+    /// No read this time: the cache is under pressure or full of streams.
+    pub paused: bool,
+    /// Containers the cache has room for.
+    pub room: usize,
+}
+
+/// The work as the pump's task runs it.
 struct PumpJob {
     queue: QueueId,
     initialize: bool,
@@ -227,17 +242,9 @@ impl Pump {
     /// Lends the receiver to one pump: ack `purged`, record `progress`,
     /// serve `rewinds`, then read up to `room` containers unless `paused`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn begin(
-        &mut self,
-        queue: QueueId,
-        init_timeout: Duration,
-        purged: Purged,
-        progress: Option<SequenceToken>,
-        rewinds: Vec<RewindJob>,
-        paused: bool,
-        room: usize,
-    ) -> Option<PumpRun> {
+    pub(crate) fn begin(&mut self, queue: QueueId, init_timeout: Duration, work: PumpWork) -> Option<PumpRun> {
         let io = self.io.take()?;
+        let PumpWork { purged, progress, rewinds, paused, room } = work;
         self.blocked = paused;
         self.in_flight = true;
         let read_max = if paused { 0 } else { room };
