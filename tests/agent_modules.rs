@@ -1,7 +1,8 @@
 //! The pulling agent's parts (`src/agent/*.rs`) form a graph that reads one
 //! way: no part names the agent itself (`agent.rs`) and no two parts import
 //! each other in a circle. Read from the `super::…` and `crate::agent::…`
-//! paths in each file.
+//! paths in each file. The edge's tailer is owned one way too: its table
+//! holds it, and it never names the table.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -103,4 +104,34 @@ fn the_checks_see_circles_and_reaching_back() {
     let line: BTreeMap<String, Vec<String>> =
         [("a".into(), vec!["b".into()]), ("b".into(), vec![])].into_iter().collect();
     assert!(find_cycle(&line).is_none());
+}
+
+/// The code of `text` without comments and without the lines that declare
+/// or re-export the table's module (`mod runs;`, `use runs::Runs;`).
+fn code_naming(text: &str, word: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.starts_with("//") && *line != "mod runs;" && !line.ends_with("use runs::Runs;"))
+        .filter(|line| line.split(|c: char| !c.is_alphanumeric() && c != '_').any(|w| w == word))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_tailer_knows_nothing_of_the_table_that_owns_it() {
+    // The table (`edge/tailer/runs.rs`) holds its tailers and frees their
+    // slots; the tailer and its other parts never reach back to it.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/edge");
+    let mut checked = 0;
+    for file in ["tailer.rs", "tailer/lifecycle.rs", "tailer/consumer.rs"] {
+        let text = std::fs::read_to_string(root.join(file)).expect("a readable source file");
+        for word in ["Runs", "runs"] {
+            let lines = code_naming(&text, word);
+            assert!(lines.is_empty(), "edge/{file} names the tailers' table: {lines:?}");
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 3);
+    let sample = "mod runs;\npub(crate) use runs::Runs;\n/// the Runs table\nruns: Weak<Runs>,";
+    assert_eq!(code_naming(sample, "Runs"), ["runs: Weak<Runs>,"], "the check sees a reference back");
 }

@@ -25,13 +25,16 @@
 //! The parts: `runs.rs` is the node's table of tailers (admission under
 //! `max_active_runs`) and the task each tailer runs; `lifecycle.rs` is one
 //! tailer's state machine (live, the timer's checks, the end);
-//! `consumer.rs` is the tailer as the stream's subscriber.
+//! `consumer.rs` is the tailer as the stream's subscriber. Ownership goes
+//! one way: the table holds its tailers and runs each one's task, which
+//! alone frees the tailer's slot and ends its subscription once it ended;
+//! a tailer knows nothing of the table.
 
 mod consumer;
 mod lifecycle;
 mod runs;
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -115,7 +118,6 @@ struct State {
 /// See the module documentation.
 pub(crate) struct Tailer {
     key: RunKey,
-    runs: Weak<Runs>,
     settings: Arc<LogStreamSettings>,
     state: Mutex<State>,
     phase: watch::Sender<Phase>,
@@ -124,7 +126,7 @@ pub(crate) struct Tailer {
 }
 
 impl Tailer {
-    fn new(key: RunKey, runs: Weak<Runs>, settings: Arc<LogStreamSettings>) -> Arc<Self> {
+    fn new(key: RunKey, settings: Arc<LogStreamSettings>) -> Arc<Self> {
         let now = Instant::now();
         let state = State {
             phase: Phase::Starting,
@@ -147,7 +149,6 @@ impl Tailer {
         };
         Arc::new(Self {
             key,
-            runs,
             settings,
             state: Mutex::new(state),
             phase: watch::channel(Phase::Starting).0,

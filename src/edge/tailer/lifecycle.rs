@@ -35,8 +35,6 @@ impl Tailer {
         let mut state = self.state.lock();
         state.subscription = Some(handle);
         if state.phase == Phase::Ended {
-            drop(state);
-            self.release();
             return false;
         }
         state.phase = Phase::Live;
@@ -148,8 +146,8 @@ impl Tailer {
     }
 
     /// Ends the tailer: viewers get what they have not pulled yet of the
-    /// window, then the terminal frame (if any); the run slot and the
-    /// subscription are released at once.
+    /// window, then the terminal frame (if any). Its table sees the end and
+    /// frees the run slot and the subscription.
     pub(super) fn end(self: &Arc<Self>, mut state: MutexGuard<'_, State>, ending: Option<Ending>) {
         if state.phase == Phase::Ended {
             return;
@@ -175,20 +173,15 @@ impl Tailer {
         if let Some(reason) = &ending {
             tracing::debug!(run = %self.key, ?reason, "tailer ended");
         }
-        self.release();
     }
 
-    /// Frees the run slot and ends the subscription (if it was made).
-    pub(super) fn release(self: &Arc<Self>) {
-        let Some(runs) = self.runs.upgrade() else { return };
-        runs.release(self);
-        if let Some(handle) = self.state.lock().subscription.take() {
-            let tasks = runs.tasks.clone();
-            tasks.spawn("tailer unsubscribe", async move {
-                if let Err(error) = runs.node.unsubscribe(&handle).await {
-                    tracing::warn!(%error, "could not end a tailer's subscription");
-                }
-            });
-        }
+    /// The subscription, once the tailer ended (for its table to end it).
+    pub(super) fn take_subscription(&self) -> Option<SubscriptionHandle> {
+        self.state.lock().subscription.take()
+    }
+
+    /// Resolves once the tailer ended.
+    pub(super) async fn ended(&self) {
+        let _ = self.phase.subscribe().wait_for(|phase| *phase == Phase::Ended).await;
     }
 }

@@ -68,26 +68,24 @@ impl Runs {
             let idle = tailers.values().filter(|t| t.is_lingering()).min_by_key(|t| t.empty_since()).cloned();
             if let Some(idle) = idle {
                 tailers.remove(&idle.key);
-                // Ending it releases its slot, which takes this lock.
-                drop(tailers);
                 idle.unwatched();
-                tailers = self.tailers.lock();
             }
         }
         if tailers.len() >= self.settings.max_active_runs {
             return None;
         }
-        let tailer = Tailer::new(key.clone(), Arc::downgrade(self), self.settings.clone());
+        let tailer = Tailer::new(key.clone(), self.settings.clone());
         tailer.join();
         tailers.insert(key.clone(), tailer.clone());
         metrics::gauge!(telemetry::EDGE_RUNS).set(tailers.len() as f64);
         drop(tailers);
         let span = tracing::info_span!("tailer", node = %self.node.id(), run = %key);
-        self.tasks.spawn("tailer", tracing::Instrument::instrument(start(self.clone(), tailer.clone()), span));
+        self.tasks.spawn("tailer", tracing::Instrument::instrument(run(self.clone(), tailer.clone()), span));
         Some(tailer)
     }
 
-    pub(super) fn release(&self, tailer: &Arc<Tailer>) {
+    /// Frees an ended tailer's slot (if it still holds it).
+    fn release(&self, tailer: &Arc<Tailer>) {
         let mut tailers = self.tailers.lock();
         if tailers.get(&tailer.key).is_some_and(|t| Arc::ptr_eq(t, tailer)) {
             tailers.remove(&tailer.key);
@@ -96,11 +94,25 @@ impl Runs {
     }
 }
 
+/// A tailer's whole life: it follows the run until it ends, then its slot
+/// is freed and its subscription ended, here and only here.
+async fn run(runs: Arc<Runs>, tailer: Arc<Tailer>) {
+    follow(&runs, &tailer).await;
+    tailer.ended().await;
+    runs.release(&tailer);
+    if let Some(handle) = tailer.take_subscription()
+        && let Err(error) = runs.node.unsubscribe(&handle).await
+    {
+        tracing::warn!(%error, "could not end a tailer's subscription");
+    }
+}
+
 /// Subscribes, learns the store's position, goes live, runs the timer;
-/// ends early when the edge stops.
-async fn start(runs: Arc<Runs>, tailer: Arc<Tailer>) {
+/// ends early when the edge stops. Returns once the tailer ended (or, after
+/// a subscribe the edge's stop overtook, is ending).
+async fn follow(runs: &Runs, tailer: &Arc<Tailer>) {
     let stop = runs.tasks.token().clone();
-    let consumer = Arc::new(TailerConsumer { tailer: Arc::downgrade(&tailer) });
+    let consumer = Arc::new(TailerConsumer { tailer: Arc::downgrade(tailer) });
     let handle = match runs.node.subscribe(&tailer.key.stream(), consumer, StartPosition::EarliestAvailable).await {
         Ok(handle) => handle,
         // Not attached in time says what to check; any other failure may
@@ -137,10 +149,8 @@ async fn start(runs: Arc<Runs>, tailer: Arc<Tailer>) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
+            _ = tailer.ended() => return,
             _ = stop.cancelled() => return tailer.stop(),
-        }
-        if tailer.phase() == Phase::Ended {
-            return;
         }
         tailer.cut_stalled();
         if tailer.linger_over() {
