@@ -90,23 +90,48 @@ enum Known {
     Unknown,
 }
 
+/// A tailer's state, by concern, under one mutex.
 struct State {
     phase: Phase,
+    /// What the store said of the run's status (probed by the timer).
+    known: Known,
+    subscription: Option<SubscriptionHandle>,
+    feed: Feed,
+    audience: Audience,
+    clock: Clock,
+    end: End,
+}
+
+/// The run's lines as the tailer has them.
+struct Feed {
+    /// The last token the store held when the tailer went live: containers
+    /// at or below it are in the store already.
     base_token: Option<SequenceToken>,
     last_token: Option<SequenceToken>,
     window: Window,
+    streamed_bytes: u64,
+    bytes_since_tick: u64,
+}
+
+/// Who watches.
+struct Audience {
     viewers: Vec<Arc<Viewer>>,
     /// Sessions that acquired the tailer and have not attached yet.
     joining: usize,
     /// Since when nobody watches (the tailer lingers, then ends).
     empty_since: Option<Instant>,
+}
+
+/// When things last happened, for the timer's checks.
+struct Clock {
     started_at: Instant,
     last_content_at: Instant,
     last_probe_at: Option<Instant>,
-    known: Known,
-    streamed_bytes: u64,
-    bytes_since_tick: u64,
-    subscription: Option<SubscriptionHandle>,
+}
+
+/// How it ended.
+#[derive(Default)]
+struct End {
     /// The frame viewers get once they have every line (set at the end).
     terminal: Option<Bytes>,
     /// Why the tailer completed, if it did (not stopped, not failed).
@@ -130,22 +155,18 @@ impl Tailer {
         let now = Instant::now();
         let state = State {
             phase: Phase::Starting,
-            base_token: None,
-            last_token: None,
-            window: Window::new(key.run(), 0, settings.max_replay_bytes),
-            viewers: Vec::new(),
-            joining: 0,
-            empty_since: None,
-            started_at: now,
-            last_content_at: now,
-            last_probe_at: None,
             known: Known::Running,
-            streamed_bytes: 0,
-            bytes_since_tick: 0,
             subscription: None,
-            terminal: None,
-            completed: None,
-            failure: None,
+            feed: Feed {
+                base_token: None,
+                last_token: None,
+                window: Window::new(key.run(), 0, settings.max_replay_bytes),
+                streamed_bytes: 0,
+                bytes_since_tick: 0,
+            },
+            audience: Audience { viewers: Vec::new(), joining: 0, empty_since: None },
+            clock: Clock { started_at: now, last_content_at: now, last_probe_at: None },
+            end: End::default(),
         };
         Arc::new(Self {
             key,
@@ -177,7 +198,7 @@ impl Tailer {
 
     /// The `error` frame if the tailer failed.
     pub(crate) fn failure(&self) -> Option<Bytes> {
-        self.state.lock().failure.clone()
+        self.state.lock().end.failure.clone()
     }
 
     /// Attaches `viewer`, which asks to start at `from`. Returns where it
@@ -195,37 +216,37 @@ impl Tailer {
             // store, so the viewer gets the whole log, never an empty one.
             StartAt::Unreadable => (0, true),
         };
-        state.joining = state.joining.saturating_sub(1);
-        state.empty_since = None;
+        state.audience.joining = state.audience.joining.saturating_sub(1);
+        state.audience.empty_since = None;
         viewer.progressed(at);
-        state.viewers.push(viewer.clone());
-        Some(Attached { at, truncated, replay_until: state.window.head() })
+        state.audience.viewers.push(viewer.clone());
+        Some(Attached { at, truncated, replay_until: state.feed.window.head() })
     }
 
     /// The next frame for a viewer that needs line `at` (see [`Pull`]).
     pub(crate) fn pull(&self, at: u64, replay_until: u64) -> Pull {
         let state = self.state.lock();
-        match state.window.read(at, replay_until) {
+        match state.feed.window.read(at, replay_until) {
             Read::Frame(frame, next) => Pull::Frame(frame, next),
             Read::Behind { until } => Pull::Behind { until },
-            Read::Head if state.phase == Phase::Ended => Pull::End(state.terminal.clone()),
+            Read::Head if state.phase == Phase::Ended => Pull::End(state.end.terminal.clone()),
             Read::Head => Pull::Wait,
         }
     }
 
     /// Why the tailer completed, once it did.
     pub(crate) fn completed(&self) -> Option<EndReason> {
-        self.state.lock().completed
+        self.state.lock().end.completed
     }
 
     /// The offset after the newest line.
     pub(crate) fn head(&self) -> u64 {
-        self.state.lock().window.head()
+        self.state.lock().feed.window.head()
     }
 
     /// The oldest offset the window holds.
     pub(crate) fn front(&self) -> u64 {
-        self.state.lock().window.front()
+        self.state.lock().feed.window.front()
     }
 
     /// A session leaves (its connection closed), attached or not. When
@@ -234,14 +255,14 @@ impl Tailer {
     pub(crate) fn leave(self: &Arc<Self>, viewer: Option<u64>, attached: bool) {
         let mut state = self.state.lock();
         match (attached, viewer) {
-            (true, Some(id)) => state.viewers.retain(|v| v.id() != id),
-            _ => state.joining = state.joining.saturating_sub(1),
+            (true, Some(id)) => state.audience.viewers.retain(|v| v.id() != id),
+            _ => state.audience.joining = state.audience.joining.saturating_sub(1),
         }
-        if state.viewers.is_empty() && state.joining == 0 && state.phase != Phase::Ended {
+        if state.audience.viewers.is_empty() && state.audience.joining == 0 && state.phase != Phase::Ended {
             if self.settings.linger_seconds <= 0.0 {
                 return self.end(state, None);
             }
-            state.empty_since = Some(Instant::now());
+            state.audience.empty_since = Some(Instant::now());
         }
     }
 }

@@ -24,27 +24,27 @@ impl Tailer {
         let mut published = false;
         for batch in batches {
             let stale = |t: Option<SequenceToken>| t.is_some_and(|t| t >= batch.token);
-            if stale(state.base_token) || stale(state.last_token) {
+            if stale(state.feed.base_token) || stale(state.feed.last_token) {
                 continue;
             }
-            state.last_token = Some(batch.token);
+            state.feed.last_token = Some(batch.token);
             let contents = Contents::of(&batch.events);
             if let Some(status) = contents.status {
                 // In order with the lines: every line before it was published.
                 state.known = if status.is_finished() { Known::Finished } else { Known::Running };
-                state.last_probe_at = Some(Instant::now());
+                state.clock.last_probe_at = Some(Instant::now());
             }
             if contents.texts.is_empty() {
                 continue;
             }
-            let bytes = state.window.push(contents.lines().map(str::to_string).collect()) as u64;
-            metrics::counter!(telemetry::EDGE_FRAMES).increment(state.viewers.len() as u64);
-            state.streamed_bytes += bytes;
-            state.bytes_since_tick += bytes;
-            state.last_content_at = Instant::now();
+            let bytes = state.feed.window.push(contents.lines().map(str::to_string).collect()) as u64;
+            metrics::counter!(telemetry::EDGE_FRAMES).increment(state.audience.viewers.len() as u64);
+            state.feed.streamed_bytes += bytes;
+            state.feed.bytes_since_tick += bytes;
+            state.clock.last_content_at = Instant::now();
             published = true;
         }
-        if state.streamed_bytes >= self.settings.max_stream_bytes {
+        if state.feed.streamed_bytes >= self.settings.max_stream_bytes {
             self.end(state, Some(Ending::Complete(EndReason::MaxBytes)));
         } else if published {
             drop(state);

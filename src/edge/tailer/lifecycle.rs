@@ -21,8 +21,8 @@ impl Tailer {
         if state.phase == Phase::Ended {
             return false;
         }
-        state.joining += 1;
-        state.empty_since = None;
+        state.audience.joining += 1;
+        state.audience.empty_since = None;
         true
     }
 
@@ -38,8 +38,8 @@ impl Tailer {
             return false;
         }
         state.phase = Phase::Live;
-        state.window = Window::new(self.key.run(), lines, self.settings.max_replay_bytes);
-        state.base_token = token;
+        state.feed.window = Window::new(self.key.run(), lines, self.settings.max_replay_bytes);
+        state.feed.base_token = token;
         drop(state);
         self.phase.send_replace(Phase::Live);
         true
@@ -49,11 +49,11 @@ impl Tailer {
         self.state.lock().subscription = Some(handle);
     }
     pub(super) fn is_lingering(&self) -> bool {
-        self.state.lock().empty_since.is_some()
+        self.state.lock().audience.empty_since.is_some()
     }
 
     pub(super) fn empty_since(&self) -> Option<Instant> {
-        self.state.lock().empty_since
+        self.state.lock().audience.empty_since
     }
 
     pub(super) fn linger_over(&self) -> bool {
@@ -71,8 +71,8 @@ impl Tailer {
     pub(super) fn cut_stalled(&self) {
         let limit = secs(self.settings.stall_timeout_seconds);
         let mut state = self.state.lock();
-        let head = state.window.head();
-        state.viewers.retain(|viewer| {
+        let head = state.feed.window.head();
+        state.audience.viewers.retain(|viewer| {
             let stalled = viewer.cursor() < head && viewer.stalled_for() >= limit;
             if stalled {
                 tracing::debug!(run = %self.key, viewer = viewer.id(), "viewer stalled; cutting it");
@@ -85,17 +85,17 @@ impl Tailer {
     pub(super) fn probe_due(&self) -> bool {
         let state = self.state.lock();
         state.known != Known::Finished
-            && state.bytes_since_tick == 0
-            && state.last_probe_at.is_none_or(|at| at.elapsed() >= secs(self.settings.run_probe_seconds))
+            && state.feed.bytes_since_tick == 0
+            && state.clock.last_probe_at.is_none_or(|at| at.elapsed() >= secs(self.settings.run_probe_seconds))
     }
 
     /// The status lookup's result: finished or not, with the lines the
     /// store held then; `None` without status.
     pub(super) fn probed(&self, finished: Option<(bool, u64)>) {
         let mut state = self.state.lock();
-        state.last_probe_at = Some(Instant::now());
+        state.clock.last_probe_at = Some(Instant::now());
         state.known = match finished {
-            Some((true, lines)) if state.window.head() >= lines => Known::Finished,
+            Some((true, lines)) if state.feed.window.head() >= lines => Known::Finished,
             Some(_) => Known::Running,
             None => Known::Unknown,
         };
@@ -104,12 +104,12 @@ impl Tailer {
     /// The first end condition that holds, OpenMetadata's order.
     pub(super) fn end_reason(&self) -> Option<EndReason> {
         let mut state = self.state.lock();
-        let quiet_tick = std::mem::take(&mut state.bytes_since_tick) == 0;
+        let quiet_tick = std::mem::take(&mut state.feed.bytes_since_tick) == 0;
         let settings = &self.settings;
-        let quiet_for = state.last_content_at.elapsed();
-        if state.streamed_bytes >= settings.max_stream_bytes {
+        let quiet_for = state.clock.last_content_at.elapsed();
+        if state.feed.streamed_bytes >= settings.max_stream_bytes {
             Some(EndReason::MaxBytes)
-        } else if state.started_at.elapsed() >= secs(settings.max_stream_seconds) {
+        } else if state.clock.started_at.elapsed() >= secs(settings.max_stream_seconds) {
             Some(EndReason::MaxDuration)
         } else if quiet_for >= secs(settings.max_idle_seconds) {
             Some(EndReason::IdleTimeout)
@@ -153,20 +153,20 @@ impl Tailer {
             return;
         }
         state.phase = Phase::Ended;
-        let head = state.window.head();
-        state.completed = match &ending {
+        let head = state.feed.window.head();
+        state.end.completed = match &ending {
             Some(Ending::Complete(reason)) => Some(*reason),
             _ => None,
         };
-        state.terminal = match &ending {
+        state.end.terminal = match &ending {
             Some(Ending::Complete(reason)) => Some(frames::complete(self.key.run(), Some(head), *reason)),
             Some(Ending::Error(message)) => Some(frames::error(self.key.run(), message)),
             None => None,
         };
         if let Some(Ending::Error(_)) = &ending {
-            state.failure = state.terminal.clone();
+            state.end.failure = state.end.terminal.clone();
         }
-        state.viewers.clear();
+        state.audience.viewers.clear();
         drop(state);
         self.phase.send_replace(Phase::Ended);
         self.version.send_modify(|v| *v += 1);
