@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use tokio::sync::Notify;
 
 use super::run_stream::{Contents, batch_fingerprint};
 use super::{Append, InvalidName, RunInfo, RunKey, RunLogStore, RunSummary, StoreError};
@@ -90,12 +91,20 @@ impl RunLogReader {
 /// ```
 pub struct Archiver {
     store: Arc<dyn RunLogStore>,
+    /// Woken after every delivery stored.
+    stored: Arc<Notify>,
 }
 
 impl Archiver {
     /// Archives into `store`.
     pub fn new(store: Arc<dyn RunLogStore>) -> Arc<Self> {
-        Arc::new(Self { store })
+        Arc::new(Self { store, stored: Arc::new(Notify::new()) })
+    }
+
+    /// Woken (`notify_waiters`) each time this process's archiver stored a
+    /// delivery: a waiter arms it, looks at the store, then waits.
+    pub(crate) fn stored(&self) -> &Notify {
+        &self.stored
     }
 
     /// Makes `run` (and its pipeline) known before anything of it is
@@ -116,13 +125,18 @@ impl ConsumerFactory for Archiver {
     }
 
     fn create(&self, stream: &StreamId) -> Arc<dyn StreamConsumer> {
-        Arc::new(ArchiverConsumer { run: RunKey::from_stream(stream), store: self.store.clone() })
+        Arc::new(ArchiverConsumer {
+            run: RunKey::from_stream(stream),
+            store: self.store.clone(),
+            stored: self.stored.clone(),
+        })
     }
 }
 
 struct ArchiverConsumer {
     run: Result<RunKey, InvalidName>,
     store: Arc<dyn RunLogStore>,
+    stored: Arc<Notify>,
 }
 
 impl ArchiverConsumer {
@@ -163,6 +177,7 @@ impl StreamConsumer for ArchiverConsumer {
                 metrics::counter!(telemetry::ARCHIVE_LINES).increment(lines.len() as u64);
             }
         }
+        self.stored.notify_waiters();
         Ok(DeliveryOutcome::Continue)
     }
 }

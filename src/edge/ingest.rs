@@ -34,8 +34,9 @@ use crate::queue::QueueError;
 use crate::stream::{Event, EventId, SequenceToken, now_ms};
 use crate::telemetry;
 
-/// How often `PUT …/status` looks whether its change was stored.
-const STORED_POLL: Duration = Duration::from_millis(10);
+/// How often `PUT …/status` looks whether its change was stored by an
+/// archiver on another node (this node's wakes it at once).
+const STORED_POLL: Duration = Duration::from_millis(100);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -184,18 +185,25 @@ pub(crate) async fn put_status(
 }
 
 /// Whether the archiver stored the container `token` of `run` within
-/// `wait` (a store that cannot answer counts as not yet).
+/// `wait` (a store that cannot answer counts as not yet). This process's
+/// archiver wakes the wait as it stores; one on another node (the node
+/// that owns the run's queue) is looked for every [`STORED_POLL`].
 async fn stored_within(edge: &LogEdge, run: &RunKey, token: SequenceToken, wait: Duration) -> bool {
     let deadline = Instant::now() + wait;
     loop {
+        // Armed before the look, so a store between the two still wakes it.
+        let stored = edge.archiver.stored().notified();
+        tokio::pin!(stored);
+        stored.as_mut().enable();
         if let Ok(Some(info)) = edge.store.info(run).await
             && info.last_token.is_some_and(|last| last >= token)
         {
             return true;
         }
-        if Instant::now() + STORED_POLL > deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return false;
         }
-        tokio::time::sleep(STORED_POLL).await;
+        let _ = tokio::time::timeout((deadline - now).min(STORED_POLL), stored).await;
     }
 }
