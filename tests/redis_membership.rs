@@ -175,7 +175,22 @@ async fn a_settled_membership_costs_one_command_per_node_and_heartbeat() {
     // other commands are the ones the script runs inside.
     let scripts = spent("evalsha") + spent("eval");
     assert!((3..=3 * beats).contains(&scripts), "{scripts} script calls for 3 nodes × {beats} heartbeats");
-    let inside = ["time", "zrangebyscore", "zrem", "hdel", "hget", "hset", "zadd", "get", "set", "hgetall", "info"];
+    let inside = [
+        "time",
+        "zrangebyscore",
+        "zrem",
+        "hdel",
+        "hget",
+        "hset",
+        "zadd",
+        "zcard",
+        "hlen",
+        "zscore",
+        "get",
+        "set",
+        "hgetall",
+        "info",
+    ];
     let outside: Vec<(&String, u64)> = after
         .keys()
         .filter(|name| !inside.contains(&name.as_str()) && !name.starts_with("eval"))
@@ -187,4 +202,24 @@ async fn a_settled_membership_costs_one_command_per_node_and_heartbeat() {
     for (_, view) in &nodes {
         assert_eq!(view.live().len(), 3);
     }
+}
+
+#[tokio::test]
+async fn a_record_whose_deadline_was_lost_is_nobodys() {
+    let server = RedisServer::start();
+    let (ghost, _) = join(&server, "a").await.unwrap();
+    let (b, view_b) = join(&server, "b").await.unwrap();
+    let (_stop, _task) = run(&b);
+    wait_view(&view_b, &["a", "b"]).await;
+    // The deadlines go (evicted, or deleted by hand) while the records stay,
+    // and a's process is gone: a must not stay a member, nor hold its name.
+    let _: i64 =
+        redis::cmd("DEL").arg("{tailrace:membership}:deadlines").query_async(&mut conn(&server).await).await.unwrap();
+    drop(ghost);
+    wait_view(&view_b, &["b"]).await;
+    let records: i64 = redis::cmd("HLEN").arg(b.records_key()).query_async(&mut conn(&server).await).await.unwrap();
+    assert_eq!(records, 1, "the lost record is dropped");
+    let (again, _) = join(&server, "a").await.expect("the name is free again");
+    assert!(!again.incarnation().is_empty());
+    wait_view(&view_b, &["a", "b"]).await;
 }

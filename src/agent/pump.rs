@@ -241,7 +241,6 @@ impl Pump {
 
     /// Lends the receiver to one pump: ack `purged`, record `progress`,
     /// serve `rewinds`, then read up to `room` containers unless `paused`.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn begin(&mut self, queue: QueueId, init_timeout: Duration, work: PumpWork) -> Option<PumpRun> {
         let io = self.io.take()?;
         let PumpWork { purged, progress, rewinds, paused, room } = work;

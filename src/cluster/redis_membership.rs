@@ -67,7 +67,8 @@ pub enum MembershipError {
 /// The heartbeat, on KEYS = records, deadlines, version. ARGV: name
 /// (empty: only read), incarnation, agents, advertise, TTL ms, the version
 /// the caller saw. Answers `{'taken', incarnation}`, `{'same', version}` or
-/// `{'view', version, {name, record, …}}`.
+/// `{'view', version, {name, record, …}}`. A record whose deadline is
+/// missing counts as lapsed.
 const HEARTBEAT: &str = r"
 pcall(redis.replicate_commands)
 local t = redis.call('TIME')
@@ -82,7 +83,7 @@ if ARGV[1] ~= '' then
   local held = redis.call('HGET', KEYS[1], ARGV[1])
   if held then
     local incarnation = string.match(held, '^([^|]*)')
-    if incarnation ~= ARGV[2] then
+    if incarnation ~= ARGV[2] and redis.call('ZSCORE', KEYS[2], ARGV[1]) then
       return {'taken', incarnation, {}}
     end
   end
@@ -93,6 +94,10 @@ if ARGV[1] ~= '' then
   end
   redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[1])
 end
+-- More records than deadlines: some record lost its deadline (below).
+if redis.call('ZCARD', KEYS[2]) ~= redis.call('HLEN', KEYS[1]) then
+  changed = true
+end
 local version = redis.call('GET', KEYS[3])
 if changed or not version then
   version = tostring(math.max(now, tonumber(version or '0') + 1))
@@ -101,7 +106,22 @@ end
 if version == ARGV[6] then
   return {'same', version, {}}
 end
-return {'view', version, redis.call('HGETALL', KEYS[1])}";
+-- A record without a deadline (its key was lost apart from the records)
+-- is nobody's: drop it rather than keep a member that never lapses, under
+-- a new version, so every node reads the records again.
+local records = redis.call('HGETALL', KEYS[1])
+local live = {}
+for i = 1, #records, 2 do
+  if redis.call('ZSCORE', KEYS[2], records[i]) then
+    live[#live + 1] = records[i]
+    live[#live + 1] = records[i + 1]
+  else
+    redis.call('HDEL', KEYS[1], records[i])
+    version = tostring(tonumber(version) + 1)
+    redis.call('SET', KEYS[3], version)
+  end
+end
+return {'view', version, live}";
 
 /// Removes ARGV[1]'s record (KEYS as [`HEARTBEAT`]) if incarnation ARGV[2]
 /// holds it. 1 if it did.
