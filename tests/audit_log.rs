@@ -15,9 +15,14 @@ use tailrace::pubsub::{ConsumerFactory, Delivery, SubscriptionId};
 use tailrace::queue::Fence;
 use tailrace::stream::{BatchContainer, NodeId, SequenceToken, StreamId};
 
+/// The complete lines of the audit file: a line the node is still
+/// writing (no newline yet) is not one.
 fn lines(path: &std::path::Path) -> Vec<AuditLine> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines().map(|l| AuditLine::parse(l).unwrap_or_else(|e| panic!("`{l}`: {e}"))).collect()
+    text.split_inclusive('\n')
+        .filter_map(|l| l.strip_suffix('\n'))
+        .map(|l| AuditLine::parse(l).unwrap_or_else(|e| panic!("`{l}`: {e}")))
+        .collect()
 }
 
 #[tokio::test]

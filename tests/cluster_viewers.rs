@@ -185,7 +185,8 @@ async fn life(graceful: bool) {
     // have delivered some twice: at least once; a graceful leave, once).
     let entries: Vec<(String, String)> = std::fs::read_to_string(&audit_path)
         .unwrap()
-        .lines()
+        .split_inclusive('\n')
+        .filter_map(|l| l.strip_suffix('\n')) // a line still being written is not one yet
         .map(|l| AuditLine::parse(l).unwrap())
         .map(|a| (a.stream, a.event))
         .collect();
