@@ -35,10 +35,11 @@ impl Io {
     /// The queue's receiver and its checkpoint, both fenced with the
     /// agent's lease token when it has one.
     pub(crate) async fn open(services: &AgentServices, queue: QueueId) -> Result<Self, ActorProcessingErr> {
-        let receiver = services.adapter.create_receiver(queue, Fence::from(services.lease_token)).await?;
+        let fence = Fence::from(services.lease_token);
+        let receiver = services.adapter.create_receiver(queue, fence).await?;
         let checkpoint = QueueCheckpoint::load(services.checkpointer.clone(), queue, services.checkpoint.clone())
             .await?
-            .fenced(Fence::from(services.lease_token));
+            .fenced(fence);
         Ok(Self { receiver, checkpoint })
     }
 }

@@ -64,26 +64,53 @@ pub enum MembershipError {
     },
 }
 
+/// What both scripts start with: effects replication, Redis' clock in ms
+/// (`now`), and `bump()`, which sets a new version of the records (later
+/// than every earlier one, even after Redis restarts) and answers it.
+macro_rules! membership_prelude {
+    () => {
+        r"
+pcall(redis.replicate_commands)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function bump()
+  local version = tostring(math.max(now, tonumber(redis.call('GET', KEYS[3]) or '0') + 1))
+  redis.call('SET', KEYS[3], version)
+  return version
+end
+"
+    };
+}
+
 /// The heartbeat, on KEYS = records, deadlines, version. ARGV: name
 /// (empty: only read), incarnation, agents, advertise, TTL ms, the version
 /// the caller saw. Answers `{'taken', incarnation}`, `{'same', version}` or
 /// `{'view', version, {name, record, …}}`. A record whose deadline is
 /// missing counts as lapsed.
-const HEARTBEAT: &str = r"
-pcall(redis.replicate_commands)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+const HEARTBEAT: &str = concat!(
+    membership_prelude!(),
+    r"
 local changed = false
 for _, name in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
   redis.call('ZREM', KEYS[2], name)
   redis.call('HDEL', KEYS[1], name)
   changed = true
 end
+-- A record whose deadline went (evicted, deleted by hand) is nobody's:
+-- drop it rather than keep a member that never lapses.
+if redis.call('ZCARD', KEYS[2]) ~= redis.call('HLEN', KEYS[1]) then
+  for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if not redis.call('ZSCORE', KEYS[2], name) then
+      redis.call('HDEL', KEYS[1], name)
+      changed = true
+    end
+  end
+end
 if ARGV[1] ~= '' then
   local held = redis.call('HGET', KEYS[1], ARGV[1])
   if held then
     local incarnation = string.match(held, '^([^|]*)')
-    if incarnation ~= ARGV[2] and redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+    if incarnation ~= ARGV[2] then
       return {'taken', incarnation, {}}
     end
   end
@@ -94,49 +121,30 @@ if ARGV[1] ~= '' then
   end
   redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[1])
 end
--- More records than deadlines: some record lost its deadline (below).
-if redis.call('ZCARD', KEYS[2]) ~= redis.call('HLEN', KEYS[1]) then
-  changed = true
-end
 local version = redis.call('GET', KEYS[3])
 if changed or not version then
-  version = tostring(math.max(now, tonumber(version or '0') + 1))
-  redis.call('SET', KEYS[3], version)
+  version = bump()
 end
 if version == ARGV[6] then
   return {'same', version, {}}
 end
--- A record without a deadline (its key was lost apart from the records)
--- is nobody's: drop it rather than keep a member that never lapses, under
--- a new version, so every node reads the records again.
-local records = redis.call('HGETALL', KEYS[1])
-local live = {}
-for i = 1, #records, 2 do
-  if redis.call('ZSCORE', KEYS[2], records[i]) then
-    live[#live + 1] = records[i]
-    live[#live + 1] = records[i + 1]
-  else
-    redis.call('HDEL', KEYS[1], records[i])
-    version = tostring(tonumber(version) + 1)
-    redis.call('SET', KEYS[3], version)
-  end
-end
-return {'view', version, live}";
+return {'view', version, redis.call('HGETALL', KEYS[1])}"
+);
 
 /// Removes ARGV[1]'s record (KEYS as [`HEARTBEAT`]) if incarnation ARGV[2]
 /// holds it. 1 if it did.
-const LEAVE: &str = r"
-pcall(redis.replicate_commands)
+const LEAVE: &str = concat!(
+    membership_prelude!(),
+    r"
 local held = redis.call('HGET', KEYS[1], ARGV[1])
 if held and string.match(held, '^([^|]*)') == ARGV[2] then
   redis.call('HDEL', KEYS[1], ARGV[1])
   redis.call('ZREM', KEYS[2], ARGV[1])
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('SET', KEYS[3], tostring(math.max(now, tonumber(redis.call('GET', KEYS[3]) or '0') + 1)))
+  bump()
   return 1
 end
-return 0";
+return 0"
+);
 
 /// What a heartbeat answered.
 enum Beat {
