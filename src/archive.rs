@@ -29,6 +29,7 @@ mod run_stream;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -381,16 +382,53 @@ impl Append {
     }
 }
 
+/// How often [`RunLogStore::wait_stored`] looks when nothing tells it of
+/// writes.
+pub const STORED_POLL: Duration = Duration::from_millis(100);
+
+/// Looks at `run` in `store` until it holds `token` or `within` passed. Each
+/// look is preceded by `arm()`, a wait that ends when the run may have
+/// changed (`None`: none, look again after [`STORED_POLL`]); arming first
+/// means a write between the arm and the look still ends the wait.
+pub(crate) async fn stored_within<S, W>(
+    store: &S,
+    run: &RunKey,
+    token: SequenceToken,
+    within: Duration,
+    mut arm: impl FnMut() -> Option<W> + Send,
+) -> bool
+where
+    S: RunLogStore + ?Sized,
+    W: std::future::Future<Output = ()> + Send,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let changed = arm();
+        if let Ok(Some(info)) = store.info(run).await
+            && info.last_token.is_some_and(|last| last >= token)
+        {
+            return true;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        let left = deadline - now;
+        match changed {
+            Some(changed) => drop(tokio::time::timeout(left, changed).await),
+            None => tokio::time::sleep(left.min(STORED_POLL)).await,
+        }
+    }
+}
+
 /// Where run logs and statuses are kept. Lines are addressed by their
 /// zero-based offset in the run's log.
 #[async_trait]
 pub trait RunLogStore: Send + Sync + 'static {
-    /// Records that `run` exists (the pipeline and run become known).
-    async fn ensure_run(&self, run: &RunKey) -> Result<(), StoreError>;
-
     /// Appends `lines` as the container `token` unless the run already
-    /// holds it or a later one (then nothing changes). Returns whether the
-    /// lines were appended. Atomic: after a crash either all the lines and
+    /// holds it or a later one (then nothing changes), creating the run
+    /// (and its pipeline) at its first container, even one with no lines
+    /// (a status change). Returns whether lines were appended. Atomic: after a crash either all the lines and
     /// the token are stored or none. `how` says under which fence (a store
     /// that can fence refuses it with [`StoreError::Fenced`] once a writer
     /// with a newer token appended to the run) and, for a producer's batch,
@@ -406,6 +444,16 @@ pub trait RunLogStore: Send + Sync + 'static {
 
     /// What the store knows of `run`; `None` if it was never seen.
     async fn info(&self, run: &RunKey) -> Result<Option<RunInfo>, StoreError>;
+
+    /// Waits until `run` holds the container `token` (or a later one), for
+    /// at most `within`; whether it does (a store that cannot answer counts
+    /// as not yet). The default looks at [`info`](Self::info) every
+    /// [`STORED_POLL`]; the stores of this crate are told of writes (the
+    /// file store of its own, the Redis store of any node's, by client-side
+    /// tracking of the run's key) and answer as the container lands.
+    async fn wait_stored(&self, run: &RunKey, token: SequenceToken, within: Duration) -> bool {
+        stored_within(self, run, token, within, || None::<std::future::Pending<()>>).await
+    }
 
     /// Lines `[from, from + n)` with `n ≤ max_lines`, stopping early once
     /// `max_bytes` were taken (always at least one line when there is one).

@@ -24,6 +24,7 @@ mod sse;
 mod tailer;
 mod viewer;
 mod window;
+mod written;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -43,7 +44,7 @@ pub use auth::check_listen;
 pub use frames::{BYTES_MESSAGE, DURATION_MESSAGE, EndReason, IDLE_MESSAGE, TOO_MANY_RUNS, TOO_MANY_VIEWERS};
 pub use https::check_tls;
 
-use crate::archive::{Archiver, RunLogReader};
+use crate::archive::{Archiver, RunKey, RunLogReader};
 use crate::config::{EdgeOptions, LogStreamSettings};
 use crate::node::Node;
 use crate::tasks::{STOP_TIMEOUT, Tasks};
@@ -112,9 +113,7 @@ async fn render_metrics(State(metrics): State<PrometheusHandle>) -> impl IntoRes
 /// they read from.
 pub struct LogEdge {
     node: Arc<Node>,
-    /// The run log store's writer: the edge only registers runs with it.
-    archiver: Arc<Archiver>,
-    /// Everything else the edge does with the store is reading.
+    /// The edge only reads the store: the archiver is its one writer.
     store: RunLogReader,
     options: EdgeOptions,
     settings: Arc<LogStreamSettings>,
@@ -130,6 +129,8 @@ pub struct LogEdge {
     auth: Arc<auth::Auth>,
     /// Bytes of ingest bodies held now (`edge.max_total_body_bytes`).
     bodies: body::Budget,
+    /// The last container this edge wrote to each run, for its own reads.
+    written: written::Written,
 }
 
 impl LogEdge {
@@ -146,9 +147,9 @@ impl LogEdge {
         let id_prefix = format!("{}-{:08x}", node.id(), rand::random::<u32>());
         let auth = auth::Auth::new(&options.auth);
         let bodies = body::Budget::new(options.max_total_body_bytes);
+        let written = written::Written::new(options.max_written_runs);
         Arc::new(Self {
             node,
-            archiver,
             store,
             options,
             settings,
@@ -160,7 +161,20 @@ impl LogEdge {
             store_reads: AtomicU64::new(0),
             auth,
             bodies,
+            written,
         })
+    }
+
+    /// Waits until the store holds the last write this edge accepted for
+    /// `run` (at most `edge.status_wait_seconds`); at once if it remembers
+    /// none. Whether that write is stored.
+    async fn caught_up(&self, run: &RunKey) -> bool {
+        match self.written.last(run) {
+            Some(token) => {
+                self.store.wait_stored(run, token, crate::config::secs(self.options.status_wait_seconds)).await
+            }
+            None => true,
+        }
     }
 
     /// Runs tailed now (each holds one subscription, however many viewers).

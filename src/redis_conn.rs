@@ -15,9 +15,11 @@
 //!   the connection's own retries.
 //! - Passwords are never printed: [`redact`] is how a URL is shown.
 //!
-//! [`durability`] reads and states what Redis's persistence guarantees.
+//! [`durability`] reads and states what Redis's persistence guarantees;
+//! `tracking` waits for a key to change (client-side tracking).
 
 pub mod durability;
+pub(crate) mod tracking;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -173,7 +173,7 @@ async fn life(graceful: bool) {
 
     // n1 comes back under its name and takes its share again.
     nodes[0] = Proc::node_with(&server, "n1", &audit);
-    settle(&nodes[1], &[("n1", 2), ("n2", 2), ("n3", 2)]).await;
+    let held = settle(&nodes[1], &[("n1", 2), ("n2", 2), ("n3", 2)]).await;
     post_round(&client, &nodes.iter().collect::<Vec<_>>(), &mut posted).await;
     for viewer in &mut viewers {
         viewer.read_to(posted[viewer.run]).await;
@@ -195,6 +195,14 @@ async fn life(graceful: bool) {
     if graceful {
         assert_eq!(entries.len(), lines, "a graceful leave delivers no event twice");
     }
+    // A run ends: its status is stored by the archiver of the run's owner,
+    // and the edge it was put through (not the owner) is told at once.
+    let run = (0..RUNS).find(|&run| held[&queue_of(run)].0 != "n1").expect("n1 does not own every queue");
+    let path = format!("/api/v1/logs/{FQN}/runs/{}/status", run_id(run));
+    let put = client.put(nodes[0].url(&path)).json(&serde_json::json!({ "state": "success" })).send().await.unwrap();
+    assert_eq!(put.status(), 200);
+    let answer: serde_json::Value = put.json().await.unwrap();
+    assert_eq!(answer["stored"], true, "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -210,10 +210,12 @@ async fn the_download_is_the_whole_log_byte_for_byte() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listings_name_pipelines_and_runs_newest_first() {
     let server = LogServer::start(quick_settings()).await;
-    server.lines("b.pipe", "r-1", "x").await;
-    server.lines("a.pipe", "old", "x").await;
-    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    server.lines("a.pipe", "new", "x").await;
+    // A listing shows a run once the archiver stored its first line.
+    for (fqn, run) in [("b.pipe", "r-1"), ("a.pipe", "old"), ("a.pipe", "new")] {
+        server.lines(fqn, run, "x").await;
+        server.archived(fqn, run, 1).await;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let pipelines = body(server.client.get(server.url("/api/v1/logs/pipelines")).send().await.unwrap()).await.1;
     assert_eq!(pipelines, json!({ "pipelines": ["a.pipe", "b.pipe"] }));
     let runs = body(server.client.get(server.url("/api/v1/logs/a.pipe/runs")).send().await.unwrap()).await.1;

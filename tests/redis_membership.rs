@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::redis_server::RedisServer;
+use common::redis_server::{RedisServer, command_calls};
 use tailrace::cluster::{Membership, MembershipError, MembershipOptions, RedisMembership};
 use tailrace::stream::NodeId;
 use tokio::task::JoinHandle;
@@ -139,19 +139,6 @@ async fn a_node_replaced_after_a_pause_leaves_and_stops() {
     assert!(!view_a.live().contains(&NodeId::new("a")));
 }
 
-/// Calls per command Redis has served so far (`INFO commandstats`; the
-/// commands a script runs count too).
-async fn calls(conn: &mut redis::aio::ConnectionManager) -> std::collections::BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
-            Some((name.to_string(), calls))
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn a_settled_membership_costs_one_command_per_node_and_heartbeat() {
     let server = RedisServer::start();
@@ -165,9 +152,9 @@ async fn a_settled_membership_costs_one_command_per_node_and_heartbeat() {
     }
     let mut conn = conn(&server).await;
     let started = tokio::time::Instant::now();
-    let before = calls(&mut conn).await;
+    let before = command_calls(&mut conn).await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let after = calls(&mut conn).await;
+    let after = command_calls(&mut conn).await;
     let beats = (started.elapsed().as_millis() / options().heartbeat.as_millis()) as u64 + 1;
     let spent = |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
     // Each node beats at most once per heartbeat (and once more for a

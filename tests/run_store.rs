@@ -5,8 +5,9 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use common::redis_server::RedisServer;
+use common::redis_server::{RedisServer, command_calls};
 use tailrace::archive::{Append, FileRunLogStore, RedisRunLogStore, RunKey, RunLogStore, RunState};
 use tailrace::queue::Fence;
 use tailrace::stream::SequenceToken;
@@ -38,7 +39,11 @@ async fn contract(store: Arc<dyn RunLogStore>) {
     // A run known only by its status, and a second pipeline.
     let other = RunKey::new("svc.etl", "r-2").unwrap();
     store.set_state(&other, RunState::Running).await.unwrap();
-    store.ensure_run(&RunKey::new("a.first", "x").unwrap()).await.unwrap();
+    // A container without lines (a status event's) creates its run too.
+    let first = RunKey::new("a.first", "x").unwrap();
+    assert!(store.append(&first, token(1, 0), &[], Append::new()).await.unwrap());
+    assert_eq!(store.info(&first).await.unwrap().unwrap().last_token, Some(token(1, 0)), "and moves its token");
+    assert!(!store.append(&first, token(1, 0), &[], Append::new()).await.unwrap());
     assert!(store.pipeline_exists("svc.etl").await.unwrap());
     assert_eq!(store.pipelines(10).await.unwrap(), ["a.first", "svc.etl"]);
     let runs: Vec<String> = store.runs("svc.etl", 10).await.unwrap().into_iter().map(|r| r.run).collect();
@@ -145,7 +150,8 @@ async fn the_file_store_takes_names_of_any_valid_length() {
     long_names(Arc::new(FileRunLogStore::open(dir.path(), false).unwrap())).await;
     // Short names keep the folders they always had.
     let store = FileRunLogStore::open(dir.path(), false).unwrap();
-    store.ensure_run(&RunKey::new("svc.etl", "scheduled__2026-08-10T00:00:00").unwrap()).await.unwrap();
+    let run = RunKey::new("svc.etl", "scheduled__2026-08-10T00:00:00").unwrap();
+    store.append(&run, token(1, 0), &["a"], Append::new()).await.unwrap();
     assert!(dir.path().join("svc.etl").join("scheduled__2026-08-10T00%3A00%3A00").join("meta.json").is_file());
 }
 
@@ -260,4 +266,50 @@ async fn a_zombie_archiver_cannot_append_after_a_newer_lease_wrote_the_run() {
         store.append(&run, token(4, 0), &["unfenced"], Append::new()).await.unwrap(),
         "an unfenced writer is not checked"
     );
+}
+
+/// A status wait answers at once for a container already stored, ends as
+/// one lands (written by another process's store), and says no when its
+/// time is up with nothing stored.
+async fn waits(waiter: Arc<dyn RunLogStore>, writer: Arc<dyn RunLogStore>) {
+    let run = RunKey::new("svc.wait", "r-1").unwrap();
+    assert!(!waiter.wait_stored(&run, token(1, 0), Duration::from_millis(50)).await, "nothing is stored");
+    writer.append(&run, token(1, 0), &["a"], Append::new()).await.unwrap();
+    assert!(waiter.wait_stored(&run, token(1, 0), Duration::ZERO).await, "already stored");
+    assert!(!waiter.wait_stored(&run, token(2, 0), Duration::from_millis(50)).await, "a later one is not");
+    let late = tokio::spawn({
+        let (writer, run) = (writer.clone(), run.clone());
+        async move {
+            tokio::time::sleep(Duration::from_millis(1_000)).await;
+            writer.append(&run, token(2, 0), &[], Append::new()).await.unwrap();
+        }
+    });
+    assert!(waiter.wait_stored(&run, token(2, 0), Duration::from_secs(60)).await, "the status landed");
+    late.await.unwrap();
+}
+
+#[tokio::test]
+async fn the_file_store_tells_waits_of_its_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FileRunLogStore::open(dir.path(), false).unwrap());
+    waits(store.clone(), store).await;
+}
+
+/// The wait of a node whose archiver is elsewhere is told by Redis (client
+/// side tracking of the run's hash), not found by looking every 100 ms: over
+/// the second the write takes to come, it reads the run's hash a handful of
+/// times, not ten.
+#[tokio::test]
+async fn a_redis_store_wait_is_told_of_another_nodes_write() {
+    let server = RedisServer::start();
+    let waiter = Arc::new(RedisRunLogStore::connect(&server.url(), "test").await.unwrap());
+    let writer = Arc::new(RedisRunLogStore::connect(&server.url(), "test").await.unwrap());
+    let mut conn = redis::Client::open(server.url()).unwrap().get_connection_manager().await.unwrap();
+    let before = command_calls(&mut conn).await;
+    waits(waiter, writer).await;
+    let after = command_calls(&mut conn).await;
+    let looks = after.get("hgetall").copied().unwrap_or(0) - before.get("hgetall").copied().unwrap_or(0);
+    let tracked = after.get("hmget").copied().unwrap_or(0) - before.get("hmget").copied().unwrap_or(0);
+    assert!(looks <= 8, "{looks} looks at the run: the wait polled");
+    assert!(tracked >= 1, "the wait registered the run's key ({tracked} HMGET)");
 }

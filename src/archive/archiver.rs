@@ -3,16 +3,16 @@
 //! gets. What a run's stream carries is `run_stream`'s.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
 
 use super::run_stream::{Contents, batch_fingerprint};
 use super::{Append, InvalidName, RunInfo, RunKey, RunLogStore, RunSummary, StoreError};
 use crate::pubsub::{
     ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionInfo,
 };
-use crate::stream::StreamId;
+use crate::stream::{SequenceToken, StreamId};
 use crate::telemetry;
 
 /// The run log store as the edge sees it: read-only. The archiver is the
@@ -39,6 +39,11 @@ impl RunLogReader {
         self.store.read(run, from, max_lines, max_bytes).await
     }
 
+    /// See [`RunLogStore::wait_stored`].
+    pub async fn wait_stored(&self, run: &RunKey, token: SequenceToken, within: Duration) -> bool {
+        self.store.wait_stored(run, token, within).await
+    }
+
     /// See [`RunLogStore::pipeline_exists`].
     pub async fn pipeline_exists(&self, fqn: &str) -> Result<bool, StoreError> {
         self.store.pipeline_exists(fqn).await
@@ -58,10 +63,9 @@ impl RunLogReader {
 /// The run log store's one writer, and the implicit subscriber of `logs`:
 /// bind it with
 /// `ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, archiver.clone())`.
-/// Lines and status changes reach it through the runs' streams; the edge
-/// only [registers](Archiver::register) a run before its first line is
-/// produced (so its viewers find it at once) and reads through
-/// [`Archiver::reader`].
+/// Lines and status changes reach it through the runs' streams, and a run
+/// becomes known with its first container stored; the edge only produces
+/// and reads through [`Archiver::reader`].
 ///
 /// ```
 /// use std::sync::Arc;
@@ -91,26 +95,12 @@ impl RunLogReader {
 /// ```
 pub struct Archiver {
     store: Arc<dyn RunLogStore>,
-    /// Woken after every delivery stored.
-    stored: Arc<Notify>,
 }
 
 impl Archiver {
     /// Archives into `store`.
     pub fn new(store: Arc<dyn RunLogStore>) -> Arc<Self> {
-        Arc::new(Self { store, stored: Arc::new(Notify::new()) })
-    }
-
-    /// Woken (`notify_waiters`) each time this process's archiver stored a
-    /// delivery: a waiter arms it, looks at the store, then waits.
-    pub(crate) fn stored(&self) -> &Notify {
-        &self.stored
-    }
-
-    /// Makes `run` (and its pipeline) known before anything of it is
-    /// archived.
-    pub async fn register(&self, run: &RunKey) -> Result<(), StoreError> {
-        self.store.ensure_run(run).await
+        Arc::new(Self { store })
     }
 
     /// A read-only view of the store.
@@ -125,18 +115,13 @@ impl ConsumerFactory for Archiver {
     }
 
     fn create(&self, stream: &StreamId) -> Arc<dyn StreamConsumer> {
-        Arc::new(ArchiverConsumer {
-            run: RunKey::from_stream(stream),
-            store: self.store.clone(),
-            stored: self.stored.clone(),
-        })
+        Arc::new(ArchiverConsumer { run: RunKey::from_stream(stream), store: self.store.clone() })
     }
 }
 
 struct ArchiverConsumer {
     run: Result<RunKey, InvalidName>,
     store: Arc<dyn RunLogStore>,
-    stored: Arc<Notify>,
 }
 
 impl ArchiverConsumer {
@@ -177,7 +162,6 @@ impl StreamConsumer for ArchiverConsumer {
                 metrics::counter!(telemetry::ARCHIVE_LINES).increment(lines.len() as u64);
             }
         }
-        self.stored.notify_waiters();
         Ok(DeliveryOutcome::Continue)
     }
 }

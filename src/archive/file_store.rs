@@ -28,10 +28,12 @@ use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 
 mod index;
 mod prune;
@@ -67,6 +69,9 @@ struct Meta {
 /// See the module documentation.
 pub struct FileRunLogStore {
     inner: Arc<Inner>,
+    /// Woken (`notify_waiters`) after each write: the waits of
+    /// [`RunLogStore::wait_stored`] look again.
+    written: Arc<Notify>,
 }
 
 struct Inner {
@@ -98,7 +103,8 @@ impl FileRunLogStore {
         let root = root.into();
         atomic_file::create_dir_all(&root, durability(fsync)).map_err(io(format!("creating {}", root.display())))?;
         let stripes = (0..STRIPES).map(|_| Mutex::new(())).collect();
-        Ok(Self { inner: Arc::new(Inner { root, fsync, stripes, clock, trash_seq: AtomicU64::new(0) }) })
+        let inner = Arc::new(Inner { root, fsync, stripes, clock, trash_seq: AtomicU64::new(0) });
+        Ok(Self { inner, written: Arc::new(Notify::new()) })
     }
 
     async fn blocking<T: Send + 'static>(
@@ -340,15 +346,6 @@ impl Inner {
 
 #[async_trait]
 impl RunLogStore for FileRunLogStore {
-    async fn ensure_run(&self, run: &RunKey) -> Result<(), StoreError> {
-        let run = run.clone();
-        self.blocking(move |inner| {
-            let _guard = inner.lock(&run);
-            inner.meta_or_new(&run, &inner.dir(&run)).map(|_| ())
-        })
-        .await
-    }
-
     async fn append(
         &self,
         run: &RunKey,
@@ -357,17 +354,26 @@ impl RunLogStore for FileRunLogStore {
         how: Append,
     ) -> Result<bool, StoreError> {
         let (run, lines) = (run.clone(), lines.iter().map(|l| l.to_string()).collect::<Vec<_>>());
-        self.blocking(move |inner| inner.append(&run, token, how.fingerprint, &lines)).await
+        let appended = self.blocking(move |inner| inner.append(&run, token, how.fingerprint, &lines)).await;
+        self.written.notify_waiters();
+        appended
     }
 
     async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {
         let run = run.clone();
-        self.blocking(move |inner| inner.set_state(&run, state)).await
+        let set = self.blocking(move |inner| inner.set_state(&run, state)).await;
+        self.written.notify_waiters();
+        set
     }
 
     async fn info(&self, run: &RunKey) -> Result<Option<RunInfo>, StoreError> {
         let run = run.clone();
         self.blocking(move |inner| Ok(inner.run_meta(&run, &inner.dir(&run))?.map(|m| m.info))).await
+    }
+
+    async fn wait_stored(&self, run: &RunKey, token: SequenceToken, within: Duration) -> bool {
+        // A `Notified` sees every `notify_waiters` after it was made.
+        super::stored_within(self, run, token, within, || Some(self.written.notified())).await
     }
 
     async fn read(

@@ -30,6 +30,9 @@
 //! before (and keeps the run) or after (and starts it anew). Several nodes
 //! may prune the same store: the second finds nothing to remove.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 
@@ -38,6 +41,7 @@ use super::{
     Append, Clock, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError,
 };
 use crate::redis_conn::RedisEndpoint;
+use crate::redis_conn::tracking::KeyWaits;
 use crate::stream::SequenceToken;
 use crate::telemetry;
 
@@ -104,14 +108,14 @@ if ARGV[7] ~= '' then
 end
 return 1";
 
-/// KEYS: run hash, runs zset, pipelines set. ARGV: fqn, run, created, state?
+/// KEYS: run hash, runs zset, pipelines set. ARGV: fqn, run, created, state.
 const ENSURE: &str = r"
 if redis.call('HSETNX', KEYS[1], 'created', ARGV[3]) == 1 then
   redis.call('HSET', KEYS[1], 'updated', ARGV[3])
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
   redis.call('SADD', KEYS[3], ARGV[1])
 end
-if ARGV[4] and redis.call('HGET', KEYS[1], 'state') ~= ARGV[4] then
+if redis.call('HGET', KEYS[1], 'state') ~= ARGV[4] then
   redis.call('HSET', KEYS[1], 'state', ARGV[4], 'updated', ARGV[3])
 end
 return 1";
@@ -143,6 +147,10 @@ pub struct RedisRunLogStore {
     ensure: redis::Script,
     prune: redis::Script,
     clock: Clock,
+    /// Tells [`RunLogStore::wait_stored`] of writes to a run's hash (by any
+    /// node); `None` over a connection given to [`RedisRunLogStore::new`]:
+    /// waits look every [`super::STORED_POLL`].
+    waits: Option<Arc<KeyWaits>>,
 }
 
 fn backend(e: redis::RedisError) -> StoreError {
@@ -159,6 +167,7 @@ impl RedisRunLogStore {
             ensure: redis::Script::new(ENSURE),
             prune: redis::Script::new(PRUNE),
             clock: super::system_clock(),
+            waits: None,
         }
     }
 
@@ -177,11 +186,10 @@ impl RedisRunLogStore {
     /// connection drops. A refused password or certificate names the
     /// setting.
     pub async fn connect_to(endpoint: &RedisEndpoint, prefix: &str) -> Result<Self, StoreError> {
-        let conn = endpoint
-            .connect(redis::aio::ConnectionManagerConfig::new())
-            .await
-            .map_err(|e| StoreError::Backend(e.to_string()))?;
-        Ok(Self::new(conn, prefix))
+        let config = redis::aio::ConnectionManagerConfig::new();
+        let conn = endpoint.connect(config.clone()).await.map_err(|e| StoreError::Backend(e.to_string()))?;
+        let waits = KeyWaits::new(endpoint.clone(), config, "status waits look every 100 ms");
+        Ok(Self { waits: Some(Arc::new(waits)), ..Self::new(conn, prefix) })
     }
 
     fn run_key(&self, run: &RunKey) -> String {
@@ -200,13 +208,10 @@ impl RedisRunLogStore {
         format!("{}:pipelines", self.prefix)
     }
 
-    async fn ensure(&self, run: &RunKey, state: Option<RunState>) -> Result<(), StoreError> {
+    async fn ensure(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {
         let mut invocation = self.ensure.key(self.run_key(run));
         invocation.key(self.runs_key(run.fqn())).key(self.pipelines_key());
-        invocation.arg(run.fqn()).arg(run.run()).arg((self.clock)());
-        if let Some(state) = state {
-            invocation.arg(state.as_str());
-        }
+        invocation.arg(run.fqn()).arg(run.run()).arg((self.clock)()).arg(state.as_str());
         invocation.invoke_async::<i64>(&mut self.conn.clone()).await.map_err(backend).map(|_| ())
     }
 
@@ -288,9 +293,6 @@ impl RedisRunLogStore {
         lines: &[&str],
         fence: Option<u64>,
     ) -> Result<bool, StoreError> {
-        if lines.is_empty() {
-            return Ok(false);
-        }
         let bytes: usize = lines.iter().map(|l| l.len() + 1).sum();
         let mut invocation = self.append.key(self.run_key(run));
         invocation.key(self.log_key(run)).key(self.runs_key(run.fqn())).key(self.pipelines_key());
@@ -315,10 +317,6 @@ impl RedisRunLogStore {
 
 #[async_trait]
 impl RunLogStore for RedisRunLogStore {
-    async fn ensure_run(&self, run: &RunKey) -> Result<(), StoreError> {
-        self.ensure(run, None).await
-    }
-
     async fn append(
         &self,
         run: &RunKey,
@@ -330,7 +328,21 @@ impl RunLogStore for RedisRunLogStore {
     }
 
     async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {
-        self.ensure(run, Some(state)).await
+        self.ensure(run, state).await
+    }
+
+    async fn wait_stored(&self, run: &RunKey, token: SequenceToken, within: Duration) -> bool {
+        let arm = || {
+            let waits = self.waits.as_ref()?;
+            let key = self.run_key(run);
+            let mut check = redis::cmd("HMGET");
+            check.arg(&key).arg("major").arg("minor");
+            waits.wait(key, check, move |answer| {
+                let held: Option<(Option<u64>, Option<u64>)> = redis::from_redis_value_ref(answer).ok();
+                matches!(held, Some((Some(major), Some(minor))) if SequenceToken::new(major, minor) >= token)
+            })
+        };
+        super::stored_within(self, run, token, within, arm).await
     }
 
     async fn info(&self, run: &RunKey) -> Result<Option<RunInfo>, StoreError> {

@@ -102,10 +102,15 @@ impl FailureDetector {
 /// dial is reset when the listener closes a moment later; a live node keeps
 /// it open (it waits for the dialer to speak first). So an accepted dial is
 /// held: closed or reset, the peer is dialed again ([`PROBE_DIALS`] at
-/// most); kept open, the peer is alive or paused, and that proves nothing.
+/// most, [`REDIAL_PAUSE`] times the dials so far apart: a loaded machine
+/// may take a while to tear a big process down); kept open, the peer is
+/// alive or paused, and that proves nothing.
 async fn probe(address: &str) -> Probe {
     use tokio::io::AsyncReadExt;
-    for _ in 0..PROBE_DIALS {
+    for dial in 0..PROBE_DIALS {
+        if dial > 0 {
+            tokio::time::sleep(REDIAL_PAUSE * dial as u32).await;
+        }
         let mut stream = match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(address)).await {
             Ok(Err(error)) if error.kind() == std::io::ErrorKind::ConnectionRefused => return Probe::Refused,
             Ok(Err(error)) => return Probe::Inconclusive(error.to_string()),
@@ -122,7 +127,11 @@ async fn probe(address: &str) -> Probe {
 }
 
 /// How many accepted-then-closed dials the probe makes before it gives up.
-const PROBE_DIALS: usize = 3;
+const PROBE_DIALS: usize = 5;
+
+/// The pause before the probe's second dial; the next ones wait longer
+/// (`REDIAL_PAUSE × dials so far`: 0.5 s in all over five dials).
+const REDIAL_PAUSE: Duration = Duration::from_millis(50);
 
 #[cfg(test)]
 mod tests {

@@ -34,8 +34,13 @@ pub struct EdgeOptions {
     pub max_listing: usize,
     /// How long `PUT …/status` waits for the archiver to store the change
     /// (it goes through the run's stream, after the lines before it):
-    /// `200` once stored, `202` if still on its way after this long.
+    /// `200` once stored, `202` if still on its way after this long. A read
+    /// of a run through the edge that accepted its last write waits as long
+    /// at most for that write to be stored (read your writes).
     pub status_wait_seconds: f64,
+    /// Runs whose last accepted write the edge remembers, so that its own
+    /// reads wait for it (the least recently written are forgotten).
+    pub max_written_runs: usize,
     /// Bearer tokens.
     pub auth: AuthOptions,
     /// HTTPS (off unless set): with it the edge serves HTTPS only.
@@ -56,6 +61,7 @@ impl Default for EdgeOptions {
             max_page_lines: 10_000,
             max_listing: 200,
             status_wait_seconds: 5.0,
+            max_written_runs: 10_000,
             auth: AuthOptions::default(),
             tls: None,
             log_stream: LogStreamSettings::default(),

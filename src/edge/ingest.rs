@@ -13,7 +13,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -22,21 +21,16 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
-use tokio::time::Instant;
 
 use super::LogEdge;
 use super::body::IngestBody;
-use super::incident::{self, store_unavailable};
+use super::incident;
 use super::problem::{ApiError, problem, run_key};
-use crate::archive::{RESERVED_ID_PREFIX, RunKey, RunState, is_reserved, lines_of, status_event};
+use crate::archive::{RESERVED_ID_PREFIX, RunState, is_reserved, lines_of, status_event};
 use crate::config::secs;
 use crate::queue::QueueError;
-use crate::stream::{Event, EventId, SequenceToken, now_ms};
+use crate::stream::{Event, EventId, now_ms};
 use crate::telemetry;
-
-/// How often `PUT …/status` looks whether its change was stored by an
-/// archiver on another node (this node's wakes it at once).
-const STORED_POLL: Duration = Duration::from_millis(100);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -131,8 +125,8 @@ pub(crate) async fn post_lines(
         })
         .collect();
     let count = events.len();
-    edge.archiver.register(&key).await.map_err(store_unavailable)?;
-    edge.node.produce(&key.stream(), events).await.map_err(not_accepted)?;
+    let token = edge.node.produce(&key.stream(), events).await.map_err(not_accepted)?;
+    edge.written.accepted(&key, token);
     metrics::counter!(telemetry::EDGE_INGESTED_LINES).increment(count as u64);
     Ok((StatusCode::ACCEPTED, Json(json!({ "accepted": count }))).into_response())
 }
@@ -177,33 +171,9 @@ pub(crate) async fn put_status(
     };
     // Through the run's stream, like its lines: stored and shown to
     // viewers after every line accepted before it.
-    edge.archiver.register(&key).await.map_err(store_unavailable)?;
     let token = edge.node.produce(&key.stream(), vec![status_event(state)]).await.map_err(not_accepted)?;
-    let stored = stored_within(&edge, &key, token, secs(edge.options.status_wait_seconds)).await;
+    edge.written.accepted(&key, token);
+    let stored = edge.store.wait_stored(&key, token, secs(edge.options.status_wait_seconds)).await;
     let status = if stored { StatusCode::OK } else { StatusCode::ACCEPTED };
     Ok((status, Json(json!({ "runId": key.run(), "state": state, "stored": stored }))).into_response())
-}
-
-/// Whether the archiver stored the container `token` of `run` within
-/// `wait` (a store that cannot answer counts as not yet). This process's
-/// archiver wakes the wait as it stores; one on another node (the node
-/// that owns the run's queue) is looked for every [`STORED_POLL`].
-async fn stored_within(edge: &LogEdge, run: &RunKey, token: SequenceToken, wait: Duration) -> bool {
-    let deadline = Instant::now() + wait;
-    loop {
-        // Armed before the look, so a store between the two still wakes it.
-        let stored = edge.archiver.stored().notified();
-        tokio::pin!(stored);
-        stored.as_mut().enable();
-        if let Ok(Some(info)) = edge.store.info(run).await
-            && info.last_token.is_some_and(|last| last >= token)
-        {
-            return true;
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return false;
-        }
-        let _ = tokio::time::timeout((deadline - now).min(STORED_POLL), stored).await;
-    }
 }

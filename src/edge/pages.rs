@@ -34,6 +34,10 @@ pub(crate) struct LastQuery {
 /// The run named by `runId`, or the pipeline's newest run.
 async fn resolve(edge: &LogEdge, fqn: &str, run: Option<&str>) -> Result<RunKey, ApiError> {
     let unknown = || problem(StatusCode::NOT_FOUND, format!("no pipeline `{fqn}`"));
+    // After this edge's own write to the run, what it accepted is read.
+    if let Some(written) = run.and_then(|run| RunKey::new(fqn, run).ok()) {
+        edge.caught_up(&written).await;
+    }
     match edge.store.pipeline_exists(fqn).await {
         Ok(true) => {}
         Ok(false) => return Err(unknown()),

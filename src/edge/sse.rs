@@ -89,6 +89,7 @@ pub(crate) async fn open(
 ) -> Result<impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static, ApiError> {
     let unknown = || problem(StatusCode::NOT_FOUND, format!("no pipeline `{fqn}`"));
     let key = RunKey::new(fqn, run).map_err(|_| unknown())?;
+    edge.caught_up(&key).await;
     match edge.store.pipeline_exists(key.fqn()).await {
         Ok(true) => {}
         Ok(false) => return Err(unknown()),

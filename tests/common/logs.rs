@@ -63,9 +63,6 @@ fn take(counter: &AtomicUsize) -> bool {
 
 #[async_trait]
 impl RunLogStore for ProbeStore {
-    async fn ensure_run(&self, run: &RunKey) -> Result<(), StoreError> {
-        self.inner.ensure_run(run).await
-    }
     async fn append(
         &self,
         run: &RunKey,
@@ -85,6 +82,9 @@ impl RunLogStore for ProbeStore {
             return Err(StoreError::Backend("injected lookup failure".into()));
         }
         self.inner.info(run).await
+    }
+    async fn wait_stored(&self, run: &RunKey, token: SequenceToken, within: Duration) -> bool {
+        self.inner.wait_stored(run, token, within).await
     }
     async fn read(&self, run: &RunKey, from: u64, lines: usize, bytes: usize) -> Result<Vec<String>, StoreError> {
         self.reads.fetch_add(1, Ordering::SeqCst);

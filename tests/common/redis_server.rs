@@ -251,3 +251,16 @@ pub async fn adapter_factory(
     let options = adapter_options(server);
     std::sync::Arc::new(tailrace::adapters::redis::RedisAdapterFactory::connect(2, options, consumer).await.unwrap())
 }
+
+/// Calls per command Redis has served so far (`INFO commandstats`; the
+/// commands a script runs count too).
+pub async fn command_calls(conn: &mut redis::aio::ConnectionManager) -> std::collections::BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
+}

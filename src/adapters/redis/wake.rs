@@ -1,224 +1,37 @@
-//! Wake on write for the idle Redis receivers of one process, over one
-//! connection and with no command while nothing is written.
+//! Wake on write for the idle Redis receivers of one process: a key wait
+//! (client-side tracking, see [`crate::redis_conn::tracking`]) on the
+//! stream, checked with `XREVRANGE stream + (last COUNT 1`.
 //!
 //! An idle receiver's last read came back empty with the stream's last
-//! generated id. Its agent then waits on [`Wakes::wait`], which asks Redis
-//! to tell this process when the stream changes: the wait connection
-//! speaks RESP3 with client-side tracking on (`CLIENT TRACKING ON`), and
-//! `XREVRANGE stream + (last COUNT 1` both checks that nothing came since
-//! the empty read and makes Redis remember the key for this connection.
-//! The next write to the stream (an `XADD` from any node) sends one
-//! `invalidate` push for it, which completes every wait on the key. Redis
-//! forgets the key once it told us, so each wait costs two commands, once.
-//!
-//! - Nothing is missed: an entry added between the empty read and the
-//!   registration is in the `XREVRANGE` answer, so the wait ends at once;
-//!   any later one invalidates the key.
-//! - Waking for nothing is harmless (the agent reads and finds nothing):
-//!   this process's own acks and trims invalidate a key too, and a lost
-//!   connection (the library's `Disconnection` push) or an invalidation of
-//!   everything (`null`) ends every wait.
-//! - `CLIENT TRACKING ON` goes with every registration, in the same
-//!   pipeline: a connection made again after a drop has tracking on before
-//!   its first key.
-//! - A Redis that cannot track (older than 6.2, or an ACL user without
-//!   `CLIENT`) is told apart once; from then on receivers poll (`None`).
+//! generated id. Its agent then waits on [`Wakes::wait`]: an entry added
+//! since that read is in the check's answer (the wait ends at once); the
+//! next `XADD` from any node invalidates the key. This process's own acks
+//! and trims invalidate it too: the agent reads and finds nothing.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use parking_lot::Mutex;
-use redis::aio::ConnectionManager;
-use redis::{PushInfo, PushKind, Value};
-use tokio::sync::{OnceCell, oneshot};
+use redis::Value;
 
 use super::RedisOptions;
 use crate::queue::Wake;
+use crate::redis_conn::tracking::KeyWaits;
 
-/// How long a wait whose registration failed (Redis unreachable) lasts
-/// before the agent reads again.
-const RETRY_AFTER: Duration = Duration::from_millis(500);
-
-/// The waits of one process's Redis receivers. See the module docs.
-pub(crate) struct Wakes {
-    options: RedisOptions,
-    conn: OnceCell<ConnectionManager>,
-    waiting: Arc<Mutex<Waiting>>,
-    /// Redis refused tracking: receivers poll.
-    unsupported: AtomicBool,
-}
-
-/// Who waits on which stream key: at most one entry per queue this
-/// process reads, each with the waits of its receivers (pruned of the
-/// abandoned ones on every new wait).
-#[derive(Default)]
-struct Waiting {
-    by_key: HashMap<Vec<u8>, Vec<oneshot::Sender<()>>>,
-}
-
-impl Waiting {
-    fn add(&mut self, key: &str, waiter: oneshot::Sender<()>) {
-        let waiters = self.by_key.entry(key.as_bytes().to_vec()).or_default();
-        waiters.retain(|w| !w.is_closed());
-        waiters.push(waiter);
-    }
-
-    fn wake(&mut self, key: &[u8]) {
-        for waiter in self.by_key.remove(key).into_iter().flatten() {
-            let _ = waiter.send(());
-        }
-    }
-
-    fn wake_all(&mut self) {
-        for (_, waiters) in self.by_key.drain() {
-            for waiter in waiters {
-                let _ = waiter.send(());
-            }
-        }
-    }
-
-    /// What Redis (or the library) pushed on the wait connection.
-    fn on_push(&mut self, push: PushInfo) {
-        match push.kind {
-            PushKind::Invalidate => match push.data.first() {
-                Some(Value::Array(keys)) => {
-                    for key in keys {
-                        if let Value::BulkString(key) = key {
-                            self.wake(key);
-                        }
-                    }
-                }
-                // `null`: every key (a flush, or the tracking table full).
-                _ => self.wake_all(),
-            },
-            // Tracking ended with the connection: nothing would be told.
-            PushKind::Disconnection => self.wake_all(),
-            _ => {}
-        }
-    }
-}
+/// The waits of one process's Redis receivers.
+pub(crate) struct Wakes(Arc<KeyWaits>);
 
 impl Wakes {
     /// Waits over a connection of `options`'s server, made at the first wait.
     pub(crate) fn new(options: RedisOptions) -> Self {
-        Self {
-            options,
-            conn: OnceCell::new(),
-            waiting: Arc::new(Mutex::new(Waiting::default())),
-            unsupported: AtomicBool::new(false),
-        }
+        let config = super::connection_config(&options);
+        Self(Arc::new(KeyWaits::new(options.endpoint(), config, "idle queues are polled")))
     }
 
     /// A wake that completes once `stream` has an entry after `last_id`
     /// (its last generated id at the receiver's empty read); `None` if this
     /// Redis cannot tell (poll instead).
-    pub(crate) fn wait(self: &Arc<Self>, stream: String, last_id: String) -> Option<Wake> {
-        if self.unsupported.load(Ordering::Relaxed) {
-            return None;
-        }
-        let (waiter, woken) = oneshot::channel();
-        self.waiting.lock().add(&stream, waiter);
-        let wakes = self.clone();
-        Some(Box::pin(async move {
-            match wakes.track(&stream, &last_id).await {
-                Ok(true) => {}
-                // A dropped waiter means the waits were cleared: wake too.
-                Ok(false) => drop(woken.await),
-                Err(error) if is_transient(&error) => {
-                    tracing::debug!(%stream, %error, "cannot register a wake; reading again soon");
-                    tokio::time::sleep(RETRY_AFTER).await;
-                }
-                Err(error) => {
-                    if !wakes.unsupported.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(%error, "this Redis cannot tell of writes (client-side tracking, Redis 6.2+, the `client` command); idle queues are polled instead");
-                    }
-                }
-            }
-        }))
-    }
-
-    /// Registers `stream` for tracking; whether it already has an entry
-    /// after `last_id`.
-    async fn track(&self, stream: &str, last_id: &str) -> Result<bool, redis::RedisError> {
-        let mut conn = self.conn.get_or_try_init(|| self.connect()).await?.clone();
-        let (newer,): (Vec<Value>,) = redis::pipe()
-            .cmd("CLIENT")
-            .arg("TRACKING")
-            .arg("ON")
-            .ignore()
-            .cmd("XREVRANGE")
-            .arg(stream)
-            .arg("+")
-            .arg(format!("({last_id}"))
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut conn)
-            .await?;
-        Ok(!newer.is_empty())
-    }
-
-    async fn connect(&self) -> Result<ConnectionManager, redis::RedisError> {
-        let waiting = self.waiting.clone();
-        let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
-            waiting.lock().on_push(push);
-            Ok(())
-        };
-        let config = super::connection_config(&self.options).set_push_sender(on_push);
-        self.options.endpoint().connect_resp3(config).await.map_err(|e| {
-            redis::RedisError::from((redis::ErrorKind::Io, "connecting the wait connection", e.to_string()))
-        })
-    }
-}
-
-/// Whether a failed registration may work later (Redis unreachable), as
-/// opposed to a Redis that refuses tracking.
-fn is_transient(error: &redis::RedisError) -> bool {
-    error.is_io_error() || error.is_timeout() || error.is_connection_dropped() || error.is_connection_refusal()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn push(kind: PushKind, data: Vec<Value>) -> PushInfo {
-        PushInfo { kind, data }
-    }
-
-    #[test]
-    fn an_invalidation_wakes_the_waits_of_its_keys_only() {
-        let mut waiting = Waiting::default();
-        let (a, mut woken_a) = oneshot::channel();
-        let (b, mut woken_b) = oneshot::channel();
-        waiting.add("q1", a);
-        waiting.add("q2", b);
-        waiting.on_push(push(PushKind::Invalidate, vec![Value::Array(vec![Value::BulkString(b"q1".to_vec())])]));
-        assert_eq!(woken_a.try_recv(), Ok(()));
-        assert!(woken_b.try_recv().is_err(), "q2 was not written");
-        assert_eq!(waiting.by_key.len(), 1);
-    }
-
-    #[test]
-    fn a_lost_connection_or_a_flush_wakes_everyone() {
-        for event in [push(PushKind::Disconnection, vec![]), push(PushKind::Invalidate, vec![Value::Nil])] {
-            let mut waiting = Waiting::default();
-            let (a, mut woken) = oneshot::channel();
-            waiting.add("q1", a);
-            waiting.on_push(event);
-            assert_eq!(woken.try_recv(), Ok(()));
-            assert!(waiting.by_key.is_empty());
-        }
-    }
-
-    #[test]
-    fn abandoned_waits_are_pruned_when_the_key_is_waited_on_again() {
-        let mut waiting = Waiting::default();
-        for _ in 0..100 {
-            let (a, woken) = oneshot::channel();
-            waiting.add("q1", a);
-            drop(woken);
-        }
-        assert_eq!(waiting.by_key[b"q1".as_slice()].len(), 1);
+    pub(crate) fn wait(&self, stream: String, last_id: String) -> Option<Wake> {
+        let mut check = redis::cmd("XREVRANGE");
+        check.arg(&stream).arg("+").arg(format!("({last_id}")).arg("COUNT").arg(1);
+        self.0.wait(stream, check, |answer| matches!(answer, Value::Array(newer) if !newer.is_empty()))
     }
 }

@@ -1,0 +1,233 @@
+//! Waits that end when a key changes, for any number of waiters of one
+//! process, over one connection and with no command while nothing changes.
+//!
+//! A waiter knows the key's state it last saw. [`KeyWaits::wait`] asks
+//! Redis to tell this process when the key changes: the wait connection
+//! speaks RESP3 with client-side tracking on (`CLIENT TRACKING ON`), and a
+//! check command (a read of the key) both tells whether the key already
+//! moved past what the waiter saw and makes Redis remember the key for this
+//! connection. The next write to the key (from any node) sends one
+//! `invalidate` push for it, which completes every wait on the key. Redis
+//! forgets the key once it told us, so each wait costs two commands, once.
+//!
+//! - Nothing is missed: a write between the waiter's look and the
+//!   registration shows in the check's answer, so the wait ends at once;
+//!   any later one invalidates the key.
+//! - Waking for nothing is harmless (the waiter looks and finds nothing):
+//!   a lost connection (the library's `Disconnection` push) or an
+//!   invalidation of everything (`null`) ends every wait.
+//! - `CLIENT TRACKING ON` goes with every registration, in the same
+//!   pipeline: a connection made again after a drop has tracking on before
+//!   its first key.
+//! - A Redis that cannot track (older than 6.2, or an ACL user without
+//!   `CLIENT`) is told apart once; from then on waiters poll (`None`).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::{OnceCell, oneshot};
+
+use super::RedisEndpoint;
+
+/// How long a wait whose registration failed (Redis unreachable) lasts
+/// before the waiter looks again.
+const RETRY_AFTER: Duration = Duration::from_millis(500);
+
+/// A wait that ends when its key changed (or may have).
+pub(crate) type KeyWait = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// The key waits of one process on one server. See the module docs.
+pub(crate) struct KeyWaits {
+    endpoint: RedisEndpoint,
+    config: ConnectionManagerConfig,
+    /// What happens without tracking ("idle queues are polled"), for the
+    /// warning of a Redis that cannot track.
+    purpose: &'static str,
+    conn: OnceCell<ConnectionManager>,
+    waiting: Arc<Mutex<Waiting>>,
+    /// Redis refused tracking: waiters poll.
+    unsupported: AtomicBool,
+}
+
+/// Who waits on which key, with the waits of each (pruned of the abandoned
+/// ones on every new wait, and dropped as their key is told of).
+#[derive(Default)]
+struct Waiting {
+    by_key: HashMap<Vec<u8>, Vec<oneshot::Sender<()>>>,
+}
+
+impl Waiting {
+    fn add(&mut self, key: &str, waiter: oneshot::Sender<()>) {
+        let waiters = self.by_key.entry(key.as_bytes().to_vec()).or_default();
+        waiters.retain(|w| !w.is_closed());
+        waiters.push(waiter);
+    }
+
+    fn wake(&mut self, key: &[u8]) {
+        for waiter in self.by_key.remove(key).into_iter().flatten() {
+            let _ = waiter.send(());
+        }
+    }
+
+    fn wake_all(&mut self) {
+        for (_, waiters) in self.by_key.drain() {
+            for waiter in waiters {
+                let _ = waiter.send(());
+            }
+        }
+    }
+
+    /// What Redis (or the library) pushed on the wait connection.
+    fn on_push(&mut self, push: PushInfo) {
+        match push.kind {
+            PushKind::Invalidate => match push.data.first() {
+                Some(Value::Array(keys)) => {
+                    for key in keys {
+                        if let Value::BulkString(key) = key {
+                            self.wake(key);
+                        }
+                    }
+                }
+                // `null`: every key (a flush, or the tracking table full).
+                _ => self.wake_all(),
+            },
+            // Tracking ended with the connection: nothing would be told.
+            PushKind::Disconnection => self.wake_all(),
+            _ => {}
+        }
+    }
+}
+
+impl KeyWaits {
+    /// Waits over a connection to `endpoint` (made with `config` at the
+    /// first wait); `purpose` says what is done without tracking, for the
+    /// one warning a Redis that cannot track gets.
+    pub(crate) fn new(endpoint: RedisEndpoint, config: ConnectionManagerConfig, purpose: &'static str) -> Self {
+        Self {
+            endpoint,
+            config,
+            purpose,
+            conn: OnceCell::new(),
+            waiting: Arc::new(Mutex::new(Waiting::default())),
+            unsupported: AtomicBool::new(false),
+        }
+    }
+
+    /// A wait that completes once `key` changes, or at once if `check` (a
+    /// read of `key`) answers what `moved` calls moved on; `None` if this
+    /// Redis cannot tell (poll instead).
+    pub(crate) fn wait(
+        self: &Arc<Self>,
+        key: String,
+        check: redis::Cmd,
+        moved: impl FnOnce(&Value) -> bool + Send + 'static,
+    ) -> Option<KeyWait> {
+        if self.unsupported.load(Ordering::Relaxed) {
+            return None;
+        }
+        let (waiter, woken) = oneshot::channel();
+        self.waiting.lock().add(&key, waiter);
+        let waits = self.clone();
+        Some(Box::pin(async move {
+            match waits.track(check).await {
+                Ok(answer) if moved(&answer) => {}
+                // A dropped waiter means the waits were cleared: wake too.
+                Ok(_) => drop(woken.await),
+                Err(error) if is_transient(&error) => {
+                    tracing::debug!(%key, %error, "cannot register a wait; looking again soon");
+                    tokio::time::sleep(RETRY_AFTER).await;
+                }
+                Err(error) => {
+                    if !waits.unsupported.swap(true, Ordering::Relaxed) {
+                        let purpose = waits.purpose;
+                        tracing::warn!(%error, "this Redis cannot tell of writes (client-side tracking, Redis 6.2+, the `client` command); {purpose} instead");
+                    }
+                }
+            }
+        }))
+    }
+
+    /// Turns tracking on (again) and runs `check`, which registers its key.
+    async fn track(&self, check: redis::Cmd) -> Result<Value, redis::RedisError> {
+        let mut conn = self.conn.get_or_try_init(|| self.connect()).await?.clone();
+        let (answer,): (Value,) = redis::pipe()
+            .cmd("CLIENT")
+            .arg("TRACKING")
+            .arg("ON")
+            .ignore()
+            .add_command(check)
+            .query_async(&mut conn)
+            .await?;
+        Ok(answer)
+    }
+
+    async fn connect(&self) -> Result<ConnectionManager, redis::RedisError> {
+        let waiting = self.waiting.clone();
+        let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
+            waiting.lock().on_push(push);
+            Ok(())
+        };
+        let config = self.config.clone().set_push_sender(on_push);
+        self.endpoint.connect_resp3(config).await.map_err(|e| {
+            redis::RedisError::from((redis::ErrorKind::Io, "connecting the wait connection", e.to_string()))
+        })
+    }
+}
+
+/// Whether a failed registration may work later (Redis unreachable), as
+/// opposed to a Redis that refuses tracking.
+fn is_transient(error: &redis::RedisError) -> bool {
+    error.is_io_error() || error.is_timeout() || error.is_connection_dropped() || error.is_connection_refusal()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn push(kind: PushKind, data: Vec<Value>) -> PushInfo {
+        PushInfo { kind, data }
+    }
+
+    #[test]
+    fn an_invalidation_wakes_the_waits_of_its_keys_only() {
+        let mut waiting = Waiting::default();
+        let (a, mut woken_a) = oneshot::channel();
+        let (b, mut woken_b) = oneshot::channel();
+        waiting.add("q1", a);
+        waiting.add("q2", b);
+        waiting.on_push(push(PushKind::Invalidate, vec![Value::Array(vec![Value::BulkString(b"q1".to_vec())])]));
+        assert_eq!(woken_a.try_recv(), Ok(()));
+        assert!(woken_b.try_recv().is_err(), "q2 was not written");
+        assert_eq!(waiting.by_key.len(), 1);
+    }
+
+    #[test]
+    fn a_lost_connection_or_a_flush_wakes_everyone() {
+        for event in [push(PushKind::Disconnection, vec![]), push(PushKind::Invalidate, vec![Value::Nil])] {
+            let mut waiting = Waiting::default();
+            let (a, mut woken) = oneshot::channel();
+            waiting.add("q1", a);
+            waiting.on_push(event);
+            assert_eq!(woken.try_recv(), Ok(()));
+            assert!(waiting.by_key.is_empty());
+        }
+    }
+
+    #[test]
+    fn abandoned_waits_are_pruned_when_the_key_is_waited_on_again() {
+        let mut waiting = Waiting::default();
+        for _ in 0..100 {
+            let (a, woken) = oneshot::channel();
+            waiting.add("q1", a);
+            drop(woken);
+        }
+        assert_eq!(waiting.by_key[b"q1".as_slice()].len(), 1);
+    }
+}
