@@ -45,8 +45,11 @@ pub struct Config {
     pub checkpoint: CheckpointOptions,
     /// Subscriptions.
     pub pubsub: PubSubOptions,
-    /// Which node pulls which queue.
-    pub balancer: BalancerKind,
+    /// Which node pulls which queue; absent, the command's own
+    /// ([`Config::balancer_kind`]: best-fit for one process, `lease` for
+    /// `tailrace node`), so a copy of the defaults file changes nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balancer: Option<BalancerKind>,
     /// Delivery failures.
     pub failure: FailureSection,
     /// The HTTP edge and its log stream.
@@ -139,6 +142,12 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The balancer: `[balancer]`'s, or best-fit without the section (what
+    /// one process runs; `tailrace node` sets `lease` when it is absent).
+    pub fn balancer_kind(&self) -> BalancerKind {
+        self.balancer.unwrap_or_default()
+    }
+
     /// Parses TOML text; every key it does not set keeps its default, and
     /// an unknown key or a bad value is an error naming it.
     ///
@@ -175,7 +184,7 @@ impl Config {
                 self.cache.cache_size, self.cache.buckets
             )));
         }
-        if let BalancerKind::Ring { virtual_nodes } = self.balancer
+        if let Some(BalancerKind::Ring { virtual_nodes }) = self.balancer
             && virtual_nodes < crate::balancer::MIN_VIRTUAL_NODES
         {
             return Err(invalid(format!(
@@ -228,7 +237,7 @@ mod tests {
         assert_eq!(config.queues.count, 16);
         assert_eq!(config.agent.poll_period, Duration::from_millis(250));
         assert_eq!(config.agent.max_delivery_time, Duration::from_secs(120));
-        assert_eq!(config.balancer, BalancerKind::Ring { virtual_nodes: 128 });
+        assert_eq!(config.balancer, Some(BalancerKind::Ring { virtual_nodes: 128 }));
     }
 
     #[test]

@@ -210,8 +210,8 @@ impl InProcessCluster {
         loop {
             let running = self.running().await.map_err(|e| e.to_string())?;
             let live: Vec<NodeId> = running.keys().cloned().collect();
-            let want = self.config.balancer.assign(&live, &all);
-            let balanced = match self.config.balancer {
+            let want = self.config.balancer_kind().assign(&live, &all);
+            let balanced = match self.config.balancer_kind() {
                 // Which queues a node claims is not computed: check the
                 // split, and that every queue runs exactly once.
                 crate::balancer::BalancerKind::Lease => {

@@ -87,3 +87,15 @@ fn the_configuration_reference_names_every_setting() {
     assert!(missing.is_empty(), "docs/configuration.md does not describe: {missing:?}");
     assert!(keys.len() > 50, "only {} settings found: the comparison saw nothing", keys.len());
 }
+
+/// A copy of `defaults.toml` leaves the balancer to the command (it once
+/// said `best-fit`, and a node config made from it quietly ran without
+/// leases): one process runs best-fit, `tailrace node` leases.
+#[test]
+fn defaults_toml_leaves_the_balancer_to_the_command() {
+    let config = Config::load(Path::new("cluster-config/defaults.toml")).unwrap();
+    assert_eq!(config.balancer, None);
+    assert_eq!(config.balancer_kind(), tailrace::balancer::BalancerKind::BestFit);
+    let chosen = Config::from_toml("[balancer]\nkind = \"lease\"\n", "node.toml").unwrap();
+    assert_eq!(chosen.balancer_kind(), tailrace::balancer::BalancerKind::Lease);
+}

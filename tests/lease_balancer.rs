@@ -24,7 +24,7 @@ const WAIT: Duration = Duration::from_secs(30);
 
 fn config() -> Config {
     let mut config = quick_config();
-    config.balancer = BalancerKind::Lease;
+    config.balancer = Some(BalancerKind::Lease);
     config.lease.acquire = Duration::from_millis(50);
     config
 }

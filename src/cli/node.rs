@@ -104,11 +104,7 @@ fn cluster_cookie(config: &Config, path: &std::path::Path) -> anyhow::Result<Str
 /// a `[balancer]` section the balancer is `lease`.
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     let mut config = Config::load(path)?;
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let table: toml::Table = text.parse().with_context(|| format!("parsing {}", path.display()))?;
-    if !table.contains_key("balancer") {
-        config.balancer = BalancerKind::Lease;
-    }
+    config.balancer.get_or_insert(BalancerKind::Lease);
     let origin = path.display();
     if config.queues.adapter != "redis" {
         anyhow::bail!(

@@ -194,7 +194,7 @@ pub(super) async fn run_node(
         node.id(),
         config.queues.count,
         config.queues.adapter,
-        config.balancer,
+        config.balancer_kind(),
         config.archive.store
     );
     let base = format!("{}://{bound}", super::edge_scheme(config));

@@ -200,7 +200,7 @@ mod tests {
             acquire = "5s"
         "#;
         let config = crate::config::Config::from_toml(text, "<test>").unwrap();
-        assert_eq!(config.balancer, crate::balancer::BalancerKind::Lease);
+        assert_eq!(config.balancer, Some(crate::balancer::BalancerKind::Lease));
         assert_eq!(config.cluster.advertised(), "node-a.internal:9000");
         assert_eq!(config.membership.heartbeat, Duration::from_millis(500));
         assert_eq!(config.lease.ttl, Duration::from_secs(30));

@@ -179,7 +179,7 @@ impl NodeBuilder {
         )
         .await
         .map_err(NodeError::Spawn)?;
-        let driver = match config.balancer {
+        let driver = match config.balancer_kind() {
             BalancerKind::Lease => tasks.spawn(
                 "ownership driver",
                 ownership::drive_leases(ownership::LeaseDriver {
