@@ -37,6 +37,7 @@ use super::tailer::{Phase, Pull, StartAt, Tailer};
 use super::viewer::{HEARTBEAT, Viewer};
 use crate::archive::RunKey;
 use crate::config::secs;
+use crate::stream::SequenceToken;
 
 /// How often a session retries when the store has not caught up yet.
 const STORE_LAG_WAIT: Duration = Duration::from_millis(50);
@@ -92,7 +93,14 @@ pub(crate) async fn open(
     edge.caught_up(&key).await;
     match edge.store.pipeline_exists(key.fqn()).await {
         Ok(true) => {}
-        Ok(false) => return Err(unknown()),
+        // A run whose first line was just accepted (by another node) is
+        // stored a moment later: a viewer may open it that soon.
+        Ok(false) => {
+            let wait = secs(edge.settings.resume_wait_seconds);
+            if !edge.store.wait_stored(&key, SequenceToken::new(0, 0), wait).await {
+                return Err(unknown());
+            }
+        }
         Err(error) => return Err(store_unavailable(error)),
     }
     let start = match after {
