@@ -20,6 +20,7 @@ mod incident;
 mod ingest;
 mod pages;
 mod problem;
+mod search;
 mod sse;
 mod tailer;
 mod viewer;
@@ -234,18 +235,36 @@ impl LogEdge {
             .route("/api/v1/logs/{fqn}/runs/{run}/status", put(ingest::put_status))
             .route("/api/v1/logs/pipelines", get(pages::pipelines))
             .route("/api/v1/logs/{fqn}/runs", get(pages::runs))
+            .route("/api/v1/logs/{fqn}/runs/{run}", get(search::run_info))
+            .route("/api/v1/logs/{fqn}/runs/{run}/search", get(search::search))
             .route("/api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run}", get(sse::stream))
             .route("/api/v1/services/ingestionPipelines/logs/{fqn}/last", get(pages::last))
             .route("/api/v1/services/ingestionPipelines/logs/{fqn}/last/download", get(pages::download))
             .layer(DefaultBodyLimit::max(self.options.max_body_bytes))
             .layer(axum::middleware::from_fn_with_state(auth, auth::require))
             .with_state(self.clone());
-        api.route("/", get(|| async { Html(VIEWER_PAGE) }))
+        api.route("/", get(|| async { Html(viewer_page()) }))
     }
 }
 
-/// The viewer page (no build step: it is part of the binary).
-const VIEWER_PAGE: &str = include_str!("edge/viewer.html");
+/// The viewer page, one self-contained file (no build step: it is part of
+/// the binary), put together once from `edge/page/`: its style and script
+/// inlined, with the search rules it shares with the server (what an error,
+/// a warning and a group marker are).
+fn viewer_page() -> &'static str {
+    static PAGE: OnceLock<String> = OnceLock::new();
+    PAGE.get_or_init(|| {
+        let rules = serde_json::json!({
+            "error": search::ERROR_PATTERN,
+            "warning": search::WARNING_PATTERN,
+            "group": search::GROUP_PATTERN,
+        });
+        let script = include_str!("edge/page/app.js").replace("/*RULES*/", &rules.to_string());
+        include_str!("edge/page/index.html")
+            .replace("/*STYLE*/", include_str!("edge/page/style.css"))
+            .replace("/*SCRIPT*/", &script)
+    })
+}
 
 /// Binds `addr` and serves `router` until `shutdown` fires. Returns the
 /// bound address (useful with port 0) and the server task, which owns the

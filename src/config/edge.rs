@@ -41,6 +41,10 @@ pub struct EdgeOptions {
     /// Runs whose last accepted write the edge remembers, so that its own
     /// reads wait for it (the least recently written are forgotten).
     pub max_written_runs: usize,
+    /// Most lines one search request scans (`next` says where to go on).
+    pub max_search_scan_lines: usize,
+    /// Most matches one search request returns (`limit` is capped to it).
+    pub max_search_matches: usize,
     /// Bearer tokens.
     pub auth: AuthOptions,
     /// HTTPS (off unless set): with it the edge serves HTTPS only.
@@ -62,6 +66,8 @@ impl Default for EdgeOptions {
             max_listing: 200,
             status_wait_seconds: 5.0,
             max_written_runs: 10_000,
+            max_search_scan_lines: 1_000_000,
+            max_search_matches: 1_000,
             auth: AuthOptions::default(),
             tls: None,
             log_stream: LogStreamSettings::default(),

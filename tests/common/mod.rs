@@ -150,6 +150,7 @@ pub fn stream(ns: &str, key: &str) -> StreamId {
     StreamId::new(ns, key)
 }
 
+pub mod browser;
 pub mod certs;
 pub mod cluster;
 pub mod crash;

@@ -1,0 +1,218 @@
+//! The viewer page's features in a real headless Chromium, one test each:
+//! ANSI colours (and no HTML from log text), folding groups, following a
+//! live run, and a run of a million lines (opened at its tail, a link to a
+//! line 900 000 back, search in parts never loaded, a bounded DOM).
+
+mod common;
+
+use common::browser::Browser;
+use common::logs::*;
+use serde_json::Value;
+use tailrace::archive::{Append, RunKey, RunLogStore, RunState};
+use tailrace::stream::SequenceToken;
+
+fn page(server: &LogServer, fqn: &str, run: &str) -> String {
+    format!("{}/?fqn={fqn}&run={run}", server.base)
+}
+
+/// Whether the line numbered `n` is in the DOM and inside the log's box.
+fn line_in_view(n: u64) -> String {
+    format!(
+        "const box = document.getElementById('log').getBoundingClientRect();
+         const row = [...document.querySelectorAll('#log .ln')].find((l) => l.dataset.n === '{n}');
+         if (!row || row.classList.contains('gap')) return false;
+         const r = row.getBoundingClientRect();
+         return r.top >= box.top - 1 && r.bottom <= box.bottom + 1 ? row.querySelector('.tx').textContent : false;"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn colours_render_and_log_text_never_becomes_html() {
+    let server = LogServer::start(quick_settings()).await;
+    let lines = [
+        "\x1b[31mERROR\x1b[0m disk full",
+        "\x1b[1;38;5;208mbold orange\x1b[0m and \x1b[38;2;10;20;30mtrue colour\x1b[0m",
+        "<script>window.pwned = 1</script>",
+        "\"><img src=x onerror=\"window.pwned = 2\">",
+        "progress 10%\rprogress 55%\rprogress 100%",
+        "\x1b]0;a window title\x07\x1b[2Kplain after escapes",
+    ];
+    server.lines("svc.ansi", "r-1", &lines.join("\n")).await;
+    server.state("svc.ansi", "r-1", "running").await;
+    let browser = Browser::start(1280, 800).await;
+    browser.client.goto(&page(&server, "svc.ansi", "r-1")).await.unwrap();
+    browser.until("six lines", "return document.querySelectorAll('#log .ln').length >= 6").await;
+
+    assert_eq!(
+        browser.shown_lines().await,
+        [
+            "ERROR disk full",
+            "bold orange and true colour",
+            "<script>window.pwned = 1</script>",
+            "\"><img src=x onerror=\"window.pwned = 2\">",
+            "progress 100%",
+            "plain after escapes",
+        ]
+    );
+    let style = |text: &str, property: &str| {
+        format!(
+            "const span = [...document.querySelectorAll('#log .tx span')].find((s) => s.textContent === '{text}');
+             return span ? getComputedStyle(span).{property} : null;"
+        )
+    };
+    assert_eq!(browser.js(&style("ERROR", "color")).await, "rgb(192, 40, 45)", "red in the light palette");
+    assert_eq!(browser.js(&style("bold orange", "color")).await, "rgb(255, 135, 0)", "256-colour 208");
+    assert_eq!(browser.js(&style("bold orange", "fontWeight")).await, "700");
+    assert_eq!(browser.js(&style("true colour", "color")).await, "rgb(10, 20, 30)");
+    assert_eq!(
+        browser.js("return window.pwned === undefined && !document.querySelector('#log img, #log script')").await,
+        true
+    );
+    assert_eq!(
+        browser.js("return document.querySelector('#log .ln').classList.contains('err')").await,
+        true,
+        "a gutter mark"
+    );
+
+    // Dark mode (the toggle; the OS preference picks the first theme).
+    browser.js("document.getElementById('theme').click(); return true").await;
+    let dark = browser.js("return document.documentElement.dataset.theme").await;
+    let red = browser.js(&style("ERROR", "color")).await;
+    assert_eq!(dark, "dark");
+    assert_eq!(red, "rgb(255, 123, 114)", "red in the dark palette");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_groups_fold_and_open_on_a_click() {
+    let server = LogServer::start(quick_settings()).await;
+    let lines = [
+        "before",
+        "::group::Build",
+        "compile a",
+        "compile b",
+        "::endgroup::",
+        "section_start:1700000000:deploy\r\x1b[0KDeploying",
+        "d1",
+        "section_end:1700000001:deploy\r\x1b[0K",
+        "::group::Test",
+        "t1",
+    ];
+    server.lines("svc.groups", "r-1", &lines.join("\n")).await;
+    server.state("svc.groups", "r-1", "running").await;
+    let browser = Browser::start(1280, 800).await;
+    browser.client.goto(&page(&server, "svc.groups", "r-1")).await.unwrap();
+    let folded = "return JSON.stringify([...document.querySelectorAll('#log .ln')].map((l) => l.querySelector('.tx').textContent))";
+    let want = r#"["before","Build2 lines","Deploying1 lines","Test1 lines","t1"]"#;
+    let shown = browser
+        .until("the groups folded", &format!("const s = (() => {{ {folded} }})(); return s === '{want}' ? s : false"))
+        .await;
+    assert_eq!(shown, want, "finished groups fold, the live tail's stays open, end markers never show");
+    let click = |title: &str| {
+        format!(
+            "const row = [...document.querySelectorAll('#log .ln.grp')].find((l) => l.querySelector('.tx').firstChild.textContent === '{title}');
+             const box = row.querySelector('.tx').getBoundingClientRect();
+             row.dispatchEvent(new MouseEvent('click', {{ bubbles: true, clientX: box.left + 5, clientY: box.top + 5 }}));
+             return true;"
+        )
+    };
+    browser.js(&click("Build")).await;
+    browser
+        .until(
+            "Build opened",
+            "return [...document.querySelectorAll('#log .tx')].some((t) => t.textContent === 'compile b')",
+        )
+        .await;
+    browser.js(&click("Build")).await;
+    browser
+        .until(
+            "Build folded again",
+            "return ![...document.querySelectorAll('#log .tx')].some((t) => t.textContent === 'compile b')",
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn following_keeps_the_last_line_in_view_while_lines_arrive() {
+    let server = LogServer::start(quick_settings()).await;
+    server.lines("svc.follow", "r-1", "first").await;
+    server.state("svc.follow", "r-1", "running").await;
+    let browser = Browser::start(1024, 600).await;
+    browser.client.goto(&page(&server, "svc.follow", "r-1")).await.unwrap();
+    browser.until("the first line", &line_in_view(1)).await;
+    let mut total = 1u64;
+    for batch in 0..30 {
+        let body: Vec<String> = (0..40).map(|i| format!("batch {batch} line {i}")).collect();
+        server.lines("svc.follow", "r-1", &body.join("\n")).await;
+        total += 40;
+        if batch % 10 == 9 {
+            let text = browser.until(&format!("line {total} in view"), &line_in_view(total)).await;
+            assert_eq!(text, format!("batch {batch} line 39"));
+        }
+    }
+    let rows = browser.js("return document.querySelectorAll('#log .ln').length").await.as_u64().unwrap();
+    assert!(rows < 200, "{rows} line elements for {total} lines: only those near the viewport");
+}
+
+/// Appends `n` lines straight to the store (as the archiver would, in
+/// containers of 10 000): line `i` (1-based) reads `line i ok`, but for a
+/// few marked ones.
+async fn million(server: &LogServer, run: &RunKey, n: u64) {
+    let mut at = 0u64;
+    while at < n {
+        let lines: Vec<String> = (at + 1..=(at + 10_000).min(n))
+            .map(|i| match i {
+                12_345 => format!("line {i} needle-in-the-haystack"),
+                500_000 => format!("line {i} \x1b[31merror:\x1b[0m something broke"),
+                _ => format!("line {i} ok"),
+            })
+            .collect();
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        server.store.append(run, SequenceToken::new(0, at), &refs, Append::new()).await.unwrap();
+        at += lines.len() as u64;
+    }
+    server.store.set_state(run, RunState::Success).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_line_run_opens_at_its_tail_and_any_line_is_a_link_away() {
+    let server = LogServer::start(quick_settings()).await;
+    let run = RunKey::new("svc.big", "r-1").unwrap();
+    million(&server, &run, 1_000_000).await;
+    let browser = Browser::start(1280, 800).await;
+
+    // Opened at its tail, with the DOM bounded.
+    browser.client.goto(&page(&server, "svc.big", "r-1")).await.unwrap();
+    let last = browser.until("the last line", &line_in_view(1_000_000)).await;
+    assert_eq!(last, "line 1000000 ok");
+    let lines = browser.js("return document.querySelectorAll('#log .ln').length").await.as_u64().unwrap();
+    assert!(lines <= 5_000, "{lines} line elements");
+
+    // A link 900 000 lines back: that line, selected, in view.
+    browser.client.goto(&format!("{}#L100000", page(&server, "svc.big", "r-1"))).await.unwrap();
+    let linked = browser.until("line 100 000", &line_in_view(100_000)).await;
+    assert_eq!(linked, "line 100000 ok");
+    let selected = "return [...document.querySelectorAll('#log .ln.sel')].map((l) => l.dataset.n)";
+    assert_eq!(browser.js(selected).await, Value::from(vec!["100000"]));
+
+    // Search finds a line in a part never loaded, and jumps to it.
+    browser.js("const q = document.getElementById('q'); q.value = 'NEEDLE-in'; document.getElementById('find').requestSubmit(); return true").await;
+    let found = browser.until("the match in view", &line_in_view(12_345)).await;
+    assert_eq!(found, "line 12345 needle-in-the-haystack");
+    assert_eq!(browser.js("return document.getElementById('hits').textContent").await, "1 / 1");
+    let marked = "return [...document.querySelectorAll('#log mark')].map((m) => m.textContent)";
+    assert_eq!(browser.js(marked).await, Value::from(vec!["needle-in"]));
+
+    // The next error, and the count per level in the header.
+    browser.js("document.getElementById('next-error').click(); return true").await;
+    let error = browser.until("the error in view", &line_in_view(500_000)).await;
+    assert_eq!(error, "line 500000 error: something broke");
+    let levels = browser
+        .until(
+            "the level counts",
+            "const t = document.getElementById('levels').textContent; return t.includes('1 errors') && t",
+        )
+        .await;
+    assert!(levels.as_str().unwrap().contains("0 warnings"), "{levels}");
+    let lines = browser.js("return document.querySelectorAll('#log .ln').length").await.as_u64().unwrap();
+    assert!(lines <= 5_000, "{lines} line elements after the jumps");
+}
