@@ -50,7 +50,7 @@ enum Command {
     /// Run a benchmark scenario against its baseline; the last line is
     /// `RESULT scenario=... ratio=...`.
     Bench {
-        /// The scenario: pipeline, file, redis, sse, transport, failover or scale.
+        /// The scenario: pipeline, file, redis, sse, transport, failover, scale or viewer.
         scenario: String,
         /// A shorter run (CI).
         #[arg(long)]

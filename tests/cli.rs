@@ -96,10 +96,9 @@ fn handoff_recover_reports_and_quarantines_a_crashed_writers_files() {
 fn an_unknown_bench_scenario_is_a_clear_error() {
     let out = tailrace().args(["bench", "nope", "--quick"]).output().unwrap();
     assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr)
-            .contains("unknown bench scenario `nope` (known: pipeline, file, redis, sse, transport, failover, scale)")
-    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains(
+        "unknown bench scenario `nope` (known: pipeline, file, redis, sse, transport, failover, scale, viewer)"
+    ));
 }
 
 /// The transport bench delivers every event it sends across two linked

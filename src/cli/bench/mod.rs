@@ -3,7 +3,8 @@
 //! `RESULT scenario=<name> tailrace_eps=… baseline_eps=… ratio=…`;
 //! `failover` runs a cluster of node processes, kills one and ends with
 //! `RESULT scenario=failover … reown_ms=… lost=… duplicates=…`; `scale`
-//! runs one idle and measures what it costs Redis and the nodes.
+//! runs one idle and measures what it costs Redis and the nodes; `viewer`
+//! drives the viewer page in headless Chromium on a million-line run.
 
 mod cluster;
 mod failover;
@@ -14,6 +15,8 @@ mod scale;
 mod sse;
 pub mod sse_client;
 mod transport;
+mod viewer;
+mod webdriver;
 
 use std::io::Write;
 use std::sync::Arc;
@@ -44,9 +47,10 @@ pub async fn run(
         "sse" => sse::run(quick).await,
         "transport" => transport::run(quick).await,
         "scale" => scale::run(quick, queues).await,
+        "viewer" => viewer::run(quick).await,
         other => {
             anyhow::bail!(
-                "unknown bench scenario `{other}` (known: pipeline, file, redis, sse, transport, failover, scale)"
+                "unknown bench scenario `{other}` (known: pipeline, file, redis, sse, transport, failover, scale, viewer)"
             )
         }
     }

@@ -409,6 +409,13 @@
     setScroll(g.span > 0 ? Math.min(1, top / g.span) * g.maxScroll : 0);
     schedule();
   }
+  function showAtTop(off) {
+    reveal(off);
+    const g = geometry();
+    els.spacer.style.height = g.height + 'px';
+    setScroll(g.span > 0 ? Math.min(1, rowOf(off) / g.span) * g.maxScroll : 0);
+    schedule();
+  }
   // Scrolls the log itself; the scroll event this causes is not the user's.
   function setScroll(value) {
     const target = Math.max(0, Math.min(value, els.log.scrollHeight - els.log.clientHeight));
@@ -561,8 +568,11 @@
       });
       if (gen !== st.gen) return;
       st.groupsTo = to;
+      // Folding what finished must not move what the reader looks at.
+      const anchor = st.follow && !st.paused ? null : lineOf(Math.floor(topRow()));
       buildGroups();
-      if (!fromHash()) schedule();
+      if (st.sel) reveal(st.sel.a);
+      if (anchor != null) showAtTop(anchor); else schedule();
     } catch (_) { /* the view works without them */ }
   }
 
