@@ -26,6 +26,7 @@ mod file_store;
 mod redis_store;
 mod retention;
 mod run_stream;
+mod writes;
 
 use std::fmt;
 use std::sync::Arc;
@@ -42,8 +43,9 @@ pub use retention::{MAX_REPORTED_RUNS, MAX_RUNS_PER_PRUNE, PruneReport, Retentio
 pub use run_stream::{
     Contents, RESERVED_ID_PREFIX, STATUS_ID_PREFIX, batch_fingerprint, is_reserved, is_status, lines_of, status_event,
 };
+pub(crate) use writes::stored_within;
+pub use writes::{Append, STORED_POLL};
 
-use crate::queue::Fence;
 use crate::redis_conn::{RedisAccess, RedisEndpoint};
 use crate::stream::{SequenceToken, StreamId};
 
@@ -342,85 +344,6 @@ pub enum StoreError {
     },
 }
 
-/// How [`RunLogStore::append`] writes one container: under which fence,
-/// and the fingerprint of a producer's batch (the hash of its events' ids,
-/// to drop a retried batch).
-///
-/// ```
-/// use tailrace::archive::Append;
-/// use tailrace::queue::Fence;
-///
-/// let how = Append::new().fenced(Fence::lease(3)).batch(0xfeed);
-/// assert_eq!((how.fence, how.fingerprint), (Fence::lease(3), Some(0xfeed)));
-/// assert_eq!(Append::new(), Append::default());
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Append {
-    /// The writer's lease, if any.
-    pub fence: Fence,
-    /// The batch's fingerprint, if it is a producer's batch.
-    pub fingerprint: Option<u64>,
-}
-
-impl Append {
-    /// Unfenced, no fingerprint.
-    pub const fn new() -> Self {
-        Self { fence: Fence::NONE, fingerprint: None }
-    }
-
-    /// Written under `fence`.
-    pub const fn fenced(mut self, fence: Fence) -> Self {
-        self.fence = fence;
-        self
-    }
-
-    /// A producer's batch with this fingerprint.
-    pub const fn batch(mut self, fingerprint: u64) -> Self {
-        self.fingerprint = Some(fingerprint);
-        self
-    }
-}
-
-/// How often [`RunLogStore::wait_stored`] looks when nothing tells it of
-/// writes.
-pub const STORED_POLL: Duration = Duration::from_millis(100);
-
-/// Looks at `run` in `store` until it holds `token` or `within` passed. Each
-/// look is preceded by `arm()`, a wait that ends when the run may have
-/// changed (`None`: none, look again after [`STORED_POLL`]); arming first
-/// means a write between the arm and the look still ends the wait.
-pub(crate) async fn stored_within<S, W>(
-    store: &S,
-    run: &RunKey,
-    token: SequenceToken,
-    within: Duration,
-    mut arm: impl FnMut() -> Option<W> + Send,
-) -> bool
-where
-    S: RunLogStore + ?Sized,
-    W: std::future::Future<Output = ()> + Send,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let changed = arm();
-        if let Ok(Some(info)) = store.info(run).await
-            && info.last_token.is_some_and(|last| last >= token)
-        {
-            return true;
-        }
-        let now = tokio::time::Instant::now();
-        if now >= deadline {
-            return false;
-        }
-        let left = deadline - now;
-        match changed {
-            Some(changed) => drop(tokio::time::timeout(left, changed).await),
-            None => tokio::time::sleep(left.min(STORED_POLL)).await,
-        }
-    }
-}
-
 /// Where run logs and statuses are kept. Lines are addressed by their
 /// zero-based offset in the run's log.
 #[async_trait]
@@ -444,6 +367,16 @@ pub trait RunLogStore: Send + Sync + 'static {
 
     /// What the store knows of `run`; `None` if it was never seen.
     async fn info(&self, run: &RunKey) -> Result<Option<RunInfo>, StoreError>;
+
+    /// When lines `[from, to)` arrived: the marks `(first line offset, ms)`
+    /// of the containers that hold them (each mark holds until the next),
+    /// from the one `from` is in, in offset order. A store that keeps no
+    /// times answers none (the default); so do lines appended without
+    /// [`Append::arrived`].
+    async fn times(&self, run: &RunKey, from: u64, to: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        let _ = (run, from, to);
+        Ok(Vec::new())
+    }
 
     /// Waits until `run` holds the container `token` (or a later one), for
     /// at most `within`; whether it does (a store that cannot answer counts

@@ -237,6 +237,7 @@ impl LogEdge {
             .route("/api/v1/logs/{fqn}/runs", get(pages::runs))
             .route("/api/v1/logs/{fqn}/runs/{run}", get(search::run_info))
             .route("/api/v1/logs/{fqn}/runs/{run}/search", get(search::search))
+            .route("/api/v1/logs/{fqn}/runs/{run}/times", get(search::times))
             .route("/api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run}", get(sse::stream))
             .route("/api/v1/services/ingestionPipelines/logs/{fqn}/last", get(pages::last))
             .route("/api/v1/services/ingestionPipelines/logs/{fqn}/last/download", get(pages::download))
@@ -248,8 +249,8 @@ impl LogEdge {
 }
 
 /// The viewer page, one self-contained file (no build step: it is part of
-/// the binary), put together once from `edge/page/`: its style and script
-/// inlined, with the search rules it shares with the server (what an error,
+/// the binary), put together once from `edge/page/`: its style and its
+/// script (the parts, in order, in one scope) inlined, with the search rules it shares with the server (what an error,
 /// a warning and a group marker are).
 fn viewer_page() -> &'static str {
     static PAGE: OnceLock<String> = OnceLock::new();
@@ -259,7 +260,16 @@ fn viewer_page() -> &'static str {
             "warning": search::WARNING_PATTERN,
             "group": search::GROUP_PATTERN,
         });
-        let script = include_str!("edge/page/app.js").replace("/*RULES*/", &rules.to_string());
+        let script = [
+            include_str!("edge/page/core.js"),
+            include_str!("edge/page/ansi.js"),
+            include_str!("edge/page/lines.js"),
+            include_str!("edge/page/render.js"),
+            include_str!("edge/page/search.js"),
+            include_str!("edge/page/stream.js"),
+        ]
+        .concat()
+        .replace("/*RULES*/", &rules.to_string());
         include_str!("edge/page/index.html")
             .replace("/*STYLE*/", include_str!("edge/page/style.css"))
             .replace("/*SCRIPT*/", &script)

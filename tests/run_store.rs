@@ -89,6 +89,26 @@ async fn contract(store: Arc<dyn RunLogStore>) {
     assert!(!store.append(&wide, token(top + 1, u64::MAX), &["again"], Append::new()).await.unwrap());
     let info = store.info(&wide).await.unwrap().unwrap();
     assert_eq!((info.lines, info.last_token), (5, Some(token(u64::MAX, 0))));
+    arrival_times(store.as_ref()).await;
+}
+
+/// When lines arrived: one mark per container with lines and a time, read
+/// back for any range from the mark its first line is under.
+async fn arrival_times(store: &dyn RunLogStore) {
+    let run = RunKey::new("svc.times", "r-1").unwrap();
+    assert!(store.times(&run, 0, 10).await.unwrap().is_empty(), "no run, no times");
+    let at = |ms| Append::new().arrived(ms);
+    assert!(store.append(&run, token(1, 0), &["a", "b"], at(1_000)).await.unwrap());
+    assert!(store.append(&run, token(2, 0), &[], at(1_500)).await.unwrap(), "a status: no lines, no mark");
+    assert!(store.append(&run, token(3, 0), &["c"], at(2_000)).await.unwrap());
+    assert!(store.append(&run, token(4, 0), &["d", "e", "f"], Append::new()).await.unwrap(), "no time: no mark");
+    assert!(store.append(&run, token(5, 0), &["g"], at(3_000)).await.unwrap());
+    assert!(!store.append(&run, token(5, 0), &["g"], at(3_000)).await.unwrap(), "redelivered");
+    assert_eq!(store.times(&run, 0, 7).await.unwrap(), [(0, 1_000), (2, 2_000), (6, 3_000)]);
+    assert_eq!(store.times(&run, 1, 2).await.unwrap(), [(0, 1_000)], "the mark line 1 is under");
+    assert_eq!(store.times(&run, 3, 6).await.unwrap(), [(2, 2_000)]);
+    assert_eq!(store.times(&run, 6, 100).await.unwrap(), [(6, 3_000)]);
+    assert!(store.times(&run, 4, 4).await.unwrap().len() <= 1);
 }
 
 /// Names of any valid length: a 256-byte run id whose encoding would be

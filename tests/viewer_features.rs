@@ -216,3 +216,61 @@ async fn a_million_line_run_opens_at_its_tail_and_any_line_is_a_link_away() {
     let lines = browser.js("return document.querySelectorAll('#log .ln').length").await.as_u64().unwrap();
     assert!(lines <= 5_000, "{lines} line elements after the jumps");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_line_shows_when_it_arrived_on_the_clock_or_since_the_start() {
+    let server = LogServer::start(quick_settings()).await;
+    server.lines("svc.times", "r-1", "first\nfirst too").await;
+    // Two ingest times at least a second apart (the input, not a wait).
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    server.lines("svc.times", "r-1", "second").await;
+    server.state("svc.times", "r-1", "running").await;
+    server.archived("svc.times", "r-1", 3).await;
+    let browser = Browser::start(1280, 800).await;
+    browser.client.goto(&page(&server, "svc.times", "r-1")).await.unwrap();
+    browser.until("three lines", "return document.querySelectorAll('#log .ln').length >= 3").await;
+    let stamps = "const t = [...document.querySelectorAll('#log .ts')].map((s) => s.textContent);
+                  return t.length === 3 && t.every((s) => s !== '') ? t : false";
+    browser.js("document.getElementById('times').click(); return true").await;
+    let clock: Vec<String> = serde_json::from_value(browser.until("clock times", stamps).await).unwrap();
+    let pattern = regex::Regex::new(r"^\d\d:\d\d:\d\d\.\d{3}$").unwrap();
+    assert!(clock.iter().all(|t| pattern.is_match(t)), "{clock:?}");
+    assert_eq!(clock[0], clock[1], "one request, one arrival time");
+    browser.js("document.getElementById('times').click(); return true").await;
+    let since = browser
+        .until(
+            "times since the start",
+            &format!("const t = (() => {{ {stamps} }})(); return t && t[0].startsWith('+') && t"),
+        )
+        .await;
+    let since: Vec<String> = serde_json::from_value(since).unwrap();
+    assert_eq!(since[0], "+0:00.000");
+    let seconds: f64 = since[2].trim_start_matches("+0:").parse().unwrap();
+    assert!((1.1..60.0).contains(&seconds), "{since:?}");
+    browser.js("document.getElementById('times').click(); return true").await;
+    browser.until("times off", "return document.querySelectorAll('#log .ts').length === 0").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_phone_width_screen_gets_the_whole_page_and_coloured_run_states() {
+    let server = LogServer::start(quick_settings()).await;
+    server
+        .lines("svc.phone", "ok-run", "a line that is long enough to need more than a phone's width to show it whole")
+        .await;
+    server.state("svc.phone", "ok-run", "success").await;
+    server.lines("svc.phone", "bad-run", "boom").await;
+    server.state("svc.phone", "bad-run", "failed").await;
+    let browser = Browser::start(390, 844).await;
+    browser.client.goto(&page(&server, "svc.phone", "ok-run")).await.unwrap();
+    browser.until("the line", &line_in_view(1)).await;
+    let fits = "return document.documentElement.scrollWidth <= window.innerWidth
+                && document.getElementById('log').getBoundingClientRect().height > 100";
+    assert_eq!(browser.js(fits).await, true, "no sideways scroll of the page; the log keeps room");
+    let states = "const o = [...document.querySelectorAll('#run option')];
+                  return o.length === 2 ? o.map((x) => [x.value, getComputedStyle(x).color]) : false";
+    let states = browser.until("both runs listed", states).await;
+    let states: Vec<(String, String)> = serde_json::from_value(states).unwrap();
+    let colour = |run: &str| states.iter().find(|(r, _)| r == run).map(|(_, c)| c.clone()).unwrap();
+    assert_eq!(colour("ok-run"), "rgb(29, 122, 58)", "success is green");
+    assert_eq!(colour("bad-run"), "rgb(179, 38, 30)", "failed is red");
+}

@@ -39,6 +39,11 @@ impl RunLogReader {
         self.store.read(run, from, max_lines, max_bytes).await
     }
 
+    /// See [`RunLogStore::times`].
+    pub async fn times(&self, run: &RunKey, from: u64, to: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        self.store.times(run, from, to).await
+    }
+
     /// See [`RunLogStore::wait_stored`].
     pub async fn wait_stored(&self, run: &RunKey, token: SequenceToken, within: Duration) -> bool {
         self.store.wait_stored(run, token, within).await
@@ -157,6 +162,9 @@ impl StreamConsumer for ArchiverConsumer {
             // a paused old owner cannot append after its successor did.
             let how = Append::new().fenced(delivery.fence);
             let how = if contents.texts.is_empty() { how } else { how.batch(fingerprint) };
+            // When its lines arrived: the edge's ingest time, for the viewer.
+            let arrived = batch.events.iter().map(|e| e.timestamp_ms).find(|&ms| ms > 0);
+            let how = arrived.map_or(how, |ms| how.arrived(ms));
             let appended = store.append(run, batch.token, &lines, how).await;
             if appended.map_err(ConsumerError::failed)? {
                 metrics::counter!(telemetry::ARCHIVE_LINES).increment(lines.len() as u64);

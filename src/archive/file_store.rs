@@ -37,6 +37,7 @@ use tokio::sync::Notify;
 
 mod index;
 mod prune;
+mod times;
 
 use super::file_names::{decode, folder, is_hashed};
 #[cfg(test)]
@@ -64,6 +65,13 @@ struct Meta {
     /// `RECENT_BATCHES`): a retried batch is dropped.
     #[serde(default, skip_serializing_if = "std::collections::VecDeque::is_empty")]
     recent: std::collections::VecDeque<u64>,
+    /// Records of `times.bin` that are the run's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    times: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// See the module documentation.
@@ -180,18 +188,14 @@ impl Inner {
             run: run.run().to_string(),
             info: RunInfo { created_ms: now, updated_ms: now, ..RunInfo::default() },
             recent: Default::default(),
+            times: 0,
         };
         self.write_meta(dir, &meta)?;
         Ok(meta)
     }
 
-    fn append(
-        &self,
-        run: &RunKey,
-        token: SequenceToken,
-        fingerprint: Option<u64>,
-        lines: &[String],
-    ) -> Result<bool, StoreError> {
+    fn append(&self, run: &RunKey, token: SequenceToken, how: Append, lines: &[String]) -> Result<bool, StoreError> {
+        let fingerprint = how.fingerprint;
         let _guard = self.lock(run);
         let dir = self.dir(run);
         let mut meta = self.meta_or_new(run, &dir)?;
@@ -235,6 +239,10 @@ impl Inner {
         }
         if !index.is_empty() {
             self.append_index(&dir, &meta, &index)?;
+        }
+        if let Some(ms) = how.arrived_ms.filter(|_| !lines.is_empty()) {
+            let first = meta.info.lines;
+            self.append_time(&dir, &mut meta, first, ms)?;
         }
         meta.info.lines += lines.len() as u64;
         meta.info.bytes += buffer.len() as u64;
@@ -354,7 +362,7 @@ impl RunLogStore for FileRunLogStore {
         how: Append,
     ) -> Result<bool, StoreError> {
         let (run, lines) = (run.clone(), lines.iter().map(|l| l.to_string()).collect::<Vec<_>>());
-        let appended = self.blocking(move |inner| inner.append(&run, token, how.fingerprint, &lines)).await;
+        let appended = self.blocking(move |inner| inner.append(&run, token, how, &lines)).await;
         self.written.notify_waiters();
         appended
     }
@@ -369,6 +377,18 @@ impl RunLogStore for FileRunLogStore {
     async fn info(&self, run: &RunKey) -> Result<Option<RunInfo>, StoreError> {
         let run = run.clone();
         self.blocking(move |inner| Ok(inner.run_meta(&run, &inner.dir(&run))?.map(|m| m.info))).await
+    }
+
+    async fn times(&self, run: &RunKey, from: u64, to: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        let run = run.clone();
+        self.blocking(move |inner| {
+            let dir = inner.dir(&run);
+            match inner.run_meta(&run, &dir)? {
+                Some(meta) => inner.read_times(&dir, &meta, from, to),
+                None => Ok(Vec::new()),
+            }
+        })
+        .await
     }
 
     async fn wait_stored(&self, run: &RunKey, token: SequenceToken, within: Duration) -> bool {

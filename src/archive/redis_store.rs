@@ -5,6 +5,7 @@
 //! {prefix}:runs:{n}:{fqn}            sorted set of run ids by creation time
 //! {prefix}:run:{n}:{fqn}:{runId}     hash: lines, bytes, state, token, created, updated
 //! {prefix}:log:{n}:{fqn}:{runId}     list of lines
+//! {prefix}:times:{n}:{fqn}:{runId}   sorted set of `offset:ms` by offset: when each container's lines arrived
 //! ```
 //!
 //! (`{n}` is the length of the fqn, so no two runs share a key.) An append
@@ -48,8 +49,9 @@ use crate::telemetry;
 /// Runs asked for in one round trip while pruning.
 const PAGE: usize = 256;
 
-/// KEYS: run hash, log list, runs zset, pipelines set.
-/// ARGV: fqn, run, created, token major, token minor, bytes, lines...
+/// KEYS: run hash, log list, runs zset, pipelines set, times zset.
+/// ARGV: fqn, run, created, token major, token minor, bytes, fingerprint,
+/// fence, arrived, lines...
 ///
 /// Token parts are unsigned 64-bit decimals, compared as strings (shorter
 /// is smaller, then byte order): Lua numbers are doubles and would take
@@ -58,6 +60,10 @@ const PAGE: usize = 256;
 /// ARGV[7] is the container's fingerprint (16 hex digits, or empty): one
 /// the run's `recent` field holds (the last 128, space-separated) is a
 /// producer's retried batch, so only the token moves.
+///
+/// ARGV[9] is when the lines arrived (ms, or empty): a member
+/// `offset:ms` of the times sorted set (KEYS[5]), scored by the offset of
+/// the container's first line. Lines start at ARGV[10].
 ///
 /// ARGV[8] is the writer's lease fencing token (or empty, unfenced): one
 /// below the run's `fence` field (the highest token that appended to it)
@@ -93,10 +99,14 @@ if ARGV[7] ~= '' and string.find(' ' .. recent .. ' ', ' ' .. ARGV[7] .. ' ', 1,
   redis.call('HSET', KEYS[1], 'major', ARGV[4], 'minor', ARGV[5])
   return 0
 end
-for i = 9, #ARGV do
+if ARGV[9] ~= '' and #ARGV > 9 then
+  local first = redis.call('LLEN', KEYS[2])
+  redis.call('ZADD', KEYS[5], first, first .. ':' .. ARGV[9])
+end
+for i = 10, #ARGV do
   redis.call('RPUSH', KEYS[2], ARGV[i])
 end
-redis.call('HINCRBY', KEYS[1], 'lines', #ARGV - 8)
+redis.call('HINCRBY', KEYS[1], 'lines', #ARGV - 9)
 redis.call('HINCRBY', KEYS[1], 'bytes', ARGV[6])
 redis.call('HSET', KEYS[1], 'major', ARGV[4], 'minor', ARGV[5], 'updated', ARGV[3])
 if ARGV[7] ~= '' then
@@ -120,7 +130,7 @@ if redis.call('HGET', KEYS[1], 'state') ~= ARGV[4] then
 end
 return 1";
 
-/// KEYS: run hash, log list, runs zset, pipelines set.
+/// KEYS: run hash, log list, runs zset, pipelines set, times zset.
 /// ARGV: fqn, run, bytes, updated, state ('' for none), as chosen.
 const PRUNE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -132,7 +142,7 @@ local state = redis.call('HGET', KEYS[1], 'state') or ''
 if bytes ~= tonumber(ARGV[3]) or updated ~= tonumber(ARGV[4]) or state ~= ARGV[5] then
   return 0
 end
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[5])
 redis.call('ZREM', KEYS[3], ARGV[2])
 if redis.call('ZCARD', KEYS[3]) == 0 then
   redis.call('SREM', KEYS[4], ARGV[1])
@@ -196,6 +206,10 @@ impl RedisRunLogStore {
         format!("{}:run:{}:{}:{}", self.prefix, run.fqn().len(), run.fqn(), run.run())
     }
 
+    fn times_key(&self, run: &RunKey) -> String {
+        format!("{}:times:{}:{}:{}", self.prefix, run.fqn().len(), run.fqn(), run.run())
+    }
+
     fn log_key(&self, run: &RunKey) -> String {
         format!("{}:log:{}:{}:{}", self.prefix, run.fqn().len(), run.fqn(), run.run())
     }
@@ -253,6 +267,7 @@ impl RedisRunLogStore {
         let run = &candidate.run;
         let mut invocation = self.prune.key(self.run_key(run));
         invocation.key(self.log_key(run)).key(self.runs_key(run.fqn())).key(self.pipelines_key());
+        invocation.key(self.times_key(run));
         invocation.arg(run.fqn()).arg(run.run()).arg(candidate.info.bytes).arg(candidate.info.updated_ms);
         invocation.arg(candidate.info.state.map_or("", |s| s.as_str()));
         let removed: i64 = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
@@ -289,16 +304,18 @@ impl RedisRunLogStore {
         &self,
         run: &RunKey,
         token: SequenceToken,
-        fingerprint: Option<u64>,
+        how: Append,
         lines: &[&str],
-        fence: Option<u64>,
     ) -> Result<bool, StoreError> {
+        let (fingerprint, fence) = (how.fingerprint, how.fence.token());
         let bytes: usize = lines.iter().map(|l| l.len() + 1).sum();
         let mut invocation = self.append.key(self.run_key(run));
         invocation.key(self.log_key(run)).key(self.runs_key(run.fqn())).key(self.pipelines_key());
+        invocation.key(self.times_key(run));
         invocation.arg(run.fqn()).arg(run.run()).arg((self.clock)()).arg(token.major).arg(token.minor).arg(bytes);
         invocation.arg(fingerprint.map_or(String::new(), |f| format!("{f:016x}")));
         invocation.arg(fence.map_or(String::new(), |f| f.to_string()));
+        invocation.arg(how.arrived_ms.map_or(String::new(), |ms| ms.to_string()));
         for line in lines {
             invocation.arg(*line);
         }
@@ -324,11 +341,38 @@ impl RunLogStore for RedisRunLogStore {
         lines: &[&str],
         how: Append,
     ) -> Result<bool, StoreError> {
-        self.append_lines(run, token, how.fingerprint, lines, how.fence.token()).await
+        self.append_lines(run, token, how, lines).await
     }
 
     async fn set_state(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {
         self.ensure(run, state).await
+    }
+
+    async fn times(&self, run: &RunKey, from: u64, to: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        if to <= from {
+            return Ok(Vec::new());
+        }
+        let key = self.times_key(run);
+        let (before, inside): (Vec<String>, Vec<String>) = redis::pipe()
+            .cmd("ZREVRANGEBYSCORE")
+            .arg(&key)
+            .arg(from)
+            .arg("-inf")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(1)
+            .cmd("ZRANGEBYSCORE")
+            .arg(&key)
+            .arg(format!("({from}"))
+            .arg(format!("({to}"))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(backend)?;
+        let mark = |member: &String| {
+            let (offset, ms) = member.split_once(':')?;
+            Some((offset.parse().ok()?, ms.parse().ok()?))
+        };
+        Ok(before.iter().chain(&inside).filter_map(mark).collect())
     }
 
     async fn wait_stored(&self, run: &RunKey, token: SequenceToken, within: Duration) -> bool {

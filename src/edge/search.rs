@@ -3,7 +3,10 @@
 //!
 //! - `GET /api/v1/logs/{fqn}/runs/{runId}/search?q=&regex=&case=&after=&limit=`
 //!   (or `level=error|warning`, or `groups=1`, instead of `q`);
-//! - `GET /api/v1/logs/{fqn}/runs/{runId}`.
+//! - `GET /api/v1/logs/{fqn}/runs/{runId}`;
+//! - `GET /api/v1/logs/{fqn}/runs/{runId}/times?after=&limit=`: when lines
+//!   `[after, after + limit)` arrived (marks of 1-based line and ms, each
+//!   holding until the next; `limit` capped at `edge.max_page_lines`).
 //!
 //! A search's cost is bounded per request: it scans at most
 //! `edge.max_search_scan_lines` lines from `after` (a zero-based offset,
@@ -203,6 +206,29 @@ pub(crate) async fn search(
         body["next"] = json!(at.to_string());
     }
     Ok(Json(body).into_response())
+}
+
+#[derive(Deserialize)]
+pub(crate) struct TimesQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `{"marks": [[line, ms], …]}`: line is 1-based, the first mark is the one
+/// line `after + 1` is under.
+pub(crate) async fn times(
+    State(edge): State<Arc<LogEdge>>,
+    Path((fqn, run)): Path<(String, String)>,
+    query: Result<Query<TimesQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| problem(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let key = run_key(&fqn, &run)?;
+    let from = query.after.as_deref().and_then(|a| a.parse::<u64>().ok()).unwrap_or(0);
+    let limit = query.limit.unwrap_or(edge.options.max_page_lines).clamp(1, edge.options.max_page_lines);
+    edge.count_read();
+    let marks = edge.store.times(&key, from, from + limit as u64).await.map_err(store_unavailable)?;
+    let marks: Vec<[u64; 2]> = marks.into_iter().map(|(offset, ms)| [offset + 1, ms]).collect();
+    Ok(Json(json!({ "marks": marks })).into_response())
 }
 
 /// `{"runId", "pipeline", "state", "lines", "bytes", "createdMs", "updatedMs"}`.

@@ -83,6 +83,9 @@ impl RunLogStore for ProbeStore {
         }
         self.inner.info(run).await
     }
+    async fn times(&self, run: &RunKey, from: u64, to: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        self.inner.times(run, from, to).await
+    }
     async fn wait_stored(&self, run: &RunKey, token: SequenceToken, within: Duration) -> bool {
         self.inner.wait_stored(run, token, within).await
     }
