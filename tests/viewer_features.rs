@@ -193,6 +193,14 @@ async fn a_million_line_run_opens_at_its_tail_and_any_line_is_a_link_away() {
     assert_eq!(linked, "line 100000 ok");
     let selected = "return [...document.querySelectorAll('#log .ln.sel')].map((l) => l.dataset.n)";
     assert_eq!(browser.js(selected).await, Value::from(vec!["100000"]));
+    // A range, and a shift-click on a line number that extends it.
+    browser.client.goto(&format!("{}#L100000-L100002", page(&server, "svc.big", "r-1"))).await.unwrap();
+    browser.until("the range", &format!("const s = (() => {{ {selected} }})(); return s.length === 3 && s")).await;
+    let shift_click = "const row = [...document.querySelectorAll('#log .ln')].find((l) => l.dataset.n === '100004');
+                       const box = row.getBoundingClientRect();
+                       row.dispatchEvent(new MouseEvent('click', { bubbles: true, shiftKey: true, clientX: box.left + 3, clientY: box.top + 5 }));
+                       return location.hash";
+    assert_eq!(browser.js(shift_click).await, "#L100000-L100004", "the address follows the selection");
 
     // Search finds a line in a part never loaded, and jumps to it.
     browser.js("const q = document.getElementById('q'); q.value = 'NEEDLE-in'; document.getElementById('find').requestSubmit(); return true").await;
