@@ -157,6 +157,7 @@ pub mod crash;
 pub mod life;
 pub mod logs;
 pub mod powercut;
+pub mod redis_cluster;
 pub mod redis_server;
 pub mod scripted;
 pub mod store;

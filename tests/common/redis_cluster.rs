@@ -1,0 +1,171 @@
+//! A private Redis Cluster for a test: three masters and three replicas
+//! (`redis-server --cluster-enabled yes`, joined with `redis-cli --cluster
+//! create … --cluster-replicas 1`) on free 127.0.0.1 ports, each with its
+//! own directory and an append-only file synced on every write. The nodes
+//! time each other out after `NODE_TIMEOUT`, so a killed master's replica
+//! takes over within a few seconds. Dropping it kills every node.
+#![allow(dead_code)]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a silent node counts as alive (`cluster-node-timeout`).
+pub const NODE_TIMEOUT: Duration = Duration::from_millis(1_000);
+/// How long forming the cluster, or a failover, may take.
+const FORM_WAIT: Duration = Duration::from_secs(60);
+
+pub struct RedisCluster {
+    nodes: Vec<Node>,
+    _dir: tempfile::TempDir,
+}
+
+struct Node {
+    port: u16,
+    child: Option<Child>,
+}
+
+/// A free port whose cluster bus port (+10 000) is free too.
+fn cluster_port() -> u16 {
+    loop {
+        let port = super::free_port();
+        if port < 55_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+fn cli(port: u16, args: &[&str]) -> std::io::Result<String> {
+    let out = Command::new("redis-cli").arg("-p").arg(port.to_string()).args(args).stderr(Stdio::null()).output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl RedisCluster {
+    /// Three masters, each with one replica, every slot served.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut nodes = Vec::new();
+        for _ in 0..6 {
+            let port = cluster_port();
+            let data = dir.path().join(port.to_string());
+            std::fs::create_dir_all(&data).unwrap();
+            let child = Command::new("redis-server")
+                .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--cluster-enabled", "yes"])
+                .args(["--cluster-config-file", "nodes.conf", "--cluster-node-timeout"])
+                .arg(NODE_TIMEOUT.as_millis().to_string())
+                .args(["--appendonly", "yes", "--appendfsync", "always", "--save", ""])
+                .arg("--dir")
+                .arg(&data)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server (apt-get install redis-server)");
+            nodes.push(Node { port, child: Some(child) });
+        }
+        let cluster = Self { nodes, _dir: dir };
+        for node in &cluster.nodes {
+            cluster.wait(&format!("node {} answering", node.port), || {
+                cli(node.port, &["PING"]).is_ok_and(|r| r.trim() == "PONG")
+            });
+        }
+        let addresses: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli (apt-get install redis-tools)");
+        assert!(created.success(), "redis-cli --cluster create failed");
+        cluster.wait_healthy();
+        // Every replica has its master's data and follows it.
+        cluster.wait("every replica in sync", || {
+            cluster.nodes.iter().all(|n| {
+                cli(n.port, &["INFO", "replication"]).is_ok_and(|info| {
+                    info.contains("role:master")
+                        && info.contains("connected_slaves:1")
+                        && info.contains(",state=online,")
+                        || info.contains("role:slave") && info.contains("master_link_status:up")
+                })
+            })
+        });
+        cluster
+    }
+
+    fn wait(&self, what: &str, ready: impl Fn() -> bool) {
+        let deadline = Instant::now() + FORM_WAIT;
+        while !ready() {
+            assert!(Instant::now() < deadline, "the Redis Cluster: {what} not within {FORM_WAIT:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until every live node says the cluster is `ok` (every slot
+    /// served by a reachable master).
+    pub fn wait_healthy(&self) {
+        self.wait("cluster_state:ok on every live node", || {
+            self.nodes
+                .iter()
+                .filter(|n| n.child.is_some())
+                .all(|n| cli(n.port, &["CLUSTER", "INFO"]).is_ok_and(|info| info.contains("cluster_state:ok")))
+        });
+    }
+
+    /// `redis://` URLs of every node, for a client's seed list.
+    pub fn seeds(&self) -> Vec<String> {
+        self.nodes.iter().filter(|n| n.child.is_some()).map(|n| format!("redis://127.0.0.1:{}", n.port)).collect()
+    }
+
+    /// The port of the master serving `key`'s slot now.
+    pub fn master_of(&self, key: &str) -> u16 {
+        let live = self.nodes.iter().find(|n| n.child.is_some()).expect("a live node").port;
+        let slot: u16 = cli(live, &["CLUSTER", "KEYSLOT", key]).unwrap().trim().parse().unwrap();
+        // `id addr flags master ping pong epoch state slots...`
+        let table = cli(live, &["CLUSTER", "NODES"]).unwrap();
+        for line in table.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let port: u16 = fields[1].split(['@', ':']).nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+            for range in &fields[8..] {
+                let (a, b) = range.split_once('-').unwrap_or((range, range));
+                if let (Ok(a), Ok(b)) = (a.parse::<u16>(), b.parse::<u16>())
+                    && (a..=b).contains(&slot)
+                {
+                    return port;
+                }
+            }
+        }
+        panic!("no master serves slot {slot}:\n{table}");
+    }
+
+    /// `kill -9` of the node on `port`; its replica (if it was a master)
+    /// takes over after [`NODE_TIMEOUT`] and the cluster is `ok` again.
+    pub fn kill(&mut self, port: u16) {
+        let node = self.nodes.iter_mut().find(|n| n.port == port).expect("a node of this cluster");
+        if let Some(mut child) = node.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let live = self.nodes.iter().find(|n| n.child.is_some()).expect("a live node").port;
+        let needle = format!("127.0.0.1:{port}@");
+        self.wait(&format!("node {port} marked failed"), || {
+            cli(live, &["CLUSTER", "NODES"]).is_ok_and(|table| {
+                table.lines().any(|l| l.contains(&needle) && l.contains("fail") && !l.contains("fail?"))
+            })
+        });
+        self.wait_healthy();
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
