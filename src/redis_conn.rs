@@ -27,6 +27,53 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ConnectionAddr, IntoConnectionInfo};
 
+/// A connection to Redis, cheap to clone: to one server (reconnecting with
+/// backoff) or to a Redis Cluster (the cluster client's, which follows
+/// `MOVED` and `ASK` and reconnects). Commands and scripts run on either; on
+/// a cluster a script or a pipeline goes to the slot of its keys, which must
+/// share one.
+#[derive(Clone)]
+pub enum RedisConn {
+    /// One server.
+    Single(ConnectionManager),
+    /// A Redis Cluster.
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl From<ConnectionManager> for RedisConn {
+    fn from(conn: ConnectionManager) -> Self {
+        Self::Single(conn)
+    }
+}
+
+impl redis::aio::ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Single(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(conn) => conn.get_db(),
+            Self::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
 /// The environment variable whose value, when set and not empty, is the
 /// Redis password (it wins over `password_file`, `password` and the URL).
 pub const PASSWORD_ENV: &str = "TAILRACE_REDIS_PASSWORD";
@@ -82,6 +129,8 @@ pub struct RedisAccess {
     pub tls_cert_file: Option<PathBuf>,
     /// PEM private key of `tls_cert_file`.
     pub tls_key_file: Option<PathBuf>,
+    /// The URL is a seed of a Redis Cluster (the client finds the others).
+    pub cluster: bool,
 }
 
 impl std::fmt::Debug for RedisAccess {
@@ -94,6 +143,7 @@ impl std::fmt::Debug for RedisAccess {
             .field("tls_ca_file", &self.tls_ca_file)
             .field("tls_cert_file", &self.tls_cert_file)
             .field("tls_key_file", &self.tls_key_file)
+            .field("cluster", &self.cluster)
             .finish()
     }
 }
@@ -178,11 +228,32 @@ impl RedisEndpoint {
 
     /// The client, and the setting to name if Redis refuses the password.
     fn build(&self, protocol: redis::ProtocolVersion) -> Result<(redis::Client, String), RedisConnError> {
-        let url_error = |e: redis::RedisError| RedisConnError::Setting {
+        let (info, tls, password_setting) = self.parts(protocol)?;
+        let client = match tls {
+            None => redis::Client::open(info).map_err(|e| self.url_error(e))?,
+            Some(certificates) => {
+                crate::tls::use_ring_by_default();
+                redis::Client::build_with_tls(info, certificates)
+                    .map_err(|e| self.invalid("tls_ca_file", e.to_string()))?
+            }
+        };
+        Ok((client, password_setting))
+    }
+
+    fn url_error(&self, e: redis::RedisError) -> RedisConnError {
+        RedisConnError::Setting {
             setting: self.url_setting.clone(),
             message: format!("`{}` is not a Redis URL: {e}", self.shown()),
-        };
-        let info = self.url.as_str().into_connection_info().map_err(url_error)?;
+        }
+    }
+
+    /// The connection info (user and password applied), the TLS material
+    /// of a `rediss://` URL, and the setting the password came from.
+    fn parts(
+        &self,
+        protocol: redis::ProtocolVersion,
+    ) -> Result<(redis::ConnectionInfo, Option<redis::TlsCertificates>, String), RedisConnError> {
+        let info = self.url.as_str().into_connection_info().map_err(|e| self.url_error(e))?;
         let mut settings = info.redis_settings().clone().set_protocol(protocol);
         if let Some(user) = &self.access.username {
             settings = settings.set_username(user);
@@ -205,8 +276,7 @@ impl RedisEndpoint {
                     format!("set, but {} `{}` is not a rediss:// (TLS) URL", self.url_setting, self.shown()),
                 ));
             }
-            let client = redis::Client::open(info).map_err(url_error)?;
-            return Ok((client, password_setting));
+            return Ok((info, None, password_setting));
         }
         let client_tls = match (&access.tls_cert_file, &access.tls_key_file) {
             (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
@@ -218,10 +288,7 @@ impl RedisEndpoint {
             (None, Some(_)) => return Err(self.invalid("tls_cert_file", "tls_key_file needs tls_cert_file")),
         };
         let root_cert = access.tls_ca_file.as_ref().map(|ca| self.certificates("tls_ca_file", ca)).transpose()?;
-        crate::tls::use_ring_by_default();
-        let client = redis::Client::build_with_tls(info, redis::TlsCertificates { client_tls, root_cert })
-            .map_err(|e| self.invalid("tls_ca_file", e.to_string()))?;
-        Ok((client, password_setting))
+        Ok((info, Some(redis::TlsCertificates { client_tls, root_cert }), password_setting))
     }
 
     /// The PEM file `path` (setting `key`), checked to hold certificates.
@@ -259,6 +326,33 @@ impl RedisEndpoint {
     /// (tracking invalidations) to `config`'s push sender.
     pub async fn connect_resp3(&self, config: ConnectionManagerConfig) -> Result<ConnectionManager, RedisConnError> {
         self.connect_as(config, redis::ProtocolVersion::RESP3).await
+    }
+
+    /// Connects as [`RedisEndpoint::connect`] does, or, when the access says
+    /// `cluster`, to the Redis Cluster the URL is a seed of (commands time
+    /// out after `response_timeout`; a refused password or certificate is
+    /// named as for one server).
+    pub async fn connect_any(
+        &self,
+        config: ConnectionManagerConfig,
+        response_timeout: Duration,
+    ) -> Result<RedisConn, RedisConnError> {
+        if !self.access.cluster {
+            return self.connect(config).await.map(RedisConn::Single);
+        }
+        let (info, tls, password_setting) = self.parts(redis::ProtocolVersion::RESP2)?;
+        let mut builder = redis::cluster::ClusterClientBuilder::new(vec![info])
+            .connection_timeout(CONNECT_TIMEOUT)
+            .response_timeout(response_timeout);
+        if let Some(certificates) = tls {
+            crate::tls::use_ring_by_default();
+            builder = builder.certs(certificates);
+        }
+        let client = builder.build().map_err(|e| self.url_error(e))?;
+        client.get_async_connection().await.map(RedisConn::Cluster).map_err(|error| {
+            self.refusal(&error, &password_setting)
+                .unwrap_or_else(|| RedisConnError::Unreachable { url: self.shown(), message: error.to_string() })
+        })
     }
 
     async fn connect_as(

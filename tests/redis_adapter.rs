@@ -47,6 +47,31 @@ async fn passes_the_conformance_kit() {
     assert_eq!(report.checks_run(), 15, "{report}");
 }
 
+/// The same kit on a Redis Cluster (three masters, three replicas): every
+/// command, pipeline and script of the adapter stays in one queue's slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_conformance_kit_on_a_redis_cluster() {
+    let cluster = common::redis_cluster::RedisCluster::start();
+    let claims = Claims { durable: true, rewindable: true, exclusive_receivers: false, bounded: None, trims: true };
+    let options = RedisOptions {
+        url: cluster.seeds()[0].clone(),
+        cluster: true,
+        trim_every: Duration::ZERO,
+        ..Default::default()
+    };
+    let report =
+        conformance::run(claims, move || {
+            let options = options.clone();
+            async move {
+                Ok(Arc::new(RedisAdapterFactory::connect(2, options, "n1").await?) as Arc<dyn QueueAdapterFactory>)
+            }
+        })
+        .await
+        .unwrap_or_else(|failures| panic!("{failures}"));
+    println!("{report}");
+    assert_eq!(report.checks_run(), 15, "{report}");
+}
+
 #[tokio::test]
 async fn a_new_owner_takes_over_what_the_old_one_left_pending() {
     let server = RedisServer::start();

@@ -45,7 +45,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use backon::Retryable;
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
 pub use store::{RedisCheckpointer, RedisPubSubStore};
@@ -55,7 +54,7 @@ use fence::Fence;
 
 use super::{BuiltInFactory, MappedAdapter};
 use crate::queue::{Direction, QueueAdapter, QueueError, QueueMapper, QueueReceiver};
-use crate::redis_conn::{self, RedisAccess, RedisConnError, RedisEndpoint};
+use crate::redis_conn::{self, RedisAccess, RedisConn, RedisConnError, RedisEndpoint};
 use crate::stream::{Event, QueueId, SequenceToken, StreamId};
 
 const NAME: &str = "redis";
@@ -113,6 +112,10 @@ pub struct RedisOptions {
     /// Connections the receivers of a node share (queue `n` reads over
     /// connection `n mod reader_connections`); producers use another.
     pub reader_connections: usize,
+    /// `url` is a seed of a Redis Cluster: the adapter's commands go to
+    /// the shard of each queue's slot (its keys share a hash tag). The
+    /// adapter only, so far: `tailrace node` and `serve` refuse it.
+    pub cluster: bool,
 }
 
 impl Default for RedisOptions {
@@ -131,6 +134,7 @@ impl Default for RedisOptions {
             trim_every: Duration::from_secs(10),
             response_timeout: Duration::from_secs(5),
             reader_connections: 2,
+            cluster: false,
         }
     }
 }
@@ -162,6 +166,7 @@ impl RedisOptions {
             tls_ca_file: self.tls_ca_file.clone(),
             tls_cert_file: self.tls_cert_file.clone(),
             tls_key_file: self.tls_key_file.clone(),
+            cluster: self.cluster,
         }
     }
 
@@ -173,8 +178,8 @@ impl RedisOptions {
 
 /// Connects to Redis with reconnection and backoff; a refused password or
 /// certificate is a configuration error naming the setting.
-pub(crate) async fn connect(options: &RedisOptions) -> Result<ConnectionManager, QueueError> {
-    options.endpoint().connect(connection_config(options)).await.map_err(|e| match e {
+pub(crate) async fn connect(options: &RedisOptions) -> Result<RedisConn, QueueError> {
+    options.endpoint().connect_any(connection_config(options), options.response_timeout).await.map_err(|e| match e {
         RedisConnError::Unreachable { .. } => {
             QueueError::Backend { adapter: NAME.into(), message: format!("connecting: {e}"), transient: true }
         }
@@ -217,9 +222,11 @@ impl RedisAdapterFactory {
         let conn = connect(&options).await?;
         // Before anything reads or appends: retried while Redis is not
         // ready (restarting, loading its data), as a receiver's start is.
+        // (A Redis Cluster never ran the old layout, whose keys span slots.)
         let migrate = || {
             let (mut conn, prefix) = (conn.clone(), options.key_prefix.clone());
-            async move { fence::migrate_legacy_keys(&mut conn, &prefix, queue_count).await }
+            let cluster = options.cluster;
+            async move { if cluster { Ok(0) } else { fence::migrate_legacy_keys(&mut conn, &prefix, queue_count).await } }
         };
         migrate
             .retry(MIGRATE_RETRIES.within(MIGRATE_WITHIN))
@@ -258,10 +265,10 @@ impl MappedAdapter for RedisAdapter {
 pub struct RedisAdapter {
     mapper: QueueMapper,
     /// Producers' (and the checkpointer's and pub-sub store's).
-    conn: ConnectionManager,
+    conn: RedisConn,
     /// The receivers', made at the first receiver that needs each (no
     /// command blocks, so many queues share one).
-    readers: Vec<tokio::sync::OnceCell<ConnectionManager>>,
+    readers: Vec<tokio::sync::OnceCell<RedisConn>>,
     /// Where idle receivers wait for a write.
     wakes: Arc<wake::Wakes>,
     options: RedisOptions,

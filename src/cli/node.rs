@@ -105,6 +105,7 @@ fn cluster_cookie(config: &Config, path: &std::path::Path) -> anyhow::Result<Str
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     let mut config = Config::load(path)?;
     config.balancer.get_or_insert(BalancerKind::Lease);
+    super::refuse_redis_cluster(&config)?;
     let origin = path.display();
     if config.queues.adapter != "redis" {
         anyhow::bail!(

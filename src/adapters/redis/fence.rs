@@ -25,6 +25,7 @@
 
 use crate::cluster::queue_tag;
 use crate::queue::QueueError;
+use crate::redis_conn::RedisConn;
 use crate::stream::QueueId;
 use crate::telemetry;
 
@@ -159,7 +160,7 @@ pub(crate) fn queue_refusal(kind: &'static str, queue: QueueId, token: u64, erro
 /// new keys hash to different Cluster slots, so this runs on a standalone
 /// Redis, the only kind the old layout ever ran on.
 pub(crate) async fn migrate_legacy_keys(
-    conn: &mut redis::aio::ConnectionManager,
+    conn: &mut RedisConn,
     prefix: &str,
     queue_count: u32,
 ) -> Result<u32, redis::RedisError> {
@@ -220,7 +221,7 @@ impl Fence {
     /// `XACK stream group ids…`.
     pub(crate) async fn ack(
         &self,
-        conn: &mut redis::aio::ConnectionManager,
+        conn: &mut RedisConn,
         stream: &str,
         group: &str,
         ids: impl Iterator<Item = String>,
@@ -244,7 +245,7 @@ impl Fence {
     /// `XTRIM stream MINID min_id`.
     pub(crate) async fn trim(
         &self,
-        conn: &mut redis::aio::ConnectionManager,
+        conn: &mut RedisConn,
         stream: &str,
         min_id: &str,
     ) -> Result<u64, redis::RedisError> {
@@ -257,7 +258,7 @@ impl Fence {
     /// One `XAUTOCLAIM` page from `start`.
     pub(crate) async fn claim(
         &self,
-        conn: &mut redis::aio::ConnectionManager,
+        conn: &mut RedisConn,
         stream: &str,
         group: &str,
         consumer: &str,
@@ -284,7 +285,7 @@ impl Fence {
     /// passes the whole reply through Lua) only when it found nothing.
     pub(crate) async fn read_new(
         &self,
-        conn: &mut redis::aio::ConnectionManager,
+        conn: &mut RedisConn,
         stream: &str,
         group: &str,
         consumer: &str,

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::redis_conn::RedisConn;
 use async_trait::async_trait;
 use backon::RetryableWithContext;
-use redis::aio::ConnectionManager;
 use redis::streams::{StreamAutoClaimReply, StreamRangeReply, StreamReadReply};
 
 use super::entry::decode_entry;
@@ -31,7 +31,7 @@ enum Phase {
 
 pub(crate) struct RedisReceiver {
     queue: QueueId,
-    conn: ConnectionManager,
+    conn: RedisConn,
     key: String,
     options: RedisOptions,
     consumer: String,
@@ -53,7 +53,7 @@ pub(crate) struct RedisReceiver {
 /// What every receiver of an adapter shares.
 #[derive(Clone)]
 pub(crate) struct Shared {
-    pub(crate) conn: ConnectionManager,
+    pub(crate) conn: RedisConn,
     pub(crate) options: RedisOptions,
     /// This node's name in the consumer group.
     pub(crate) consumer: String,

@@ -1,8 +1,8 @@
 //! Checkpoints and subscriptions in Redis, so that every node of a cluster
 //! sees the same.
 
+use crate::redis_conn::RedisConn;
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
 
 use super::fence;
 use crate::pubsub::{PubSubError, PubSubStore, Subscription, SubscriptionId, SubscriptionState};
@@ -13,14 +13,15 @@ use crate::stream::{NodeId, QueueId, SequenceToken, StreamId};
 /// hash tag; see `fence.rs`). A fenced save checks the queue's fencing
 /// counter in the same script as its `SET`.
 pub struct RedisCheckpointer {
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: String,
     save_fenced: redis::Script,
 }
 
 impl RedisCheckpointer {
     /// Over an existing connection.
-    pub fn new(conn: ConnectionManager, prefix: &str) -> Self {
+    pub fn new(conn: impl Into<RedisConn>, prefix: &str) -> Self {
+        let conn = conn.into();
         Self { conn, prefix: prefix.to_string(), save_fenced: fence::script(fence::SAVE) }
     }
 
@@ -129,7 +130,7 @@ return removed";
 /// Subscriptions as one hash per stream, field = subscription id, at most
 /// `max_per_stream` of them.
 pub struct RedisPubSubStore {
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: String,
     max_per_stream: usize,
     upsert: redis::Script,
@@ -140,7 +141,8 @@ pub struct RedisPubSubStore {
 impl RedisPubSubStore {
     /// Over an existing connection; a stream holds at most `max_per_stream`
     /// subscriptions.
-    pub fn new(conn: ConnectionManager, prefix: &str, max_per_stream: usize) -> Self {
+    pub fn new(conn: impl Into<RedisConn>, prefix: &str, max_per_stream: usize) -> Self {
+        let conn = conn.into();
         Self {
             conn,
             prefix: prefix.to_string(),
