@@ -72,6 +72,51 @@ async fn passes_the_conformance_kit_on_a_redis_cluster() {
     assert_eq!(report.checks_run(), 15, "{report}");
 }
 
+/// With `wait_replicas = 1` an append is acknowledged only once a replica
+/// has it: every acknowledged batch survives a `kill -9` of its queue's
+/// master (its replica takes over). Without a replica to confirm, an append
+/// is refused as transient, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_appends_survive_a_master_failover_with_wait_replicas() {
+    let mut cluster = common::redis_cluster::RedisCluster::start();
+    let on_cluster = RedisOptions {
+        url: cluster.seeds()[0].clone(),
+        cluster: true,
+        wait_replicas: 1,
+        trim_every: Duration::ZERO,
+        ..Default::default()
+    };
+    let factory = RedisAdapterFactory::connect(2, on_cluster.clone(), "n1").await.unwrap();
+    let adapter = factory.adapter();
+    let s = stream("t", "failover");
+    let queue = factory.queue_mapper().queue_for(&s);
+    for i in 0..50 {
+        adapter.enqueue(&s, events("e", i..i + 1)).await.unwrap();
+    }
+    let master = cluster.master_of(&format!("{{q{}}}:stream", queue.0));
+    cluster.kill(master);
+    // A new node reads the queue from the promoted replica.
+    let fresh = RedisAdapterFactory::connect(2, on_cluster, "n2").await.unwrap();
+    let mut receiver = fresh.adapter().create_receiver(queue, Fence::NONE).await.unwrap();
+    receiver.initialize(Duration::from_secs(10)).await.unwrap();
+    let mut read = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while read.len() < 50 && tokio::time::Instant::now() < deadline {
+        for batch in receiver.read(100).await.unwrap() {
+            read.extend(batch.events.iter().map(|e| e.id.to_string()));
+        }
+    }
+    assert_eq!(read, ids("e", 0..50), "every acknowledged append, once, in order");
+
+    // One server, no replica: refused, transient, with the reason.
+    let server = RedisServer::start();
+    let lonely = RedisOptions { wait_replicas: 1, wait_timeout: Duration::from_millis(100), ..options(&server) };
+    let factory = RedisAdapterFactory::connect(2, lonely, "n1").await.unwrap();
+    let error = factory.adapter().enqueue(&s, events("e", 0..1)).await.unwrap_err();
+    assert!(error.is_transient(), "{error}");
+    assert!(error.to_string().contains("0 of 1 replicas had the batch within 100ms"), "{error}");
+}
+
 #[tokio::test]
 async fn a_new_owner_takes_over_what_the_old_one_left_pending() {
     let server = RedisServer::start();

@@ -116,6 +116,15 @@ pub struct RedisOptions {
     /// the shard of each queue's slot (its keys share a hash tag). The
     /// adapter only, so far: `tailrace node` and `serve` refuse it.
     pub cluster: bool,
+    /// Replicas that must have an append before it is acknowledged (`WAIT
+    /// n`, in the same pipeline as the `XADD`, so on the same master); 0:
+    /// acknowledged once the master has it (replication is asynchronous: a
+    /// failover may lose what no replica had yet).
+    pub wait_replicas: u32,
+    /// How long an append waits for `wait_replicas` (less than
+    /// `response_timeout`).
+    #[serde(with = "humantime_serde")]
+    pub wait_timeout: Duration,
 }
 
 impl Default for RedisOptions {
@@ -135,6 +144,8 @@ impl Default for RedisOptions {
             response_timeout: Duration::from_secs(5),
             reader_connections: 2,
             cluster: false,
+            wait_replicas: 0,
+            wait_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -192,6 +203,12 @@ fn check_options(options: &RedisOptions) -> Result<(), QueueError> {
     if options.reader_connections == 0 {
         return Err(QueueError::Config("[adapters.redis] reader_connections must be at least 1".into()));
     }
+    if options.wait_replicas > 0 && options.wait_timeout >= options.response_timeout {
+        return Err(QueueError::Config(format!(
+            "[adapters.redis] wait_timeout ({:?}) must be less than response_timeout ({:?})",
+            options.wait_timeout, options.response_timeout
+        )));
+    }
     Ok(())
 }
 
@@ -219,6 +236,7 @@ pub type RedisAdapterFactory = BuiltInFactory<RedisAdapter, RedisCheckpointer>;
 impl RedisAdapterFactory {
     /// Connects. `consumer` names this node in the consumer group.
     pub async fn connect(queue_count: u32, options: RedisOptions, consumer: &str) -> Result<Self, QueueError> {
+        check_options(&options)?;
         let conn = connect(&options).await?;
         // Before anything reads or appends: retried while Redis is not
         // ready (restarting, loading its data), as a receiver's start is.
@@ -235,7 +253,6 @@ impl RedisAdapterFactory {
             .map_err(|e| backend(&e, "moving queue keys to the new layout"))?;
         let mapper = QueueMapper::new(queue_count);
         let checkpointer = Arc::new(RedisCheckpointer::new(conn.clone(), &options.key_prefix));
-        check_options(&options)?;
         let adapter = Arc::new(RedisAdapter {
             mapper,
             conn,
@@ -304,14 +321,30 @@ impl QueueAdapter for RedisAdapter {
         // The connection is multiplexed: concurrent appends share it as one
         // pipeline, and one caller's appends stay in order.
         let key = self.key(self.mapper.queue_for(stream));
-        let id: String = redis::cmd("XADD")
-            .arg(&key)
-            .arg("*")
-            .arg("b")
-            .arg(encode_entry(stream, &events))
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| backend(&e, "appending"))?;
+        let mut append = redis::cmd("XADD");
+        append.arg(&key).arg("*").arg("b").arg(encode_entry(stream, &events));
+        let id: String = match self.options.wait_replicas {
+            0 => append.query_async(&mut self.conn.clone()).await.map_err(|e| backend(&e, "appending"))?,
+            wanted => {
+                let timeout = self.options.wait_timeout;
+                let mut pipe = redis::pipe();
+                pipe.add_command(append).cmd("WAIT").arg(wanted).arg(timeout.as_millis() as u64);
+                let (id, confirmed): (String, u32) =
+                    pipe.query_async(&mut self.conn.clone()).await.map_err(|e| backend(&e, "appending"))?;
+                if confirmed < wanted {
+                    return Err(QueueError::Backend {
+                        adapter: NAME.into(),
+                        message: format!(
+                            "appending: {confirmed} of {wanted} replicas had the batch within {timeout:?} \
+                             ([adapters.redis] wait_replicas): the master has it, a failover may lose it; \
+                             a retry may store it twice"
+                        ),
+                        transient: true,
+                    });
+                }
+                id
+            }
+        };
         id.parse().map_err(|e: crate::stream::ParseTokenError| QueueError::Backend {
             adapter: NAME.into(),
             message: format!("XADD answered `{id}`: {e}"),
