@@ -11,7 +11,6 @@ use std::time::Duration;
 use common::redis_server::RedisServer;
 use common::*;
 use tailrace::adapters::redis::{RedisAdapter, RedisAdapterFactory, RedisOptions, TrimPolicy};
-use tailrace::conformance::{self, Claims};
 use tailrace::pubsub::{PubSubStore, StartPosition};
 use tailrace::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueReceiver};
 use tailrace::stream::{QueueId, SequenceToken};
@@ -32,17 +31,7 @@ async fn factory(server: &RedisServer, consumer: &str) -> Arc<RedisAdapterFactor
 #[tokio::test]
 async fn passes_the_conformance_kit() {
     let server = RedisServer::start();
-    let claims = Claims { durable: true, rewindable: true, exclusive_receivers: false, bounded: None, trims: true };
-    let options = options(&server);
-    let report =
-        conformance::run(claims, move || {
-            let options = options.clone();
-            async move {
-                Ok(Arc::new(RedisAdapterFactory::connect(2, options, "n1").await?) as Arc<dyn QueueAdapterFactory>)
-            }
-        })
-        .await
-        .unwrap_or_else(|failures| panic!("{failures}"));
+    let report = redis_server::redis_kit(options(&server)).await;
     println!("{report}");
     assert_eq!(report.checks_run(), 15, "{report}");
 }
@@ -52,22 +41,13 @@ async fn passes_the_conformance_kit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_conformance_kit_on_a_redis_cluster() {
     let cluster = common::redis_cluster::RedisCluster::start();
-    let claims = Claims { durable: true, rewindable: true, exclusive_receivers: false, bounded: None, trims: true };
     let options = RedisOptions {
         url: cluster.seeds()[0].clone(),
         cluster: true,
         trim_every: Duration::ZERO,
         ..Default::default()
     };
-    let report =
-        conformance::run(claims, move || {
-            let options = options.clone();
-            async move {
-                Ok(Arc::new(RedisAdapterFactory::connect(2, options, "n1").await?) as Arc<dyn QueueAdapterFactory>)
-            }
-        })
-        .await
-        .unwrap_or_else(|failures| panic!("{failures}"));
+    let report = redis_server::redis_kit(options).await;
     println!("{report}");
     assert_eq!(report.checks_run(), 15, "{report}");
 }

@@ -13,8 +13,6 @@ use std::sync::Arc;
 use common::cluster::{Proc, config, free_port, settle};
 use common::redis_server::{self, PASSWORD, RedisServer, USER};
 use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
-use tailrace::conformance::{self, Claims};
-use tailrace::queue::QueueAdapterFactory;
 use tailrace::redis_conn::{RedisAccess, RedisEndpoint};
 
 /// A connection as the test's own client, with the right credentials.
@@ -63,21 +61,12 @@ fn failed_start(server: &RedisServer, keys: &str, env: &[(&str, &str)]) -> Strin
 #[tokio::test]
 async fn the_redis_adapter_passes_the_conformance_kit_over_mutual_tls_as_an_acl_user() {
     let server = RedisServer::start_secure("yes");
-    let claims = Claims { durable: true, rewindable: true, exclusive_receivers: false, bounded: None, trims: true };
     let options = RedisOptions {
         tls_cert_file: Some(server.secure().file("client.pem")),
         tls_key_file: Some(server.secure().file("client.key")),
         ..redis_server::secure_adapter_options(&server)
     };
-    let report =
-        conformance::run(claims, move || {
-            let options = options.clone();
-            async move {
-                Ok(Arc::new(RedisAdapterFactory::connect(2, options, "n1").await?) as Arc<dyn QueueAdapterFactory>)
-            }
-        })
-        .await
-        .unwrap_or_else(|failures| panic!("{failures}"));
+    let report = redis_server::redis_kit(options).await;
     assert_eq!(report.checks_run(), 15, "{report}");
 }
 

@@ -264,3 +264,26 @@ pub async fn command_calls(conn: &mut redis::aio::ConnectionManager) -> std::col
         })
         .collect()
 }
+
+/// The conformance kit's report on the Redis adapter with `options` (two
+/// queues), with everything it claims: durable, rewindable with trimming
+/// to the checkpoint, not bounded, receivers of one queue share the group.
+/// Panics with the failures.
+pub async fn redis_kit(options: tailrace::adapters::redis::RedisOptions) -> tailrace::conformance::Report {
+    use std::sync::Arc;
+    use tailrace::adapters::redis::RedisAdapterFactory;
+    use tailrace::queue::QueueAdapterFactory;
+    let claims = tailrace::conformance::Claims {
+        durable: true,
+        rewindable: true,
+        exclusive_receivers: false,
+        bounded: None,
+        trims: true,
+    };
+    tailrace::conformance::run(claims, move || {
+        let options = options.clone();
+        async move { Ok(Arc::new(RedisAdapterFactory::connect(2, options, "n1").await?) as Arc<dyn QueueAdapterFactory>) }
+    })
+    .await
+    .unwrap_or_else(|failures| panic!("{failures}"))
+}
