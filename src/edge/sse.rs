@@ -90,7 +90,8 @@ pub(crate) async fn open(
 ) -> Result<impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static, ApiError> {
     let unknown = || problem(StatusCode::NOT_FOUND, format!("no pipeline `{fqn}`"));
     let key = RunKey::new(fqn, run).map_err(|_| unknown())?;
-    edge.caught_up(&key).await;
+    // (No read-your-writes wait: the run's tailer delivers what the store
+    // does not have yet.)
     match edge.store.pipeline_exists(key.fqn()).await {
         Ok(true) => {}
         // A run whose first line was just accepted (by another node) is
