@@ -370,7 +370,8 @@ pub trait RunLogStore: Send + Sync + 'static {
 
     /// When lines `[from, to)` arrived: the marks `(first line offset, ms)`
     /// of the containers that hold them (each mark holds until the next),
-    /// from the one `from` is in, in offset order. A store that keeps no
+    /// from the one `from` is in, in offset order; none past the run's end.
+    /// A store that keeps no
     /// times answers none (the default); so do lines appended without
     /// [`Append::arrived`].
     async fn times(&self, run: &RunKey, from: u64, to: u64) -> Result<Vec<(u64, u64)>, StoreError> {

@@ -207,6 +207,25 @@ async fn the_download_is_the_whole_log_byte_for_byte() {
     assert_eq!(response.text().await.unwrap(), expected);
 }
 
+/// The largest offset a client can send is read as past the end, by every
+/// endpoint that takes one: an empty answer, never a failed request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_offset_reads_past_the_end() {
+    let server = LogServer::start(quick_settings()).await;
+    server.lines("svc.edge", "r-1", "only").await;
+    let after = u64::MAX;
+    for path in [
+        format!("/api/v1/services/ingestionPipelines/logs/svc.edge/last?runId=r-1&after={after}"),
+        format!("/api/v1/logs/svc.edge/runs/r-1/times?after={after}"),
+        format!("/api/v1/logs/svc.edge/runs/r-1/search?q=only&after={after}"),
+    ] {
+        let (status, answer) = body(server.client.get(server.url(&path)).send().await.unwrap()).await;
+        assert_eq!(status, 200, "{path}: {answer}");
+        let empty = answer["logs"] == "" || answer["marks"] == json!([]) || answer["matches"] == json!([]);
+        assert!(empty, "{path}: {answer}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listings_name_pipelines_and_runs_newest_first() {
     let server = LogServer::start(quick_settings()).await;

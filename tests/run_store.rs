@@ -34,6 +34,7 @@ async fn contract(store: Arc<dyn RunLogStore>) {
     assert_eq!(store.read(&run, 0, 10, 3).await.unwrap(), ["a"], "stops at the byte budget");
     assert_eq!(store.read(&run, 0, 10, 1).await.unwrap(), ["a"], "but always returns one line");
     assert!(store.read(&run, 3, 10, usize::MAX).await.unwrap().is_empty());
+    assert!(store.read(&run, u64::MAX, 10, usize::MAX).await.unwrap().is_empty(), "an offset from a client");
     store.set_state(&run, RunState::Success).await.unwrap();
     assert_eq!(store.info(&run).await.unwrap().unwrap().state, Some(RunState::Success));
     // A run known only by its status, and a second pipeline.
@@ -109,6 +110,7 @@ async fn arrival_times(store: &dyn RunLogStore) {
     assert_eq!(store.times(&run, 3, 6).await.unwrap(), [(2, 2_000)]);
     assert_eq!(store.times(&run, 6, 100).await.unwrap(), [(6, 3_000)]);
     assert!(store.times(&run, 4, 4).await.unwrap().len() <= 1);
+    assert!(store.times(&run, u64::MAX - 1, u64::MAX).await.unwrap().len() <= 1, "an offset from a client");
 }
 
 /// Names of any valid length: a 256-byte run id whose encoding would be

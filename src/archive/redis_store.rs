@@ -353,7 +353,10 @@ impl RunLogStore for RedisRunLogStore {
             return Ok(Vec::new());
         }
         let key = self.times_key(run);
-        let (before, inside): (Vec<String>, Vec<String>) = redis::pipe()
+        let (lines, before, inside): (Option<u64>, Vec<String>, Vec<String>) = redis::pipe()
+            .cmd("HGET")
+            .arg(self.run_key(run))
+            .arg("lines")
             .cmd("ZREVRANGEBYSCORE")
             .arg(&key)
             .arg(from)
@@ -368,6 +371,9 @@ impl RunLogStore for RedisRunLogStore {
             .query_async(&mut self.conn.clone())
             .await
             .map_err(backend)?;
+        if from >= lines.unwrap_or(0) {
+            return Ok(Vec::new());
+        }
         let mark = |member: &String| {
             let (offset, ms) = member.split_once(':')?;
             Some((offset.parse().ok()?, ms.parse().ok()?))
@@ -405,10 +411,12 @@ impl RunLogStore for RedisRunLogStore {
         if max_lines == 0 {
             return Ok(Vec::new());
         }
+        // Redis indexes are signed 64-bit: a larger offset is past any list.
+        let start = from.min(i64::MAX as u64);
         let lines: Vec<String> = redis::cmd("LRANGE")
             .arg(self.log_key(run))
-            .arg(from)
-            .arg(from + max_lines as u64 - 1)
+            .arg(start)
+            .arg(start.saturating_add(max_lines as u64 - 1).min(i64::MAX as u64))
             .query_async(&mut self.conn.clone())
             .await
             .map_err(backend)?;

@@ -226,7 +226,7 @@ pub(crate) async fn times(
     let from = query.after.as_deref().and_then(|a| a.parse::<u64>().ok()).unwrap_or(0);
     let limit = query.limit.unwrap_or(edge.options.max_page_lines).clamp(1, edge.options.max_page_lines);
     edge.count_read();
-    let marks = edge.store.times(&key, from, from + limit as u64).await.map_err(store_unavailable)?;
+    let marks = edge.store.times(&key, from, from.saturating_add(limit as u64)).await.map_err(store_unavailable)?;
     let marks: Vec<[u64; 2]> = marks.into_iter().map(|(offset, ms)| [offset + 1, ms]).collect();
     Ok(Json(json!({ "marks": marks })).into_response())
 }

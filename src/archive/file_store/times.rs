@@ -52,6 +52,9 @@ impl Inner {
         from: u64,
         to: u64,
     ) -> Result<Vec<(u64, u64)>, StoreError> {
+        if from >= to.min(meta.info.lines) {
+            return Ok(Vec::new());
+        }
         let path = dir.join("times.bin");
         let file = match File::open(&path) {
             Ok(file) => file,
