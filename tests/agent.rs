@@ -391,13 +391,12 @@ async fn shutdown_with_no_subscribers_checkpoints_past_everything() {
         factory.script.push(&stream("nobody", "x"), n, &["x"]);
     }
     assert!(eventually(WAIT, || factory.script.pending.lock().unwrap().is_empty()).await);
-    let mut status = node.status(0).await;
-    for _ in 0..200 {
-        if status.containers_read == 3 {
-            break;
-        }
+    // The agent must have read all three before it shuts down (a loaded
+    // machine may take longer than a second to get there).
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while node.status(0).await.containers_read < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "the agent never read the three containers");
         tokio::time::sleep(Duration::from_millis(5)).await;
-        status = node.status(0).await;
     }
     shutdown(&node).await;
     assert_eq!(factory.checkpoints.get(QueueId(0)), Some(t(3)));
