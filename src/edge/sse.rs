@@ -94,11 +94,18 @@ pub(crate) async fn open(
     // does not have yet.)
     match edge.store.pipeline_exists(key.fqn()).await {
         Ok(true) => {}
-        // A run whose first line was just accepted (by another node) is
-        // stored a moment later: a viewer may open it that soon.
+        // A run whose first line was just accepted is stored a moment
+        // later: a viewer may open it that soon. Accepted here, wait for
+        // that write as a page does; elsewhere, for the run's first container.
         Ok(false) => {
-            let wait = secs(edge.settings.resume_wait_seconds);
-            if !edge.store.wait_stored(&key, SequenceToken::new(0, 0), wait).await {
+            let stored = match edge.written.last(&key) {
+                Some(_) => edge.caught_up(&key).await,
+                None => {
+                    let wait = secs(edge.settings.resume_wait_seconds);
+                    edge.store.wait_stored(&key, SequenceToken::new(0, 0), wait).await
+                }
+            };
+            if !stored {
                 return Err(unknown());
             }
         }
