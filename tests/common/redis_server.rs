@@ -124,7 +124,9 @@ impl RedisServer {
         loop {
             let exited = self.child.as_mut().and_then(|child| child.try_wait().ok().flatten());
             assert!(exited.is_none(), "redis-server exited ({exited:?}) on port {}: is the port taken?", self.port);
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            if let Ok(stream) = std::net::TcpStream::connect(("127.0.0.1", self.port))
+                && !still_loading(stream)
+            {
                 break;
             }
             assert!(Instant::now() < deadline, "redis-server did not start on port {}", self.port);
@@ -206,6 +208,20 @@ impl RedisServer {
             let _ = child.wait();
         }
     }
+}
+
+/// Whether the server on `stream` answers a plain `PING` with `LOADING`
+/// (it restarted and is still reading its data). A TLS port or one that
+/// asks for a password answers otherwise: ready as far as this can tell.
+fn still_loading(mut stream: std::net::TcpStream) -> bool {
+    use std::io::{Read, Write};
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut reply = [0u8; 16];
+    let read = stream.read(&mut reply).unwrap_or(0);
+    reply[..read].starts_with(b"-LOADING")
 }
 
 fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
