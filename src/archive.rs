@@ -46,7 +46,7 @@ pub use run_stream::{
 pub(crate) use writes::stored_within;
 pub use writes::{Append, STORED_POLL};
 
-use crate::redis_conn::{RedisAccess, RedisEndpoint};
+use crate::redis_conn::{RedisAccess, RedisEndpoint, WaitReplicas};
 use crate::stream::{SequenceToken, StreamId};
 
 /// `[archive]`: where the archiver keeps run logs. `Debug` shows
@@ -96,9 +96,14 @@ impl Default for ArchiveOptions {
 }
 
 /// Opens the store `options.store` names. The Redis store reaches
-/// `redis_url` with `access` (`[adapters.redis]`'s user, password and TLS
-/// files: one set of secrets per process).
-pub async fn open_store(options: &ArchiveOptions, access: &RedisAccess) -> Result<Arc<dyn RunLogStore>, StoreError> {
+/// `redis_url` with `access` (`[adapters.redis]`'s user, password, TLS
+/// files and `cluster`: one set of secrets per process), and its appends
+/// wait for `wait` replicas (`[adapters.redis] wait_replicas`).
+pub async fn open_store(
+    options: &ArchiveOptions,
+    access: &RedisAccess,
+    wait: Option<WaitReplicas>,
+) -> Result<Arc<dyn RunLogStore>, StoreError> {
     match options.store.as_str() {
         "file" => Ok(Arc::new(FileRunLogStore::open(&options.dir, options.fsync)?)),
         "redis" => {
@@ -107,7 +112,7 @@ pub async fn open_store(options: &ArchiveOptions, access: &RedisAccess) -> Resul
                 url_setting: "[archive] redis_url".into(),
                 access: access.clone(),
             };
-            Ok(Arc::new(RedisRunLogStore::connect_to(&endpoint, &options.redis_prefix).await?))
+            Ok(Arc::new(RedisRunLogStore::connect_to(&endpoint, &options.redis_prefix).await?.with_wait_replicas(wait)))
         }
         other => Err(StoreError::Backend(format!("unknown archive store `{other}` (built in: file, redis)"))),
     }

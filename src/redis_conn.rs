@@ -22,7 +22,7 @@ mod connection;
 pub mod durability;
 pub(crate) mod tracking;
 
-pub use connection::RedisConn;
+pub use connection::{RedisConn, WaitReplicas};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -92,26 +92,6 @@ fn handoff_recover_reports_and_quarantines_a_crashed_writers_files() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("invalid prefix"));
 }
 
-/// A Redis Cluster runs the queue adapter only so far: `serve` and `node`
-/// refuse the setting at start, naming it, instead of failing later.
-#[test]
-fn a_redis_cluster_setting_is_refused_by_the_commands_that_cannot_run_on_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("cluster.toml");
-    std::fs::write(&config, "[adapters.redis]\ncluster = true\n").unwrap();
-    let data = dir.path().join("data");
-    for args in [vec!["serve", "--data-dir", data.to_str().unwrap(), "--config"], vec!["node", "--config"]] {
-        let command = args[0];
-        let out = tailrace().args(&args).arg(&config).output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{command}: {stderr}");
-        assert!(
-            stderr.contains("[adapters.redis] cluster = true: only the Redis queue adapter runs"),
-            "{command}: {stderr}"
-        );
-    }
-}
-
 #[test]
 fn an_unknown_bench_scenario_is_a_clear_error() {
     let out = tailrace().args(["bench", "nope", "--quick"]).output().unwrap();

@@ -182,6 +182,26 @@ async fn checkpoints_and_subscriptions_are_shared_through_redis() {
     let built = tailrace::backend::build(&config, None).await.unwrap();
     assert_eq!(built.factory.name(), "redis");
     let (store_a, store_b) = (a.pubsub_store(2), built.store.expect("redis shares its pub-sub store"));
+    shared_subscriptions(&store_a, store_b.as_ref()).await;
+}
+
+/// On a Redis Cluster: checkpoints, and subscriptions whose stream hash
+/// and node index live in different slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_and_subscriptions_are_shared_through_a_redis_cluster() {
+    let cluster = common::redis_cluster::RedisCluster::start();
+    let options = RedisOptions { url: cluster.seeds()[0].clone(), cluster: true, ..Default::default() };
+    let a = RedisAdapterFactory::connect(8, options.clone(), "a").await.unwrap();
+    let b = RedisAdapterFactory::connect(8, options, "b").await.unwrap();
+    let token = SequenceToken::new(1_700_000_000_000, 3);
+    a.create_checkpointer().await.unwrap().save(QueueId(5), token, Fence::NONE).await.unwrap();
+    assert_eq!(b.create_checkpointer().await.unwrap().load(QueueId(5)).await.unwrap(), Some(token));
+    shared_subscriptions(&a.pubsub_store(2), &b.pubsub_store(2)).await;
+}
+
+/// Two nodes' stores see one set of subscriptions, bounded per stream,
+/// and a dead node's go with it.
+async fn shared_subscriptions(store_a: &dyn PubSubStore, store_b: &dyn PubSubStore) {
     let s = stream("logs", "p:1/run");
     let subscription = |node: &str| tailrace::pubsub::Subscription {
         id: tailrace::pubsub::SubscriptionId::random(),
@@ -206,6 +226,17 @@ async fn checkpoints_and_subscriptions_are_shared_through_redis() {
     );
     assert!(store_a.remove(&s, sub.id).await.unwrap());
     assert!(store_b.subscriptions(&s).await.unwrap().is_empty());
+
+    // A dead node's subscriptions go with it, and only its.
+    let (of_a, of_b) = (subscription("a"), subscription("b"));
+    store_a.upsert(of_a).await.unwrap();
+    store_a.upsert(of_b.clone()).await.unwrap();
+    let other = tailrace::pubsub::Subscription { stream: stream("logs", "p:2/run"), ..subscription("a") };
+    store_b.upsert(other.clone()).await.unwrap();
+    assert_eq!(store_b.remove_node(&tailrace::stream::NodeId::new("a")).await.unwrap(), 2);
+    assert_eq!(store_a.subscriptions(&s).await.unwrap(), [of_b]);
+    assert!(store_a.subscriptions(&other.stream).await.unwrap().is_empty());
+    assert_eq!(store_b.remove_node(&tailrace::stream::NodeId::new("a")).await.unwrap(), 0, "nothing twice");
 }
 
 /// A node keeps delivering through a Redis restart: appends during the

@@ -8,8 +8,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::redis_cluster::RedisCluster;
 use common::redis_server::RedisServer;
 use tailrace::cluster::{QueueLeases, RedisLeases};
+use tailrace::redis_conn::{RedisAccess, RedisEndpoint, WaitReplicas};
 use tailrace::stream::{NodeId, QueueId};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -19,10 +21,23 @@ async fn leases(server: &RedisServer) -> RedisLeases {
     RedisLeases::connect(&server.url(), "tailrace", Duration::from_secs(5)).await.unwrap()
 }
 
+/// `RedisLeases` on a Redis Cluster seeded by `seed`.
+async fn cluster_leases(seed: &str) -> RedisLeases {
+    let endpoint = RedisEndpoint {
+        url: seed.to_string(),
+        url_setting: "url".into(),
+        access: RedisAccess { cluster: true, ..Default::default() },
+    };
+    RedisLeases::connect_to(&endpoint, "tailrace", Duration::from_secs(5)).await.unwrap()
+}
+
 #[tokio::test]
 async fn two_nodes_contend_and_a_release_frees_the_queue_at_once() {
     let server = RedisServer::start();
-    let (store_a, store_b) = (leases(&server).await, leases(&server).await);
+    contend(&leases(&server).await, &leases(&server).await).await;
+}
+
+async fn contend(store_a: &RedisLeases, store_b: &RedisLeases) {
     let (a, b, q) = (NodeId::new("a"), NodeId::new("b"), QueueId(3));
     let lease = store_a.acquire(q, &a, LONG).await.unwrap().expect("free");
     assert_eq!(store_b.acquire(q, &b, LONG).await.unwrap(), None, "held by a");
@@ -43,7 +58,10 @@ async fn two_nodes_contend_and_a_release_frees_the_queue_at_once() {
 #[tokio::test]
 async fn a_stale_token_can_neither_renew_nor_release() {
     let server = RedisServer::start();
-    let store = leases(&server).await;
+    stale(&leases(&server).await).await;
+}
+
+async fn stale(store: &RedisLeases) {
     let (a, b, q) = (NodeId::new("a"), NodeId::new("b"), QueueId(0));
     let old = store.acquire(q, &a, LONG).await.unwrap().unwrap();
     // Its own lease again: a new token fences the old one.
@@ -62,7 +80,10 @@ async fn a_stale_token_can_neither_renew_nor_release() {
 #[tokio::test]
 async fn an_expired_lease_goes_to_the_other_node_under_a_higher_token() {
     let server = RedisServer::start();
-    let (store_a, store_b) = (leases(&server).await, leases(&server).await);
+    expire(&leases(&server).await, &leases(&server).await).await;
+}
+
+async fn expire(store_a: &RedisLeases, store_b: &RedisLeases) {
     let (a, b, q) = (NodeId::new("a"), NodeId::new("b"), QueueId(1));
     let dead = store_a.acquire(q, &a, Duration::from_millis(200)).await.unwrap().unwrap();
     // a stops renewing (it died); b polls until the server expired it.
@@ -115,4 +136,47 @@ async fn a_store_that_is_down_is_a_typed_error_not_a_panic() {
     server.stop();
     let error = store.renew(&lease, LONG).await.unwrap_err().to_string();
     assert!(error.contains("renew") && error.contains("q0"), "{error}");
+}
+
+/// On a Redis Cluster a node's alive key and a queue's lease live on
+/// different shards; the same contracts hold. With `wait_replicas = 1` a
+/// grant is on a replica before it is used, so after a `kill -9` of the
+/// lease's master the promoted replica grants above every token handed
+/// out, and none of the old grants can renew into the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_the_same_holds_and_tokens_survive_a_failover() {
+    let mut cluster = RedisCluster::start();
+    let seed = cluster.seeds()[0].clone();
+    contend(&cluster_leases(&seed).await, &cluster_leases(&seed).await).await;
+    stale(&cluster_leases(&seed).await).await;
+    expire(&cluster_leases(&seed).await, &cluster_leases(&seed).await).await;
+
+    let wait = WaitReplicas { replicas: 1, timeout: Duration::from_secs(1) };
+    let store = cluster_leases(&seed).await.with_wait_replicas(Some(wait));
+    let (a, q) = (NodeId::new("a"), QueueId(9));
+    let mut granted = Vec::new();
+    for _ in 0..20 {
+        granted.push(store.acquire(q, &a, LONG).await.unwrap().expect("its own lease again").token);
+    }
+    let last = *granted.last().unwrap();
+    cluster.kill(cluster.master_of(&store.fence_key(q)));
+    let seed = cluster.seeds()[0].clone();
+    let after = cluster_leases(&seed).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let taken = loop {
+        match after.acquire(q, &a, LONG).await {
+            Ok(Some(lease)) => break lease,
+            Ok(None) => panic!("a's own lease is free to a"),
+            Err(error) => assert!(tokio::time::Instant::now() < deadline, "no grant after the failover: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(taken.token > last, "granted {} after the failover, {last} before", taken.token);
+
+    // Without a replica to confirm, a grant is not used, and says why.
+    let server = RedisServer::start();
+    let short = WaitReplicas { replicas: 1, timeout: Duration::from_millis(100) };
+    let lonely = leases(&server).await.with_wait_replicas(Some(short));
+    let error = lonely.acquire(q, &a, LONG).await.unwrap_err().to_string();
+    assert!(error.contains("reached 0 of 1 replicas within 100ms"), "{error}");
 }

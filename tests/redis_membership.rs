@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::redis_server::{RedisServer, command_calls};
 use tailrace::cluster::{Membership, MembershipError, MembershipOptions, RedisMembership};
+use tailrace::redis_conn::{RedisAccess, RedisConn, RedisEndpoint};
 use tailrace::stream::NodeId;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -24,9 +25,13 @@ async fn conn(server: &RedisServer) -> redis::aio::ConnectionManager {
 }
 
 async fn join(server: &RedisServer, name: &str) -> Result<(RedisMembership, Membership), MembershipError> {
+    join_on(conn(server).await.into(), name).await
+}
+
+async fn join_on(conn: RedisConn, name: &str) -> Result<(RedisMembership, Membership), MembershipError> {
     let view = Membership::new();
     let member = RedisMembership::join(
-        conn(server).await,
+        conn,
         "tailrace",
         NodeId::new(name),
         &format!("{name}.example:8586"),
@@ -209,4 +214,27 @@ async fn a_record_whose_deadline_was_lost_is_nobodys() {
     let (again, _) = join(&server, "a").await.expect("the name is free again");
     assert!(!again.incarnation().is_empty());
     wait_view(&view_b, &["a", "b"]).await;
+}
+
+/// On a Redis Cluster (the members' keys share one hash tag, so one slot):
+/// members see each other, and a crashed one's record lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_follow_heartbeats_and_expiry_on_a_redis_cluster() {
+    let cluster = common::redis_cluster::RedisCluster::start();
+    let endpoint = RedisEndpoint {
+        url: cluster.seeds()[0].clone(),
+        url_setting: "url".into(),
+        access: RedisAccess { cluster: true, ..Default::default() },
+    };
+    let conn = || endpoint.connect_any(tailrace::redis_conn::reconnecting(WAIT), Duration::from_secs(5));
+    let (a, view_a) = join_on(conn().await.unwrap(), "a").await.unwrap();
+    let (b, view_b) = join_on(conn().await.unwrap(), "b").await.unwrap();
+    let (stop_a, task_a) = run(&a);
+    let (_stop_b, task_b) = run(&b);
+    wait_view(&view_a, &["a", "b"]).await;
+    wait_view(&view_b, &["a", "b"]).await;
+    task_b.abort();
+    wait_view(&view_a, &["a"]).await;
+    stop_a.cancel();
+    task_a.await.unwrap().unwrap();
 }

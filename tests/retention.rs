@@ -236,6 +236,29 @@ async fn the_redis_store_keeps_everything_when_retention_is_off() {
     nothing_goes_when_the_rules_are_off(redis_store(&server, &clock).await, clock).await;
 }
 
+/// The same rules on a Redis Cluster, where a run's keys share a hash tag
+/// and the listings live in other slots: removing a run takes it out of
+/// the listings in separate commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_store_prunes_by_the_same_rules_on_a_redis_cluster() {
+    let cluster = common::redis_cluster::RedisCluster::start();
+    for (prefix, rule) in [("cap", 0), ("age", 1), ("off", 2)] {
+        let clock = TestClock::default();
+        let endpoint = tailrace::redis_conn::RedisEndpoint {
+            url: cluster.seeds()[0].clone(),
+            url_setting: "url".into(),
+            access: tailrace::redis_conn::RedisAccess { cluster: true, ..Default::default() },
+        };
+        let store = RedisRunLogStore::connect_to(&endpoint, prefix).await.unwrap().with_clock(clock.clock());
+        let store: Arc<dyn RunLogStore> = Arc::new(store);
+        match rule {
+            0 => oldest_first_until_under_the_cap(store, clock).await,
+            1 => the_age_rule(store, clock).await,
+            _ => nothing_goes_when_the_rules_are_off(store, clock).await,
+        }
+    }
+}
+
 /// The Redis store leaves no key of a removed run behind.
 #[tokio::test]
 async fn the_redis_store_deletes_every_key_of_a_removed_run() {

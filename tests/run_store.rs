@@ -195,6 +195,26 @@ async fn the_redis_store_keeps_the_contract() {
     contract(Arc::new(RedisRunLogStore::connect(&server.url(), "test").await.unwrap())).await;
 }
 
+/// The same contract on a Redis Cluster: a run's keys share a hash tag
+/// (one slot, one script), its listings are written apart; waits look at
+/// the run instead of being told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_store_keeps_the_contract_on_a_redis_cluster() {
+    let cluster = common::redis_cluster::RedisCluster::start();
+    let endpoint = tailrace::redis_conn::RedisEndpoint {
+        url: cluster.seeds()[0].clone(),
+        url_setting: "url".into(),
+        access: tailrace::redis_conn::RedisAccess { cluster: true, ..Default::default() },
+    };
+    let store = |prefix: &'static str| {
+        let endpoint = endpoint.clone();
+        async move { Arc::new(RedisRunLogStore::connect_to(&endpoint, prefix).await.unwrap()) }
+    };
+    contract(store("contract").await).await;
+    long_names(store("long").await).await;
+    waits(store("waits").await, store("waits").await).await;
+}
+
 /// A crash after the lines were written but before the meta was replaced
 /// leaves junk past the meta's length; it is never read, and the next
 /// append (the redelivered container) replaces it.

@@ -112,12 +112,15 @@ pub struct RedisOptions {
     /// Connections the receivers of a node share (queue `n` reads over
     /// connection `n mod reader_connections`); producers use another.
     pub reader_connections: usize,
-    /// `url` is a seed of a Redis Cluster: the adapter's commands go to
-    /// the shard of each queue's slot (its keys share a hash tag). The
-    /// adapter only, so far: `tailrace node` and `serve` refuse it.
+    /// `url` is a seed of a Redis Cluster: every command goes to the shard
+    /// of its keys' slot (a queue's keys share a hash tag, a run's another).
+    /// It switches everything a process keeps in Redis: queues,
+    /// checkpoints, leases, membership, subscriptions, the Redis run log
+    /// store.
     pub cluster: bool,
     /// Replicas that must have an append before it is acknowledged (`WAIT
-    /// n`, in the same pipeline as the `XADD`, so on the same master); 0:
+    /// n`, in the same pipeline as the `XADD`, so on the same master), and
+    /// a lease grant, a checkpoint or a run log append before it counts; 0:
     /// acknowledged once the master has it (replication is asynchronous: a
     /// failover may lose what no replica had yet).
     pub wait_replicas: u32,
@@ -179,6 +182,12 @@ impl RedisOptions {
             tls_key_file: self.tls_key_file.clone(),
             cluster: self.cluster,
         }
+    }
+
+    /// `wait_replicas` and `wait_timeout`, when replicas are waited for.
+    pub fn wait(&self) -> Option<crate::redis_conn::WaitReplicas> {
+        (self.wait_replicas > 0)
+            .then_some(crate::redis_conn::WaitReplicas { replicas: self.wait_replicas, timeout: self.wait_timeout })
     }
 
     /// The queues' Redis: `url` with [`RedisOptions::access`].
@@ -252,7 +261,8 @@ impl RedisAdapterFactory {
             .await
             .map_err(|e| backend(&e, "moving queue keys to the new layout"))?;
         let mapper = QueueMapper::new(queue_count);
-        let checkpointer = Arc::new(RedisCheckpointer::new(conn.clone(), &options.key_prefix));
+        let checkpointer =
+            Arc::new(RedisCheckpointer::new(conn.clone(), &options.key_prefix).with_wait_replicas(options.wait()));
         let adapter = Arc::new(RedisAdapter {
             mapper,
             conn,

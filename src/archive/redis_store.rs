@@ -3,15 +3,23 @@
 //! ```text
 //! {prefix}:pipelines                 set of pipeline names
 //! {prefix}:runs:{n}:{fqn}            sorted set of run ids by creation time
-//! {prefix}:run:{n}:{fqn}:{runId}     hash: lines, bytes, state, token, created, updated
+//! {prefix}:run:{n}:{fqn}:{runId}     hash: lines, bytes, state, token, created, updated, indexed
 //! {prefix}:log:{n}:{fqn}:{runId}     list of lines
 //! {prefix}:times:{n}:{fqn}:{runId}   sorted set of `offset:ms` by offset: when each container's lines arrived
 //! ```
 //!
-//! (`{n}` is the length of the fqn, so no two runs share a key.) An append
-//! is one Lua script: it compares the container's token with the stored
-//! one, pushes the lines and updates the counters together, so a
-//! redelivered container changes nothing and a crash leaves all or none.
+//! (`{n}` is the length of the fqn, so no two runs share a key.) On a
+//! Redis Cluster a run's three keys end in `{{n}:{fqn}:{runId}}` instead, a
+//! hash tag that keeps them in one slot; the two listing keys live
+//! wherever they hash.
+//!
+//! An append is one Lua script over the run's keys: it compares the
+//! container's token with the stored one, pushes the lines and updates the
+//! counters together, so a redelivered container changes nothing and a
+//! crash leaves all or none. A run not yet `indexed` is then added to its
+//! pipeline's runs and the pipeline to the pipelines (other slots, so other
+//! commands), and marked: a crash in between lists it on the next write of
+//! the run, which the archiver's redelivery makes.
 //!
 //! A fenced append (the archiver's, under a queue lease) also compares the
 //! writer's lease token with the run's `fence` field, the highest token
@@ -19,15 +27,15 @@
 //! lease was superseded, and whose successor already wrote to the run,
 //! writes nothing more. The run keeps its own mark rather than reading the
 //! queue's fencing counter because the store may live on another server
-//! (or, later, another Cluster slot) than the queues. A run always maps to
-//! one queue, so the tokens it sees come from one counter.
+//! or another Cluster slot than the queues. A run always maps to one
+//! queue, so the tokens it sees come from one counter.
 //!
 //! Retention lists the runs through the pipelines set and each pipeline's
 //! runs (their hashes only, in pipelined pages), then removes each chosen
-//! run with one script: if its bytes, status and last update are still the
-//! ones it was chosen by, it deletes the hash and the list, takes the run
-//! out of its pipeline's set and, when that empties, the pipeline out of the
-//! pipelines set. Scripts run one at a time, so an append either comes
+//! run: out of its pipeline's runs first, then one script deletes its keys
+//! if its bytes, status and last update are still the ones it was chosen
+//! by (else it is listed again), then the pipeline leaves the pipelines if
+//! it has no run left. Scripts run one at a time, so an append either comes
 //! before (and keeps the run) or after (and starts it anew). Several nodes
 //! may prune the same store: the second finds nothing to remove.
 
@@ -35,124 +43,33 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
 
 use super::retention::{Candidate, Planner};
 use super::{
     Append, Clock, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore, RunState, RunSummary, StoreError,
 };
-use crate::redis_conn::RedisEndpoint;
 use crate::redis_conn::tracking::KeyWaits;
+use crate::redis_conn::{RedisConn, RedisEndpoint, WaitReplicas};
 use crate::stream::SequenceToken;
 use crate::telemetry;
+use scripts::{APPEND, ENSURE, PRUNE};
 
-/// Runs asked for in one round trip while pruning.
-const PAGE: usize = 256;
+mod prune;
+mod scripts;
 
-/// KEYS: run hash, log list, runs zset, pipelines set, times zset.
-/// ARGV: fqn, run, created, token major, token minor, bytes, fingerprint,
-/// fence, arrived, lines...
-///
-/// Token parts are unsigned 64-bit decimals, compared as strings (shorter
-/// is smaller, then byte order): Lua numbers are doubles and would take
-/// tokens above 2^53 that differ for equal ones.
-///
-/// ARGV[7] is the container's fingerprint (16 hex digits, or empty): one
-/// the run's `recent` field holds (the last 128, space-separated) is a
-/// producer's retried batch, so only the token moves.
-///
-/// ARGV[9] is when the lines arrived (ms, or empty): a member
-/// `offset:ms` of the times sorted set (KEYS[5]), scored by the offset of
-/// the container's first line. Lines start at ARGV[10].
-///
-/// ARGV[8] is the writer's lease fencing token (or empty, unfenced): one
-/// below the run's `fence` field (the highest token that appended to it)
-/// is refused with the error `FENCED`, before anything is written.
-const APPEND: &str = r"
-local RECENT_CHARS = 128 * 17
-local function less(a, b)
-  if #a ~= #b then return #a < #b end
-  return a < b
-end
-if ARGV[8] ~= '' then
-  local mark = redis.call('HGET', KEYS[1], 'fence')
-  if mark and less(ARGV[8], mark) then
-    return redis.error_reply('FENCED run fence ' .. mark)
-  end
-  redis.call('HSET', KEYS[1], 'fence', ARGV[8])
-end
-if redis.call('HSETNX', KEYS[1], 'created', ARGV[3]) == 1 then
-  redis.call('HSET', KEYS[1], 'updated', ARGV[3])
-  redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
-  redis.call('SADD', KEYS[4], ARGV[1])
-end
-local major = redis.call('HGET', KEYS[1], 'major')
-local minor = redis.call('HGET', KEYS[1], 'minor')
-if major and minor then
-  local m, n = ARGV[4], ARGV[5]
-  if less(m, major) or (m == major and not less(minor, n)) then
-    return 0
-  end
-end
-local recent = redis.call('HGET', KEYS[1], 'recent') or ''
-if ARGV[7] ~= '' and string.find(' ' .. recent .. ' ', ' ' .. ARGV[7] .. ' ', 1, true) then
-  redis.call('HSET', KEYS[1], 'major', ARGV[4], 'minor', ARGV[5])
-  return 0
-end
-if ARGV[9] ~= '' and #ARGV > 9 then
-  local first = redis.call('LLEN', KEYS[2])
-  redis.call('ZADD', KEYS[5], first, first .. ':' .. ARGV[9])
-end
-for i = 10, #ARGV do
-  redis.call('RPUSH', KEYS[2], ARGV[i])
-end
-redis.call('HINCRBY', KEYS[1], 'lines', #ARGV - 9)
-redis.call('HINCRBY', KEYS[1], 'bytes', ARGV[6])
-redis.call('HSET', KEYS[1], 'major', ARGV[4], 'minor', ARGV[5], 'updated', ARGV[3])
-if ARGV[7] ~= '' then
-  recent = ARGV[7] .. ' ' .. recent
-  if #recent > RECENT_CHARS then
-    recent = string.sub(recent, 1, RECENT_CHARS - 1)
-  end
-  redis.call('HSET', KEYS[1], 'recent', recent)
-end
-return 1";
-
-/// KEYS: run hash, runs zset, pipelines set. ARGV: fqn, run, created, state.
-const ENSURE: &str = r"
-if redis.call('HSETNX', KEYS[1], 'created', ARGV[3]) == 1 then
-  redis.call('HSET', KEYS[1], 'updated', ARGV[3])
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
-  redis.call('SADD', KEYS[3], ARGV[1])
-end
-if redis.call('HGET', KEYS[1], 'state') ~= ARGV[4] then
-  redis.call('HSET', KEYS[1], 'state', ARGV[4], 'updated', ARGV[3])
-end
-return 1";
-
-/// KEYS: run hash, log list, runs zset, pipelines set, times zset.
-/// ARGV: fqn, run, bytes, updated, state ('' for none), as chosen.
-const PRUNE: &str = r"
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return 0
-end
-local bytes = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')
-local updated = tonumber(redis.call('HGET', KEYS[1], 'updated') or '0')
-local state = redis.call('HGET', KEYS[1], 'state') or ''
-if bytes ~= tonumber(ARGV[3]) or updated ~= tonumber(ARGV[4]) or state ~= ARGV[5] then
-  return 0
-end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[5])
-redis.call('ZREM', KEYS[3], ARGV[2])
-if redis.call('ZCARD', KEYS[3]) == 0 then
-  redis.call('SREM', KEYS[4], ARGV[1])
-end
-return 1";
+/// Limit of one command to a Redis Cluster (one server's connection has
+/// its own).
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// See the module documentation.
 pub struct RedisRunLogStore {
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: String,
+    /// A run's keys carry a hash tag (a Redis Cluster keeps them in one
+    /// slot); without one, the layout of one server.
+    tagged: bool,
+    /// Replicas an append must reach before it counts as stored.
+    wait: Option<WaitReplicas>,
     append: redis::Script,
     ensure: redis::Script,
     prune: redis::Script,
@@ -169,8 +86,11 @@ fn backend(e: redis::RedisError) -> StoreError {
 
 impl RedisRunLogStore {
     /// Over an existing connection; every key starts with `prefix`.
-    pub fn new(conn: ConnectionManager, prefix: &str) -> Self {
+    pub fn new(conn: impl Into<RedisConn>, prefix: &str) -> Self {
+        let conn = conn.into();
         Self {
+            tagged: conn.is_cluster(),
+            wait: None,
             conn,
             prefix: prefix.to_string(),
             append: redis::Script::new(APPEND),
@@ -187,31 +107,51 @@ impl RedisRunLogStore {
         self
     }
 
+    /// An append counts as stored only once `wait.replicas` replicas have
+    /// it (`WAIT` on the run's master after the script).
+    pub fn with_wait_replicas(mut self, wait: Option<WaitReplicas>) -> Self {
+        self.wait = wait;
+        self
+    }
+
     /// Connects to `url` (credentials in the URL).
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
         Self::connect_to(&RedisEndpoint::from_url(url, "url"), prefix).await
     }
 
-    /// Connects to `endpoint`, reconnecting with backoff when the
-    /// connection drops. A refused password or certificate names the
-    /// setting.
+    /// Connects to `endpoint` (one server, reconnecting with backoff when
+    /// the connection drops, or a Redis Cluster when its access says so).
+    /// A refused password or certificate names the setting. On one server,
+    /// waits for a run are told of its writes (client-side tracking); on a
+    /// cluster they look every [`super::STORED_POLL`].
     pub async fn connect_to(endpoint: &RedisEndpoint, prefix: &str) -> Result<Self, StoreError> {
         let config = redis::aio::ConnectionManagerConfig::new();
-        let conn = endpoint.connect(config.clone()).await.map_err(|e| StoreError::Backend(e.to_string()))?;
-        let waits = KeyWaits::new(endpoint.clone(), config, "status waits look every 100 ms");
-        Ok(Self { waits: Some(Arc::new(waits)), ..Self::new(conn, prefix) })
+        let conn = endpoint
+            .connect_any(config.clone(), RESPONSE_TIMEOUT)
+            .await
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        let waits = (!conn.is_cluster())
+            .then(|| Arc::new(KeyWaits::new(endpoint.clone(), config, "status waits look every 100 ms")));
+        Ok(Self { waits, ..Self::new(conn, prefix) })
+    }
+
+    /// What every key of `run` ends with: `{n}:{fqn}:{run}`, in braces
+    /// when tagged (the same text in every key of the run, so one slot).
+    fn run_part(&self, run: &RunKey) -> String {
+        let part = format!("{}:{}:{}", run.fqn().len(), run.fqn(), run.run());
+        if self.tagged { format!("{{{part}}}") } else { part }
     }
 
     fn run_key(&self, run: &RunKey) -> String {
-        format!("{}:run:{}:{}:{}", self.prefix, run.fqn().len(), run.fqn(), run.run())
+        format!("{}:run:{}", self.prefix, self.run_part(run))
     }
 
     fn times_key(&self, run: &RunKey) -> String {
-        format!("{}:times:{}:{}:{}", self.prefix, run.fqn().len(), run.fqn(), run.run())
+        format!("{}:times:{}", self.prefix, self.run_part(run))
     }
 
     fn log_key(&self, run: &RunKey) -> String {
-        format!("{}:log:{}:{}:{}", self.prefix, run.fqn().len(), run.fqn(), run.run())
+        format!("{}:log:{}", self.prefix, self.run_part(run))
     }
 
     fn runs_key(&self, fqn: &str) -> String {
@@ -224,54 +164,59 @@ impl RedisRunLogStore {
 
     async fn ensure(&self, run: &RunKey, state: RunState) -> Result<(), StoreError> {
         let mut invocation = self.ensure.key(self.run_key(run));
-        invocation.key(self.runs_key(run.fqn())).key(self.pipelines_key());
-        invocation.arg(run.fqn()).arg(run.run()).arg((self.clock)()).arg(state.as_str());
-        invocation.invoke_async::<i64>(&mut self.conn.clone()).await.map_err(backend).map(|_| ())
-    }
-
-    /// Offers every run of `fqn` to the planner, a page of hashes per
-    /// round trip.
-    async fn plan_pipeline(&self, fqn: &str, planner: &mut Planner<'_>) -> Result<(), StoreError> {
-        let mut conn = self.conn.clone();
-        let mut start = 0usize;
-        loop {
-            let ids: Vec<String> = redis::cmd("ZRANGE")
-                .arg(self.runs_key(fqn))
-                .arg(start)
-                .arg(start + PAGE - 1)
-                .query_async(&mut conn)
-                .await
-                .map_err(backend)?;
-            let keys: Vec<RunKey> = ids.iter().filter_map(|id| RunKey::new(fqn, id).ok()).collect();
-            let mut pipe = redis::pipe();
-            for key in &keys {
-                pipe.cmd("HGETALL").arg(self.run_key(key));
-            }
-            let hashes: Vec<std::collections::HashMap<String, String>> =
-                if keys.is_empty() { Vec::new() } else { pipe.query_async(&mut conn).await.map_err(backend)? };
-            for (key, fields) in keys.iter().zip(hashes) {
-                match parse_info(key, fields) {
-                    Ok(Some(info)) => planner.offer(key, &info),
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(run = %key, error = %e, "retention skips a run it cannot read"),
-                }
-            }
-            if ids.len() < PAGE {
-                return Ok(());
-            }
-            start += PAGE;
+        invocation.arg((self.clock)()).arg(state.as_str());
+        let (created, indexed): (u64, u8) = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
+        self.replicated(run).await?;
+        if indexed == 0 {
+            self.index(run, created).await?;
         }
+        Ok(())
     }
 
-    async fn remove_if_unchanged(&self, candidate: &Candidate) -> Result<bool, StoreError> {
-        let run = &candidate.run;
-        let mut invocation = self.prune.key(self.run_key(run));
-        invocation.key(self.log_key(run)).key(self.runs_key(run.fqn())).key(self.pipelines_key());
-        invocation.key(self.times_key(run));
-        invocation.arg(run.fqn()).arg(run.run()).arg(candidate.info.bytes).arg(candidate.info.updated_ms);
-        invocation.arg(candidate.info.state.map_or("", |s| s.as_str()));
-        let removed: i64 = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
-        Ok(removed == 1)
+    /// Lists `run` in its pipeline's runs and the pipeline among the
+    /// pipelines (keys in other slots than the run's), then marks the run
+    /// listed. Every step may repeat: a crash before the mark lists it
+    /// again on its next write.
+    async fn index(&self, run: &RunKey, created: u64) -> Result<(), StoreError> {
+        let runs = self.runs_key(run.fqn());
+        let pipelines = self.pipelines_key();
+        let listing = vec![
+            (runs.clone(), redis::cmd("ZADD").arg(&runs).arg("NX").arg(created).arg(run.run()).clone()),
+            (pipelines.clone(), redis::cmd("SADD").arg(&pipelines).arg(run.fqn()).clone()),
+        ];
+        let _: Vec<redis::Value> = self.conn.query_by_slot(listing).await.map_err(backend)?;
+        redis::cmd("HSET")
+            .arg(self.run_key(run))
+            .arg("indexed")
+            .arg(1)
+            .query_async::<()>(&mut self.conn.clone())
+            .await
+            .map_err(backend)
+    }
+
+    /// With `wait_replicas`: an error unless that many replicas have the
+    /// last write to `run` (the archiver then tries the container again,
+    /// which stores nothing twice).
+    async fn replicated(&self, run: &RunKey) -> Result<(), StoreError> {
+        let Some(wait) = self.wait else { return Ok(()) };
+        let confirmed = self.conn.wait_replicas(&self.run_key(run), wait).await.map_err(backend)?;
+        if confirmed < wait.replicas {
+            return Err(StoreError::Backend(format!(
+                "redis: run {run}: {confirmed} of {} replicas had the write within {:?} ([adapters.redis] \
+                 wait_replicas)",
+                wait.replicas, wait.timeout
+            )));
+        }
+        Ok(())
+    }
+
+    /// The hashes of `keys`, one round (a pipeline per slot).
+    async fn hashes(&self, keys: &[RunKey]) -> Result<Vec<std::collections::HashMap<String, String>>, StoreError> {
+        let reads = keys.iter().map(|key| {
+            let hash = self.run_key(key);
+            (hash.clone(), redis::cmd("HGETALL").arg(hash).clone())
+        });
+        self.conn.query_by_slot(reads.collect()).await.map_err(backend)
     }
 }
 
@@ -310,17 +255,22 @@ impl RedisRunLogStore {
         let (fingerprint, fence) = (how.fingerprint, how.fence.token());
         let bytes: usize = lines.iter().map(|l| l.len() + 1).sum();
         let mut invocation = self.append.key(self.run_key(run));
-        invocation.key(self.log_key(run)).key(self.runs_key(run.fqn())).key(self.pipelines_key());
-        invocation.key(self.times_key(run));
-        invocation.arg(run.fqn()).arg(run.run()).arg((self.clock)()).arg(token.major).arg(token.minor).arg(bytes);
+        invocation.key(self.log_key(run)).key(self.times_key(run));
+        invocation.arg((self.clock)()).arg(token.major).arg(token.minor).arg(bytes);
         invocation.arg(fingerprint.map_or(String::new(), |f| format!("{f:016x}")));
         invocation.arg(fence.map_or(String::new(), |f| f.to_string()));
         invocation.arg(how.arrived_ms.map_or(String::new(), |ms| ms.to_string()));
         for line in lines {
             invocation.arg(*line);
         }
-        match invocation.invoke_async::<i64>(&mut self.conn.clone()).await {
-            Ok(appended) => Ok(appended == 1),
+        match invocation.invoke_async::<(i64, u64, u8)>(&mut self.conn.clone()).await {
+            Ok((appended, created, indexed)) => {
+                self.replicated(run).await?;
+                if indexed == 0 {
+                    self.index(run, created).await?;
+                }
+                Ok(appended == 1)
+            }
             Err(error) if error.code() == Some("FENCED") => {
                 let token = fence.unwrap_or(0);
                 tracing::warn!(%run, token, %error, "run log append refused: a newer lease of its queue appended");
@@ -463,11 +413,11 @@ impl RunLogStore for RedisRunLogStore {
             .query_async(&mut self.conn.clone())
             .await
             .map_err(backend)?;
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            let Ok(run) = RunKey::new(fqn, &id) else { continue };
-            if let Some(info) = self.info(&run).await? {
-                out.push(RunSummary { run: id, info });
+        let keys: Vec<RunKey> = ids.iter().filter_map(|id| RunKey::new(fqn, id).ok()).collect();
+        let mut out = Vec::with_capacity(keys.len());
+        for (key, fields) in keys.iter().zip(self.hashes(&keys).await?) {
+            if let Some(info) = parse_info(key, fields)? {
+                out.push(RunSummary { run: key.run().to_string(), info });
             }
         }
         Ok(out)

@@ -43,6 +43,7 @@ pub async fn join(
     let leases = RedisLeases::connect_to(&endpoint, &redis.key_prefix, redis.response_timeout)
         .await
         .with_context(|| format!("connecting to Redis at {} for leases and membership", endpoint.shown()))?;
+    let leases = leases.with_wait_replicas(redis.wait());
     // Before the member record: a node refused here takes no lease.
     check_persistence(config, &mut leases.connection(), advertise != SERVE_ADVERTISE).await?;
     let me = NodeId::new(config.node.name.clone());
@@ -77,7 +78,7 @@ pub async fn join(
 /// appends.
 pub async fn check_persistence(
     config: &Config,
-    conn: &mut redis::aio::ConnectionManager,
+    conn: &mut tailrace::redis_conn::RedisConn,
     cluster: bool,
 ) -> anyhow::Result<()> {
     let persistence = Persistence::read(conn).await;

@@ -82,14 +82,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         let redis = &config.adapters.redis;
         let endpoint = redis.endpoint();
         let reconnecting = tailrace::redis_conn::reconnecting(redis.response_timeout);
-        let mut conn = endpoint.connect(reconnecting).await?;
+        let mut conn = endpoint.connect_any(reconnecting, redis.response_timeout).await?;
         super::cluster::check_persistence(&config, &mut conn, false).await?;
     }
     let metrics = tailrace::edge::install_metrics()?;
     let stop = CancellationToken::new();
-    let store = tailrace::archive::open_store(&config.archive, &config.adapters.redis.access())
-        .await
-        .context("opening the run log store")?;
+    let store =
+        tailrace::archive::open_store(&config.archive, &config.adapters.redis.access(), config.adapters.redis.wait())
+            .await
+            .context("opening the run log store")?;
     let retention = tailrace::archive::Retention::spawn(store.clone(), config.archive.retention.clone(), stop.clone());
     let factory = tailrace::backend::build(&config, Some(&owner)).await.context("opening the queues")?.factory;
     let adapter = factory.create_adapter().await?;

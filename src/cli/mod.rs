@@ -32,21 +32,7 @@ pub fn node_config(file: Option<&PathBuf>, data_dir: &Path, listen: Option<Socke
     }
     tailrace::edge::check_listen(config.edge.listen, &config.edge.auth).map_err(anyhow::Error::msg)?;
     tailrace::edge::check_tls(&config.edge)?;
-    refuse_redis_cluster(&config)?;
     Ok(config)
-}
-
-/// `[adapters.redis] cluster = true` is the queue adapter's alone so far:
-/// the leases, membership, subscriptions and run logs of a node need one
-/// server. Refused at start rather than failing on the first script.
-pub fn refuse_redis_cluster(config: &Config) -> anyhow::Result<()> {
-    if config.adapters.redis.cluster {
-        anyhow::bail!(
-            "[adapters.redis] cluster = true: only the Redis queue adapter runs on a Redis Cluster so far (as a library); \
-             a node's leases, membership, subscriptions and run logs need one Redis server: set cluster = false"
-        );
-    }
-    Ok(())
 }
 
 /// The scheme of the edge's URLs: `https` with `[edge.tls]`.

@@ -62,9 +62,13 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         tokio::spawn(detector.run(link.lost_links(), detecting.clone()));
         membership.set_agents_started(true);
         let metrics = tailrace::edge::install_metrics()?;
-        let store = tailrace::archive::open_store(&config.archive, &config.adapters.redis.access())
-            .await
-            .context("opening the run log store")?;
+        let store = tailrace::archive::open_store(
+            &config.archive,
+            &config.adapters.redis.access(),
+            config.adapters.redis.wait(),
+        )
+        .await
+        .context("opening the run log store")?;
         let backend = tailrace::backend::build(&config, None).await.context("opening the queues")?;
         let plan = Plan {
             command: "node",
@@ -105,7 +109,6 @@ fn cluster_cookie(config: &Config, path: &std::path::Path) -> anyhow::Result<Str
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     let mut config = Config::load(path)?;
     config.balancer.get_or_insert(BalancerKind::Lease);
-    super::refuse_redis_cluster(&config)?;
     let origin = path.display();
     if config.queues.adapter != "redis" {
         anyhow::bail!(

@@ -52,9 +52,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let metrics = tailrace::edge::install_metrics()?;
     let served = async {
-        let store = tailrace::archive::open_store(&config.archive, &config.adapters.redis.access())
-            .await
-            .context("opening the run log store")?;
+        let store = tailrace::archive::open_store(
+            &config.archive,
+            &config.adapters.redis.access(),
+            config.adapters.redis.wait(),
+        )
+        .await
+        .context("opening the run log store")?;
         let backend = tailrace::backend::build(&config, Some(&owner)).await.context("opening the queues")?;
         let adapter = backend.factory.create_adapter().await?;
         let plan = Plan {

@@ -19,100 +19,44 @@
 //! An epoch never comes back: a node that finds its alive key gone (it
 //! paused or lost Redis past the TTL, or another node evicted it) takes a
 //! new epoch, and every lease it held under the old one is lost to it
-//! (`renew` says so) and free for the others. Acquire, renew, release and
-//! the read of the holders are Lua scripts, atomic on the server: a grant
-//! is taken only if it is free, its holder's epoch is dead, or it is
-//! already the caller's; renew and release act only with the current
-//! token. A lease's local `expires_at` counts from when the request was
-//! sent, so it never comes after the server's expiry. A grant written by an
-//! older tailrace (no `epoch`, a TTL on the hash) lives while its hash does.
+//! (`renew` says so) and free for the others.
+//!
+//! Every command and script touches the keys of one slot, so the same code
+//! runs on one server and on a Redis Cluster (where a node's alive key and
+//! a queue's lease live on different shards). An acquire extends the
+//! caller's alive key, reads the grant and its holder's alive key, then
+//! grants in one script if the lease is free, already the caller's, or
+//! still the grant it read under a dead epoch (dead for good: an epoch never
+//! comes back). Renew and release act only with the current token. A
+//! lease's local `expires_at` counts from when the first request was sent,
+//! so it never comes after the server's expiry. A grant written by an older
+//! tailrace (no `epoch`, a TTL on the hash) lives while its hash does.
+//!
+//! **Failover.** Redis replicates asynchronously: a master that dies may
+//! take its last writes with it, and a promoted replica that missed a
+//! grant's `INCR` would hand the same token to a second node, which the
+//! fences could not tell apart. So with `wait_replicas` (see
+//! [`RedisLeases::with_wait_replicas`]) a grant is used only once that many
+//! replicas have it: every token in use is on the replica that takes over,
+//! and the next grant there is above all of them. Alive keys need no such
+//! wait: one lost in a failover only makes its node's grants look dead, and
+//! a grant taken from them gets a higher token that fences the old owner.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use super::lease::{Lease, LeaseError, QueueLeases};
-use crate::redis_conn::{self, RedisConnError, RedisEndpoint};
+use crate::redis_conn::{self, RedisConn, RedisConnError, RedisEndpoint, WaitReplicas};
 use crate::stream::{NodeId, QueueId};
+use scripts::{EVICT, GRANT, REJOIN, RELEASE, RENEW};
 
-/// Takes the lease (KEYS[1]) for ARGV[1] under epoch ARGV[2] if it is free,
-/// its holder's epoch is dead (the alive key `ARGV[4] .. holder` does not
-/// hold it) or it is ARGV[1]'s, with a new token from the fence (KEYS[2]);
-/// extends the caller's alive key (KEYS[3]) to ARGV[3] ms. `{token}`,
-/// `{0, holder}`, or `{-1}` when the caller's alive key does not hold its
-/// epoch (it must take a new one first).
-const ACQUIRE: &str = r"
-if redis.call('GET', KEYS[3]) ~= ARGV[2] then
-  return {'-1'}
-end
-local holder = redis.call('HGET', KEYS[1], 'holder')
-if holder and holder ~= ARGV[1] then
-  local epoch = redis.call('HGET', KEYS[1], 'epoch')
-  if not epoch or redis.call('GET', ARGV[4] .. holder) == epoch then
-    return {'0', holder}
-  end
-end
-local token = string.format('%d', redis.call('INCR', KEYS[2]))
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', token, 'epoch', ARGV[2])
-redis.call('PEXPIRE', KEYS[3], ARGV[3])
-return {token}";
+mod scripts;
 
-/// A new epoch ARGV[1] for the alive key KEYS[1], for ARGV[2] ms: every
-/// grant of the old epoch is dead from now on.
-const REJOIN: &str = r"
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1";
-
-/// Extends the alive key KEYS[1] to ARGV[2] ms if it still holds epoch
-/// ARGV[1]: every lease of that epoch is renewed at once. 1, or 0.
-const RENEW: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0";
-
-/// Deletes the lease if ARGV[1] holds it with token ARGV[2].
-const RELEASE: &str = r"
-if redis.call('HGET', KEYS[1], 'token') == ARGV[2] and redis.call('HGET', KEYS[1], 'holder') == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-return 0";
-
-/// The live grants among the leases KEYS, as `{index, holder, token,
-/// pttl}`: a grant is live while its holder's alive key (`ARGV[1] ..
-/// holder`) holds its epoch, and lasts that key's PTTL. Each holder's key
-/// is read once.
-const HOLDERS: &str = r"
-local out, alive = {}, {}
-for i, key in ipairs(KEYS) do
-  local grant = redis.call('HMGET', key, 'holder', 'token', 'epoch')
-  local holder, pttl = grant[1], nil
-  if holder and grant[3] then
-    if alive[holder] == nil then
-      local epoch = redis.call('GET', ARGV[1] .. holder)
-      alive[holder] = epoch and {epoch, redis.call('PTTL', ARGV[1] .. holder)} or false
-    end
-    local a = alive[holder]
-    if a and a[1] == grant[3] then pttl = a[2] end
-  elseif holder then
-    pttl = redis.call('PTTL', key)
-  end
-  if pttl then out[#out + 1] = {tostring(i), holder, grant[2], tostring(pttl)} end
-end
-return out";
-
-/// Deletes the alive key KEYS[1]: every grant of that node is free.
-const EVICT: &str = r"
-return redis.call('DEL', KEYS[1])";
-
-/// Lease keys read by one script call of `holders`.
+/// Lease keys read by one round of `holders`.
 const HOLDERS_PER_CALL: usize = 256;
 
 /// The key prefix every key of `queue` starts with: `{prefix}:{q3}`, whose
@@ -123,14 +67,16 @@ pub fn queue_tag(prefix: &str, queue: QueueId) -> String {
 
 /// Queue leases in Redis. See the module documentation.
 pub struct RedisLeases {
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: String,
-    acquire: redis::Script,
+    grant: redis::Script,
     rejoin: redis::Script,
     renew: redis::Script,
     release: redis::Script,
-    holders: redis::Script,
     evict: redis::Script,
+    /// Replicas a grant must reach before it is used (see the module
+    /// documentation on failover).
+    wait: Option<WaitReplicas>,
     /// Per node name this store acquires for: its epoch, and the grants
     /// it holds under which epoch (at most one per queue).
     nodes: Mutex<HashMap<NodeId, Epoch>>,
@@ -148,16 +94,16 @@ struct Epoch {
 
 impl RedisLeases {
     /// Over an existing connection; keys start with `prefix`.
-    pub fn new(conn: ConnectionManager, prefix: &str) -> Self {
+    pub fn new(conn: impl Into<RedisConn>, prefix: &str) -> Self {
         Self {
-            conn,
+            conn: conn.into(),
             prefix: prefix.to_string(),
-            acquire: redis::Script::new(ACQUIRE),
+            grant: redis::Script::new(GRANT),
             rejoin: redis::Script::new(REJOIN),
             renew: redis::Script::new(RENEW),
             release: redis::Script::new(RELEASE),
-            holders: redis::Script::new(HOLDERS),
             evict: redis::Script::new(EVICT),
+            wait: None,
             nodes: Mutex::new(HashMap::new()),
             rejoining: tokio::sync::Mutex::new(()),
         }
@@ -178,15 +124,24 @@ impl RedisLeases {
         prefix: &str,
         response_timeout: Duration,
     ) -> Result<Self, LeaseError> {
-        let conn = endpoint.connect(redis_conn::reconnecting(response_timeout)).await.map_err(|e| match e {
+        let config = redis_conn::reconnecting(response_timeout);
+        let conn = endpoint.connect_any(config, response_timeout).await.map_err(|e| match e {
             RedisConnError::Unreachable { url, message } => LeaseError::Connect { url, message },
             other => LeaseError::Refused(other.to_string()),
         })?;
         Ok(Self::new(conn, prefix))
     }
 
+    /// A grant is used only once `wait.replicas` replicas have it (`WAIT`
+    /// after the grant, on its slot's master): a master's failover then
+    /// cannot hand its token out again.
+    pub fn with_wait_replicas(mut self, wait: Option<WaitReplicas>) -> Self {
+        self.wait = wait;
+        self
+    }
+
     /// Its connection (membership shares it, so both reach the same server).
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> RedisConn {
         self.conn.clone()
     }
 
@@ -243,7 +198,10 @@ impl RedisLeases {
     }
 
     /// One acquire under `epoch`: `Ok(Err(()))` if the epoch is not (any
-    /// more) the alive one.
+    /// more) the alive one. Four steps, each on one key's slot: extend our
+    /// alive key (the lease's local expiry counts from then), read the
+    /// grant, read its holder's alive key, grant if the lease is free,
+    /// ours, or still the dead grant we read.
     async fn try_acquire(
         &self,
         queue: QueueId,
@@ -252,23 +210,60 @@ impl RedisLeases {
         ttl: Duration,
     ) -> Result<Result<Option<Lease>, ()>, LeaseError> {
         let sent = Instant::now();
-        let key = self.lease_key(queue);
-        let answer: Vec<String> = self
-            .acquire
-            .key(&key)
-            .key(self.fence_key(queue))
+        let mut conn = self.conn.clone();
+        let alive: i64 = self
+            .renew
             .key(self.alive_key(node))
-            .arg(node.as_str())
             .arg(epoch)
             .arg(millis(ttl))
-            .arg(self.alive_prefix())
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(backend("acquire", queue))?;
+        if alive != 1 {
+            return Ok(Err(()));
+        }
+        let key = self.lease_key(queue);
+        let (holder, held_epoch): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(&key)
+            .arg("holder")
+            .arg("epoch")
+            .query_async(&mut conn)
+            .await
+            .map_err(backend("acquire", queue))?;
+        if let Some(holder) = holder.as_deref().filter(|h| *h != node.as_str()) {
+            // A grant without an epoch (an older tailrace's) lives while its
+            // hash does; one with an epoch, while its holder's key holds it.
+            let live = match &held_epoch {
+                None => true,
+                Some(held) => {
+                    let current: Option<String> = redis::cmd("GET")
+                        .arg(self.alive_key(&NodeId::new(holder)))
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(backend("acquire", queue))?;
+                    current.as_deref() == Some(held.as_str())
+                }
+            };
+            if live {
+                tracing::trace!(%queue, %node, %holder, "queue lease held by another node");
+                return Ok(Ok(None));
+            }
+        }
+        let answer: Vec<String> = self
+            .grant
+            .key(&key)
+            .key(self.fence_key(queue))
+            .arg(node.as_str())
+            .arg(epoch)
+            .arg(holder.unwrap_or_default())
+            .arg(held_epoch.unwrap_or_default())
+            .invoke_async(&mut conn)
             .await
             .map_err(backend("acquire", queue))?;
         match answer.as_slice() {
-            [flag] if flag == "-1" => Ok(Err(())),
             [token] => {
                 let token = parse(&key, "token", token)?;
+                self.confirm_replicated(queue, &key, token).await?;
                 if let Some(entry) = self.nodes.lock().get_mut(node) {
                     entry.granted.insert(queue, (token, epoch));
                 }
@@ -276,49 +271,86 @@ impl RedisLeases {
                 Ok(Ok(Some(Lease { queue, holder: node.clone(), token, expires_at: sent + ttl })))
             }
             [_, holder] => {
-                tracing::trace!(%queue, %node, %holder, "queue lease held by another node");
+                tracing::trace!(%queue, %node, %holder, "queue lease taken by another node meanwhile");
                 Ok(Ok(None))
             }
             other => Err(LeaseError::Corrupt { key, message: format!("acquire answered {other:?}") }),
         }
     }
 
-    /// The live grants among `queues` (at most [`HOLDERS_PER_CALL`]).
+    /// With `wait_replicas`, a grant is used only once that many replicas
+    /// have it; otherwise the acquire fails (and is tried again: the grant
+    /// is ours, so the next acquire takes it with a new token).
+    async fn confirm_replicated(&self, queue: QueueId, key: &str, token: u64) -> Result<(), LeaseError> {
+        let Some(wait) = self.wait else { return Ok(()) };
+        let confirmed = self.conn.wait_replicas(key, wait).await.map_err(backend("acquire", queue))?;
+        if confirmed < wait.replicas {
+            return Err(LeaseError::Backend {
+                operation: "acquire",
+                queue,
+                message: format!(
+                    "grant {token} reached {confirmed} of {} replicas within {:?} ([adapters.redis] wait_replicas): \
+                     not used, a failover could hand its token out again",
+                    wait.replicas, wait.timeout
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The live grants among `queues` (at most [`HOLDERS_PER_CALL`]): the
+    /// grants in one round (one pipeline per slot), then the alive key of
+    /// each holder. A grant is live while its holder's alive key holds its
+    /// epoch, and lasts that key's PTTL.
     async fn holders_of(&self, queues: &[QueueId]) -> Result<Vec<Lease>, LeaseError> {
         let Some(first) = queues.first().copied() else { return Ok(Vec::new()) };
         let sent = Instant::now();
-        let mut call = self.holders.prepare_invoke();
-        for queue in queues {
-            call.key(self.lease_key(*queue));
+        let reads = queues.iter().map(|queue| {
+            let key = self.lease_key(*queue);
+            let mut read = redis::cmd("HMGET");
+            read.arg(&key).arg("holder").arg("token").arg("epoch");
+            (key, read)
+        });
+        let grants: Vec<(Option<String>, Option<String>, Option<String>)> =
+            self.conn.query_by_slot(reads.collect()).await.map_err(backend("holders", first))?;
+        let mut holders: Vec<String> = grants.iter().filter_map(|(holder, _, _)| holder.clone()).collect();
+        holders.sort();
+        holders.dedup();
+        let mut looks = Vec::with_capacity(holders.len() * 2);
+        for holder in &holders {
+            let key = self.alive_key(&NodeId::new(holder.as_str()));
+            looks.push((key.clone(), redis::cmd("GET").arg(&key).clone()));
+            looks.push((key.clone(), redis::cmd("PTTL").arg(&key).clone()));
         }
-        call.arg(self.alive_prefix());
-        let rows: Vec<Vec<String>> =
-            call.invoke_async(&mut self.conn.clone()).await.map_err(backend("holders", first))?;
-        let mut found = Vec::with_capacity(rows.len());
-        for row in rows {
-            let [index, holder, token, pttl] = row.as_slice() else {
-                return Err(LeaseError::Corrupt {
-                    key: self.lease_key(first),
-                    message: format!("holders answered {row:?}"),
-                });
+        let alive: Vec<redis::Value> = self.conn.query_by_slot(looks).await.map_err(backend("holders", first))?;
+        let mut found = Vec::with_capacity(grants.len());
+        for (queue, (holder, token, epoch)) in queues.iter().zip(grants) {
+            let (Some(holder), Some(token)) = (holder, token) else { continue };
+            let key = self.lease_key(*queue);
+            let pttl: i64 = match epoch {
+                Some(epoch) => {
+                    let Ok(at) = holders.binary_search(&holder) else { continue };
+                    let current: Option<String> = redis::from_redis_value_ref(&alive[2 * at]).unwrap_or(None);
+                    if current.as_deref() != Some(epoch.as_str()) {
+                        continue;
+                    }
+                    redis::from_redis_value_ref(&alive[2 * at + 1]).unwrap_or(-2)
+                }
+                // An older tailrace's grant: it lives as long as its hash.
+                None => redis::cmd("PTTL")
+                    .arg(&key)
+                    .query_async(&mut self.conn.clone())
+                    .await
+                    .map_err(backend("holders", first))?,
             };
-            let index: usize = parse(&self.lease_key(first), "index", index)?;
-            let Some(queue) = index.checked_sub(1).and_then(|i| queues.get(i)).copied() else {
-                return Err(LeaseError::Corrupt {
-                    key: self.lease_key(first),
-                    message: format!("holders answered index {index}"),
-                });
-            };
-            let key = self.lease_key(queue);
-            // -1 (no TTL) cannot happen for keys this module writes; treat
-            // it as already lapsed rather than held forever.
-            let pttl: i64 = parse(&key, "pttl", pttl)?;
-            let left = Duration::from_millis(u64::try_from(pttl).unwrap_or(0));
+            // -1 (no TTL) cannot happen for keys this module writes, and -2
+            // is a key gone meanwhile: both count as lapsed.
+            let Ok(left) = u64::try_from(pttl) else { continue };
             found.push(Lease {
-                queue,
+                queue: *queue,
                 holder: NodeId::new(holder),
-                token: parse(&key, "token", token)?,
-                expires_at: sent + left,
+                token: parse(&key, "token", &token)?,
+                expires_at: sent + Duration::from_millis(left),
             });
         }
         Ok(found)

@@ -30,8 +30,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::redis_conn::RedisConn;
 use parking_lot::Mutex;
-use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -176,7 +176,7 @@ pub struct RedisMembership {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: String,
     me: NodeId,
     incarnation: String,
@@ -197,7 +197,7 @@ impl RedisMembership {
     /// the name), then reads the members into `view`. Call
     /// [`RedisMembership::run`] next to keep the record alive.
     pub async fn join(
-        conn: ConnectionManager,
+        conn: impl Into<RedisConn>,
         prefix: &str,
         me: NodeId,
         advertise: &str,
@@ -212,7 +212,7 @@ impl RedisMembership {
     /// others never balance queues to, such as a process that only holds
     /// its name).
     pub async fn join_as(
-        conn: ConnectionManager,
+        conn: impl Into<RedisConn>,
         prefix: &str,
         me: NodeId,
         advertise: &str,
@@ -222,7 +222,7 @@ impl RedisMembership {
     ) -> Result<Self, MembershipError> {
         let membership = Self {
             inner: Arc::new(Inner {
-                conn,
+                conn: conn.into(),
                 prefix: prefix.to_string(),
                 me,
                 incarnation: rand::random::<u64>().to_string(),

@@ -11,7 +11,7 @@
 //! restart silently loses lease grants, fence increments and run log
 //! appends.
 
-use redis::aio::ConnectionManager;
+use super::RedisConn;
 
 /// Redis's persistence settings, as read at start.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,7 +32,7 @@ pub enum Persistence {
     Unknown(String),
 }
 
-async fn config_get(conn: &mut ConnectionManager, name: &str) -> Result<String, redis::RedisError> {
+async fn config_get(conn: &mut RedisConn, name: &str) -> Result<String, redis::RedisError> {
     let pair: Vec<String> = redis::cmd("CONFIG").arg("GET").arg(name).query_async(conn).await?;
     pair.into_iter().nth(1).ok_or_else(|| {
         redis::RedisError::from((
@@ -45,7 +45,7 @@ async fn config_get(conn: &mut ConnectionManager, name: &str) -> Result<String, 
 
 /// Whether the `default` user is off or limited, from `ACL GETUSER
 /// default` (flags, passwords, commands, … as name, value pairs).
-async fn default_user_limited(conn: &mut ConnectionManager) -> Option<bool> {
+async fn default_user_limited(conn: &mut RedisConn) -> Option<bool> {
     let reply: Vec<redis::Value> = redis::cmd("ACL").arg("GETUSER").arg("default").query_async(conn).await.ok()?;
     let text = |value: &redis::Value| redis::from_redis_value_ref::<String>(value).ok();
     let (mut on, mut all) = (false, false);
@@ -66,7 +66,7 @@ async fn default_user_limited(conn: &mut ConnectionManager) -> Option<bool> {
 impl Persistence {
     /// Reads the settings; a refusal (`CONFIG` renamed, forbidden by an ACL
     /// or the provider) is [`Persistence::Unknown`].
-    pub async fn read(conn: &mut ConnectionManager) -> Self {
+    pub async fn read(conn: &mut RedisConn) -> Self {
         let read = async {
             Ok::<_, redis::RedisError>(Self::Known {
                 appendonly: config_get(conn, "appendonly").await? == "yes",

@@ -1,7 +1,7 @@
 //! Checkpoints and subscriptions in Redis, so that every node of a cluster
 //! sees the same.
 
-use crate::redis_conn::RedisConn;
+use crate::redis_conn::{RedisConn, WaitReplicas};
 use async_trait::async_trait;
 
 use super::fence;
@@ -16,13 +16,22 @@ pub struct RedisCheckpointer {
     conn: RedisConn,
     prefix: String,
     save_fenced: redis::Script,
+    /// Replicas a save must reach before it counts.
+    wait: Option<WaitReplicas>,
 }
 
 impl RedisCheckpointer {
     /// Over an existing connection.
     pub fn new(conn: impl Into<RedisConn>, prefix: &str) -> Self {
         let conn = conn.into();
-        Self { conn, prefix: prefix.to_string(), save_fenced: fence::script(fence::SAVE) }
+        Self { conn, prefix: prefix.to_string(), save_fenced: fence::script(fence::SAVE), wait: None }
+    }
+
+    /// A save counts only once `wait.replicas` replicas have it, so a
+    /// master's failover cannot take a checkpoint back.
+    pub fn with_wait_replicas(mut self, wait: Option<WaitReplicas>) -> Self {
+        self.wait = wait;
+        self
     }
 
     /// The checkpoint key of `queue`.
@@ -52,9 +61,23 @@ impl Checkpointer for RedisCheckpointer {
 
     async fn save(&self, queue: QueueId, token: SequenceToken, fence: Fence) -> Result<(), CheckpointError> {
         match fence.token() {
-            Some(fence) => self.save_fenced(queue, token, fence).await,
-            None => self.save_unfenced(queue, token).await,
+            Some(fence) => self.save_fenced(queue, token, fence).await?,
+            None => self.save_unfenced(queue, token).await?,
         }
+        let Some(wait) = self.wait else { return Ok(()) };
+        let key = self.key(queue);
+        let confirmed = self
+            .conn
+            .wait_replicas(&key, wait)
+            .await
+            .map_err(|e| CheckpointError::Backend(format!("redis WAIT after SET {key}: {e}")))?;
+        if confirmed < wait.replicas {
+            return Err(CheckpointError::Backend(format!(
+                "checkpoint {key}: {confirmed} of {} replicas had it within {:?} ([adapters.redis] wait_replicas)",
+                wait.replicas, wait.timeout
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -89,53 +112,40 @@ impl RedisCheckpointer {
     }
 }
 
-/// Inserts or replaces a subscription unless the stream already holds
-/// `ARGV[3]` others: one script, so two nodes cannot both pass the check.
-/// Stores a subscription and indexes it under its consumer's node
-/// (`KEYS[2]`), so that the subscriptions of a dead node can be purged.
+/// Inserts or replaces a subscription unless the stream (`KEYS[1]`)
+/// already holds `ARGV[3]` others: one script, so two nodes cannot both
+/// pass the check.
 const UPSERT: &str = r"
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then
   return 0
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('SADD', KEYS[2], KEYS[1] .. '\t' .. ARGV[1])
 return 1";
 
-/// Removes a subscription and its node index entry (`ARGV[2]` is the index
-/// keys' prefix; the node comes from the stored subscription).
+/// Removes a subscription from its stream (`KEYS[1]`); answers what was
+/// stored (or nothing), so its node index entry can go too.
 const REMOVE: &str = r"
 local stored = redis.call('HGET', KEYS[1], ARGV[1])
 if not stored then
-  return 0
+  return false
 end
-local ok, sub = pcall(cjson.decode, stored)
-if ok and type(sub) == 'table' and type(sub.consumer) == 'table' and type(sub.consumer.node) == 'string' then
-  redis.call('SREM', ARGV[2] .. sub.consumer.node, KEYS[1] .. '\t' .. ARGV[1])
-end
-return redis.call('HDEL', KEYS[1], ARGV[1])";
-
-/// Removes every subscription indexed under one node (`KEYS[1]`).
-const REMOVE_NODE: &str = r"
-local entries = redis.call('SMEMBERS', KEYS[1])
-local removed = 0
-for _, entry in ipairs(entries) do
-  local tab = string.find(entry, '\t', 1, true)
-  if tab then
-    removed = removed + redis.call('HDEL', string.sub(entry, 1, tab - 1), string.sub(entry, tab + 1))
-  end
-end
-redis.call('DEL', KEYS[1])
-return removed";
+redis.call('HDEL', KEYS[1], ARGV[1])
+return stored";
 
 /// Subscriptions as one hash per stream, field = subscription id, at most
-/// `max_per_stream` of them.
+/// `max_per_stream` of them, and a set per node of its consumers'
+/// subscriptions (`stream key \t id`), so a dead node's can be purged.
+///
+/// Each command touches one key, so the store runs on a Redis Cluster as
+/// on one server. The index entry is written before the subscription and
+/// removed after it: an entry may name a subscription that is gone (purging
+/// it removes nothing), never the other way round.
 pub struct RedisPubSubStore {
     conn: RedisConn,
     prefix: String,
     max_per_stream: usize,
     upsert: redis::Script,
     remove: redis::Script,
-    remove_node: redis::Script,
 }
 
 impl RedisPubSubStore {
@@ -149,19 +159,23 @@ impl RedisPubSubStore {
             max_per_stream,
             upsert: redis::Script::new(UPSERT),
             remove: redis::Script::new(REMOVE),
-            remove_node: redis::Script::new(REMOVE_NODE),
         }
     }
 
-    /// The prefix of the per-node index keys.
-    fn node_index_prefix(&self) -> String {
-        format!("{}:subs-of:", self.prefix)
+    /// The index of the subscriptions whose consumer lives on `node`.
+    fn node_index(&self, node: &NodeId) -> String {
+        format!("{}:subs-of:{node}", self.prefix)
     }
 
     /// Length-prefixed, so `a:b`/`c` and `a`/`b:c` never share a key.
     fn key(&self, stream: &StreamId) -> String {
         format!("{}:subs:{}:{}:{}", self.prefix, stream.namespace().len(), stream.namespace(), stream.key())
     }
+}
+
+/// A node index entry: the stream's key and the subscription id.
+fn index_entry(key: &str, id: SubscriptionId) -> String {
+    format!("{key}\t{id}")
 }
 
 fn store_error(e: redis::RedisError) -> PubSubError {
@@ -186,10 +200,16 @@ impl PubSubStore for RedisPubSubStore {
     async fn upsert(&self, subscription: Subscription) -> Result<(), PubSubError> {
         let mut conn = self.conn.clone();
         let json = serde_json::to_string(&subscription).map_err(|e| PubSubError::Store(e.to_string()))?;
+        let key = self.key(&subscription.stream);
+        redis::cmd("SADD")
+            .arg(self.node_index(&subscription.consumer.node))
+            .arg(index_entry(&key, subscription.id))
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(store_error)?;
         let stored: i64 = self
             .upsert
-            .key(self.key(&subscription.stream))
-            .key(format!("{}{}", self.node_index_prefix(), subscription.consumer.node))
+            .key(&key)
             .arg(subscription.id.to_string())
             .arg(json)
             .arg(self.max_per_stream)
@@ -207,26 +227,40 @@ impl PubSubStore for RedisPubSubStore {
 
     async fn remove(&self, stream: &StreamId, id: SubscriptionId) -> Result<bool, PubSubError> {
         let mut conn = self.conn.clone();
-        let removed: u64 = self
-            .remove
-            .key(self.key(stream))
-            .arg(id.to_string())
-            .arg(self.node_index_prefix())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(store_error)?;
-        Ok(removed > 0)
+        let key = self.key(stream);
+        let stored: Option<String> =
+            self.remove.key(&key).arg(id.to_string()).invoke_async(&mut conn).await.map_err(store_error)?;
+        let Some(stored) = stored else { return Ok(false) };
+        // A subscription that does not parse keeps its index entry: purging
+        // that node later removes nothing.
+        if let Ok(subscription) = serde_json::from_str::<Subscription>(&stored) {
+            redis::cmd("SREM")
+                .arg(self.node_index(&subscription.consumer.node))
+                .arg(index_entry(&key, id))
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(store_error)?;
+        }
+        Ok(true)
     }
 
+    /// Reads the node's index, removes each subscription it names, then
+    /// those entries (not the whole set: a subscription added meanwhile
+    /// keeps its entry).
     async fn remove_node(&self, node: &NodeId) -> Result<usize, PubSubError> {
         let mut conn = self.conn.clone();
-        let removed: u64 = self
-            .remove_node
-            .key(format!("{}{node}", self.node_index_prefix()))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(store_error)?;
-        Ok(usize::try_from(removed).unwrap_or(usize::MAX))
+        let index = self.node_index(node);
+        let entries: Vec<String> =
+            redis::cmd("SMEMBERS").arg(&index).query_async(&mut conn).await.map_err(store_error)?;
+        let removals = entries.iter().filter_map(|entry| {
+            let (key, id) = entry.split_once('\t')?;
+            Some((key.to_string(), redis::cmd("HDEL").arg(key).arg(id).clone()))
+        });
+        let removed: Vec<u64> = self.conn.query_by_slot(removals.collect()).await.map_err(store_error)?;
+        if !entries.is_empty() {
+            redis::cmd("SREM").arg(&index).arg(&entries).query_async::<()>(&mut conn).await.map_err(store_error)?;
+        }
+        Ok(usize::try_from(removed.iter().sum::<u64>()).unwrap_or(usize::MAX))
     }
 
     async fn fault(&self, stream: &StreamId, id: SubscriptionId, reason: &str) -> Result<(), PubSubError> {
