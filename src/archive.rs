@@ -373,6 +373,15 @@ pub trait RunLogStore: Send + Sync + 'static {
     /// What the store knows of `run`; `None` if it was never seen.
     async fn info(&self, run: &RunKey) -> Result<Option<RunInfo>, StoreError>;
 
+    /// [`info`](Self::info) and the fingerprints of the run's last
+    /// [`RECENT_BATCHES`] containers (oldest first), read at one moment, so
+    /// that a follower of the run (the SSE tailer) drops a producer's
+    /// retried batch as [`append`](Self::append) does. A store that keeps
+    /// no fingerprints answers none (the default).
+    async fn info_and_recent(&self, run: &RunKey) -> Result<Option<(RunInfo, Vec<u64>)>, StoreError> {
+        Ok(self.info(run).await?.map(|info| (info, Vec::new())))
+    }
+
     /// When lines `[from, to)` arrived: the marks `(first line offset, ms)`
     /// of the containers that hold them (each mark holds until the next),
     /// from the one `from` is in, in offset order; none past the run's end.

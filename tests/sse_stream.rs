@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::logs::*;
 use serde_json::Value;
+use tailrace::archive::RunLogStore;
 use tailrace::config::LogStreamSettings;
 use tailrace::edge::IDLE_MESSAGE;
 
@@ -97,6 +98,51 @@ async fn resuming_from_a_cursor_is_exact() {
             (Some("four"), Some("4"), Some(false))
         );
     }
+}
+
+/// A producer retries a batch the queue already took (its reply was lost,
+/// or a Redis master acknowledged it without a replica): the same event
+/// ids twice. The store keeps it once; a viewer following live, and one
+/// that joins after the store dropped the retry, see it once too, and
+/// their cursors stay the store's offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_batch_is_shown_once_as_the_store_keeps_it() {
+    let server = LogServer::start(quick_settings()).await;
+    let batch = |lines: &[&str], id: &str| -> String {
+        let line =
+            |(i, text): (usize, &&str)| serde_json::json!({ "line": text, "id": format!("{id}-{i}") }).to_string();
+        lines.iter().enumerate().map(line).collect::<Vec<_>>().join("\n")
+    };
+    let post = |body: String| {
+        server
+            .client
+            .post(server.url("/api/v1/logs/svc.etl/runs/r-1/lines"))
+            .header("content-type", "application/x-ndjson")
+            .body(body)
+            .send()
+    };
+    assert_eq!(post(batch(&["one"], "a")).await.unwrap().status(), 202);
+    let mut live = server.open("svc.etl", "r-1", None).await;
+    assert_eq!(live.event().await.unwrap()["logs"], "one");
+    for _ in 0..2 {
+        assert_eq!(post(batch(&["two", "three"], "b")).await.unwrap().status(), 202);
+    }
+    assert_eq!(post(batch(&["four"], "c")).await.unwrap().status(), 202);
+    server.archived("svc.etl", "r-1", 4).await;
+    let mut joined = server.open("svc.etl", "r-1", None).await;
+    assert_eq!(post(batch(&["two", "three"], "b")).await.unwrap().status(), 202, "once more, after the store saw it");
+    assert_eq!(post(batch(&["five"], "d")).await.unwrap().status(), 202);
+    let (b, c, d) = (live.event().await.unwrap(), live.event().await.unwrap(), live.event().await.unwrap());
+    let seen: Vec<(&str, &str)> =
+        [&b, &c, &d].iter().map(|e| (e["logs"].as_str().unwrap(), e["after"].as_str().unwrap())).collect();
+    assert_eq!(seen, [("two\nthree", "3"), ("four", "4"), ("five", "5")]);
+    let seen = joined.lines(5).await;
+    assert_eq!(text(&seen), "one\ntwo\nthree\nfour\nfive");
+    assert_eq!(seen.last().unwrap()["after"], "5");
+    server.archived("svc.etl", "r-1", 5).await;
+    let key = tailrace::archive::RunKey::new("svc.etl", "r-1").unwrap();
+    let stored = server.store.read(&key, 0, 100, usize::MAX).await.unwrap();
+    assert_eq!(stored, ["one", "two", "three", "four", "five"]);
 }
 
 /// A cursor older than the in-memory replay still resumes exactly, from

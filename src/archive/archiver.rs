@@ -28,6 +28,11 @@ impl RunLogReader {
         self.store.info(run).await
     }
 
+    /// See [`RunLogStore::info_and_recent`].
+    pub async fn info_and_recent(&self, run: &RunKey) -> Result<Option<(RunInfo, Vec<u64>)>, StoreError> {
+        self.store.info_and_recent(run).await
+    }
+
     /// See [`RunLogStore::read`].
     pub async fn read(
         &self,

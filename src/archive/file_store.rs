@@ -379,6 +379,14 @@ impl RunLogStore for FileRunLogStore {
         self.blocking(move |inner| Ok(inner.run_meta(&run, &inner.dir(&run))?.map(|m| m.info))).await
     }
 
+    async fn info_and_recent(&self, run: &RunKey) -> Result<Option<(RunInfo, Vec<u64>)>, StoreError> {
+        let run = run.clone();
+        self.blocking(move |inner| {
+            Ok(inner.run_meta(&run, &inner.dir(&run))?.map(|m| (m.info, m.recent.into_iter().collect())))
+        })
+        .await
+    }
+
     async fn times(&self, run: &RunKey, from: u64, to: u64) -> Result<Vec<(u64, u64)>, StoreError> {
         let run = run.clone();
         self.blocking(move |inner| {

@@ -345,6 +345,18 @@ impl RunLogStore for RedisRunLogStore {
         super::stored_within(self, run, token, within, arm).await
     }
 
+    async fn info_and_recent(&self, run: &RunKey) -> Result<Option<(RunInfo, Vec<u64>)>, StoreError> {
+        let fields: std::collections::HashMap<String, String> =
+            redis::cmd("HGETALL").arg(self.run_key(run)).query_async(&mut self.conn.clone()).await.map_err(backend)?;
+        // Newest first in the hash; oldest first here.
+        let mut recent: Vec<u64> = fields
+            .get("recent")
+            .map(|r| r.split(' ').filter_map(|f| u64::from_str_radix(f, 16).ok()).collect())
+            .unwrap_or_default();
+        recent.reverse();
+        Ok(parse_info(run, fields)?.map(|info| (info, recent)))
+    }
+
     async fn info(&self, run: &RunKey) -> Result<Option<RunInfo>, StoreError> {
         let fields: std::collections::HashMap<String, String> =
             redis::cmd("HGETALL").arg(self.run_key(run)).query_async(&mut self.conn.clone()).await.map_err(backend)?;

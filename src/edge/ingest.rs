@@ -132,7 +132,10 @@ pub(crate) async fn post_lines(
 }
 
 /// A queue's refusal as an answer: too large (413), full or down for now
-/// (503: retry), or broken (500). Nothing of the request was accepted.
+/// (503: retry), or broken (500). A capacity refusal accepted nothing; a
+/// backend failure may have stored the batch (its reply was lost, or a
+/// Redis master took it and no replica confirmed it in time), so the answer
+/// says to retry with the same event ids, which stores it once.
 fn not_accepted(error: QueueError) -> ApiError {
     let status = match &error {
         QueueError::BatchTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -144,10 +147,15 @@ fn not_accepted(error: QueueError) -> ApiError {
     // Capacity refusals say what was refused; any other failure may carry
     // paths or OS errors: the client gets an incident id instead.
     let told = match &error {
-        QueueError::BatchTooLarge { .. } | QueueError::Refused { .. } | QueueError::Full { .. } => error.to_string(),
-        _ => incident::report("the queue failed", &error),
+        QueueError::BatchTooLarge { .. } | QueueError::Refused { .. } | QueueError::Full { .. } => {
+            format!("{error}; nothing was accepted")
+        }
+        _ => format!(
+            "{}; the batch may have been stored: a retry with the same event ids (NDJSON `id`) stores it once",
+            incident::report("the queue failed", &error)
+        ),
     };
-    problem(status, format!("{told}; nothing was accepted{retry}"))
+    problem(status, format!("{told}{retry}"))
 }
 
 #[derive(Deserialize)]

@@ -108,6 +108,11 @@ struct Feed {
     /// at or below it are in the store already.
     base_token: Option<SequenceToken>,
     last_token: Option<SequenceToken>,
+    /// Fingerprints of the run's last containers with lines (oldest first,
+    /// at most `RECENT_BATCHES`), from the store's and then its own: a
+    /// producer's retried batch is dropped, as the store drops it, so a
+    /// viewer's offsets stay the store's.
+    recent: std::collections::VecDeque<u64>,
     window: Window,
     streamed_bytes: u64,
     bytes_since_tick: u64,
@@ -160,6 +165,7 @@ impl Tailer {
             feed: Feed {
                 base_token: None,
                 last_token: None,
+                recent: Default::default(),
                 window: Window::new(key.run(), 0, settings.max_replay_bytes),
                 streamed_bytes: 0,
                 bytes_since_tick: 0,

@@ -1,6 +1,7 @@
-//! A cluster of real `tailrace node` processes on one private Redis, for
-//! the process tests: configs on free ports, a process with its log, and
-//! ownership read from the admin API and the Redis lease keys.
+//! A cluster of real `tailrace node` processes on one private Redis (or a
+//! private Redis Cluster), for the process tests: configs on free ports, a
+//! process with its log, and ownership read from the admin API and the
+//! Redis lease keys.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::redis_cluster::RedisCluster;
 use super::redis_server::RedisServer;
 
 pub const QUEUES: u32 = 6;
@@ -17,6 +19,79 @@ pub const START_WITHIN: Duration = Duration::from_secs(60);
 pub const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 
 pub use super::free_port;
+
+/// Where the nodes keep queues, leases, membership and run logs: one
+/// private Redis, or a private Redis Cluster.
+pub trait Backing {
+    /// Its URL (a seed, for a cluster).
+    fn url(&self) -> String;
+    /// `[adapters.redis]` settings besides the URL.
+    fn redis_settings(&self) -> String {
+        String::new()
+    }
+    /// `kill -9` of the Redis master that serves the most queues, waited
+    /// for until its replica took over, then the killed server started
+    /// again (it comes back as the new master's replica: until then, with
+    /// `wait_replicas = 1`, that shard acknowledges no write); what was
+    /// killed. One server has no replica to fail over to: nothing.
+    fn fail_over_busiest(&mut self) -> Option<String> {
+        None
+    }
+    /// A connection as the nodes make it.
+    fn endpoint(&self) -> tailrace::redis_conn::RedisEndpoint {
+        let cluster = !self.redis_settings().is_empty();
+        tailrace::redis_conn::RedisEndpoint {
+            url: self.url(),
+            url_setting: "url".into(),
+            access: tailrace::redis_conn::RedisAccess { cluster, ..Default::default() },
+        }
+    }
+}
+
+impl Backing for RedisServer {
+    fn url(&self) -> String {
+        RedisServer::url(self)
+    }
+}
+
+/// Each queue's fencing counter and checkpoint (as the nodes wrote them).
+pub async fn queue_marks(backing: &impl Backing) -> Vec<(Option<u64>, Option<tailrace::stream::SequenceToken>)> {
+    let config = tailrace::redis_conn::reconnecting(Duration::from_secs(5));
+    let conn = backing.endpoint().connect_any(config, Duration::from_secs(5)).await.unwrap();
+    let mut marks = Vec::new();
+    for queue in 0..QUEUES {
+        let mut c = conn.clone();
+        let fence: Option<u64> =
+            redis::cmd("GET").arg(format!("tailrace:{{q{queue}}}:fence")).query_async(&mut c).await.unwrap();
+        let checkpoint: Option<String> =
+            redis::cmd("GET").arg(format!("tailrace:{{q{queue}}}:checkpoint")).query_async(&mut c).await.unwrap();
+        marks.push((fence, checkpoint.map(|c| c.parse().unwrap())));
+    }
+    marks
+}
+
+/// A Redis Cluster, with every write confirmed by a replica so that a
+/// master's failover loses nothing acknowledged.
+impl Backing for RedisCluster {
+    fn url(&self) -> String {
+        self.seeds()[0].clone()
+    }
+
+    fn redis_settings(&self) -> String {
+        "cluster = true\nwait_replicas = 1\n".into()
+    }
+
+    fn fail_over_busiest(&mut self) -> Option<String> {
+        let mut served: BTreeMap<u16, usize> = BTreeMap::new();
+        for queue in 0..QUEUES {
+            *served.entry(self.master_of(&format!("tailrace:{{q{queue}}}:stream"))).or_default() += 1;
+        }
+        let (&port, &queues) = served.iter().max_by_key(|(_, n)| **n)?;
+        self.kill(port);
+        self.restart(port);
+        Some(format!("master {port} ({queues} of {QUEUES} queues)"))
+    }
+}
 
 /// How a node listens for the others and proves it belongs.
 pub struct Link {
@@ -35,13 +110,14 @@ impl Default for Link {
 }
 
 /// The config of node `name` with its edge on `port`.
-pub fn config(redis: &RedisServer, name: &str, port: u16) -> String {
+pub fn config(redis: &impl Backing, name: &str, port: u16) -> String {
     config_linked(redis, name, port, &Link::default())
 }
 
 /// The config of node `name` with its edge on `port`, linked as `link` says.
-pub fn config_linked(redis: &RedisServer, name: &str, port: u16, link: &Link) -> String {
+pub fn config_linked(redis: &impl Backing, name: &str, port: u16, link: &Link) -> String {
     let url = redis.url();
+    let settings = redis.redis_settings();
     let cluster_port = link.listen;
     let advertise = link.advertise.as_ref().map(|a| format!("advertise = \"{a}\"\n")).unwrap_or_default();
     format!(
@@ -52,7 +128,7 @@ adapter = "redis"
 count = {QUEUES}
 [adapters.redis]
 url = "{url}"
-[archive]
+{settings}[archive]
 store = "redis"
 redis_url = "{url}"
 [lease]
@@ -124,13 +200,13 @@ impl Proc {
     }
 
     /// `tailrace node` under `name`, waited for until it serves.
-    pub fn node(redis: &RedisServer, name: &str) -> Self {
+    pub fn node(redis: &impl Backing, name: &str) -> Self {
         Self::node_linked(redis, name, &Link::default())
     }
 
     /// `tailrace node` under `name` with `extra` sections appended to its
     /// config, waited for until it serves.
-    pub fn node_with(redis: &RedisServer, name: &str, extra: &str) -> Self {
+    pub fn node_with(redis: &impl Backing, name: &str, extra: &str) -> Self {
         let port = free_port();
         let mut node = Self::spawn(name, port, &format!("{}{extra}", config(redis, name, port)), &["node"], &[]);
         node.wait_serving();
@@ -139,14 +215,14 @@ impl Proc {
 
     /// `tailrace node` under `name` linked as `link` says, waited for until
     /// it serves.
-    pub fn node_linked(redis: &RedisServer, name: &str, link: &Link) -> Self {
+    pub fn node_linked(redis: &impl Backing, name: &str, link: &Link) -> Self {
         let mut node = Self::start_linked(redis, name, link);
         node.wait_serving();
         node
     }
 
     /// `tailrace node` under `name` linked as `link` says, not waited for.
-    pub fn start_linked(redis: &RedisServer, name: &str, link: &Link) -> Self {
+    pub fn start_linked(redis: &impl Backing, name: &str, link: &Link) -> Self {
         let port = free_port();
         let text = config_linked(redis, name, port, link);
         Self::spawn_with_cookie(name, port, &text, &["node"], &[], link.cookie)

@@ -83,6 +83,14 @@ impl RunLogStore for ProbeStore {
         }
         self.inner.info(run).await
     }
+    /// Counted and failed as `info` (it is the tailer's lookup).
+    async fn info_and_recent(&self, run: &RunKey) -> Result<Option<(RunInfo, Vec<u64>)>, StoreError> {
+        self.infos.fetch_add(1, Ordering::SeqCst);
+        if take(&self.fail_info) {
+            return Err(StoreError::Backend("injected lookup failure".into()));
+        }
+        self.inner.info_and_recent(run).await
+    }
     async fn times(&self, run: &RunKey, from: u64, to: u64) -> Result<Vec<(u64, u64)>, StoreError> {
         self.inner.times(run, from, to).await
     }

@@ -34,6 +34,24 @@ fn cluster_port() -> u16 {
     }
 }
 
+/// A cluster node on `port`, its data in `dir/port` (its `nodes.conf`
+/// keeps its identity across a restart).
+fn spawn(dir: &std::path::Path, port: u16) -> Child {
+    let data = dir.join(port.to_string());
+    std::fs::create_dir_all(&data).unwrap();
+    Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--cluster-enabled", "yes"])
+        .args(["--cluster-config-file", "nodes.conf", "--cluster-node-timeout"])
+        .arg(NODE_TIMEOUT.as_millis().to_string())
+        .args(["--appendonly", "yes", "--appendfsync", "always", "--save", ""])
+        .arg("--dir")
+        .arg(&data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server (apt-get install redis-server)")
+}
+
 fn cli(port: u16, args: &[&str]) -> std::io::Result<String> {
     let out = Command::new("redis-cli").arg("-p").arg(port.to_string()).args(args).stderr(Stdio::null()).output()?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -46,20 +64,7 @@ impl RedisCluster {
         let mut nodes = Vec::new();
         for _ in 0..6 {
             let port = cluster_port();
-            let data = dir.path().join(port.to_string());
-            std::fs::create_dir_all(&data).unwrap();
-            let child = Command::new("redis-server")
-                .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--cluster-enabled", "yes"])
-                .args(["--cluster-config-file", "nodes.conf", "--cluster-node-timeout"])
-                .arg(NODE_TIMEOUT.as_millis().to_string())
-                .args(["--appendonly", "yes", "--appendfsync", "always", "--save", ""])
-                .arg("--dir")
-                .arg(&data)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server (apt-get install redis-server)");
-            nodes.push(Node { port, child: Some(child) });
+            nodes.push(Node { port, child: Some(spawn(dir.path(), port)) });
         }
         let cluster = Self { nodes, _dir: dir };
         for node in &cluster.nodes {
@@ -154,6 +159,23 @@ impl RedisCluster {
             cli(live, &["CLUSTER", "NODES"]).is_ok_and(|table| {
                 table.lines().any(|l| l.contains(&needle) && l.contains("fail") && !l.contains("fail?"))
             })
+        });
+        self.wait_healthy();
+    }
+}
+
+impl RedisCluster {
+    /// Starts the node on `port` again (killed before): it rejoins as a
+    /// replica of the master that took its slots, and is waited for until
+    /// that master counts it as an online replica.
+    pub fn restart(&mut self, port: u16) {
+        let dir = self._dir.path().to_path_buf();
+        let node = self.nodes.iter_mut().find(|n| n.port == port).expect("a node of this cluster");
+        assert!(node.child.is_none(), "node {port} is running");
+        node.child = Some(spawn(&dir, port));
+        self.wait(&format!("node {port} back as an online replica"), || {
+            cli(port, &["INFO", "replication"])
+                .is_ok_and(|info| info.contains("role:slave") && info.contains("master_link_status:up"))
         });
         self.wait_healthy();
     }

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::{Ending, Known, Phase, Tailer};
-use crate::archive::Contents;
+use crate::archive::{Contents, RECENT_BATCHES, batch_fingerprint};
 use crate::edge::frames::EndReason;
 use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StreamConsumer};
 use crate::stream::{BatchContainer, SequenceToken};
@@ -37,6 +37,14 @@ impl Tailer {
             if contents.texts.is_empty() {
                 continue;
             }
+            let fingerprint = batch_fingerprint(&batch.events);
+            if state.feed.recent.contains(&fingerprint) {
+                continue;
+            }
+            if state.feed.recent.len() >= RECENT_BATCHES {
+                state.feed.recent.pop_front();
+            }
+            state.feed.recent.push_back(fingerprint);
             let bytes = state.feed.window.push(contents.lines().map(str::to_string).collect()) as u64;
             metrics::counter!(telemetry::EDGE_FRAMES).increment(state.audience.viewers.len() as u64);
             state.feed.streamed_bytes += bytes;

@@ -31,6 +31,7 @@ impl Tailer {
         handle: SubscriptionHandle,
         lines: u64,
         token: Option<SequenceToken>,
+        recent: Vec<u64>,
     ) -> bool {
         let mut state = self.state.lock();
         state.subscription = Some(handle);
@@ -40,6 +41,7 @@ impl Tailer {
         state.phase = Phase::Live;
         state.feed.window = Window::new(self.key.run(), lines, self.settings.max_replay_bytes);
         state.feed.base_token = token;
+        state.feed.recent = recent.into();
         drop(state);
         self.phase.send_replace(Phase::Live);
         true

@@ -124,7 +124,7 @@ async fn follow(runs: &Runs, tailer: &Arc<Tailer>) {
     };
     // A store hiccup is retried; only a store that stays down ends the
     // stream (with its error).
-    let lookup = (|| runs.store.info(&tailer.key))
+    let lookup = (|| runs.store.info_and_recent(&tailer.key))
         .retry(STORE_RETRY.schedule(STORE_RETRIES))
         .notify(|error, wait| tracing::debug!(run = %tailer.key, %error, ?wait, "store lookup failed; retrying"));
     let info = tokio::select! {
@@ -134,14 +134,14 @@ async fn follow(runs: &Runs, tailer: &Arc<Tailer>) {
             return tailer.stop();
         }
     };
-    let info = match info {
+    let (info, recent) = match info {
         Ok(info) => info.unwrap_or_default(),
         Err(error) => {
             tailer.keep_subscription(handle);
             return tailer.fail(&incident::report("the run log store failed", &error));
         }
     };
-    if !tailer.go_live(handle, info.lines, info.last_token) {
+    if !tailer.go_live(handle, info.lines, info.last_token, recent) {
         return;
     }
     tracing::debug!(run = %tailer.key, lines = info.lines, "tailer live");
