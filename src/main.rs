@@ -65,6 +65,10 @@ enum Command {
         /// after each round).
         #[arg(long, default_value = "redis://127.0.0.1:6379")]
         redis_url: String,
+        /// redis: run on a private Redis Cluster of three masters and on a
+        /// private single Redis, and compare.
+        #[arg(long)]
+        cluster: bool,
     },
 }
 
@@ -101,8 +105,9 @@ fn main() -> anyhow::Result<()> {
             Command::Tail(args) => cli::tail::run(args).await,
             Command::BenchClient(args) => cli::bench::sse_client::run(args).await,
             Command::Handoff { command: HandoffCommand::Recover(args) } => cli::handoff::recover(args),
-            Command::Bench { scenario, quick, graceful, queues, redis_url } => {
-                cli::bench::run(&scenario, quick, graceful, queues, &redis_url).await
+            Command::Bench { scenario, quick, graceful, queues, redis_url, cluster } => {
+                let flags = cli::bench::BenchFlags { quick, graceful, queues, redis_url, cluster };
+                cli::bench::run(&scenario, flags).await
             }
         }
     })

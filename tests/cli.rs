@@ -117,6 +117,27 @@ fn bench_transport_quick_delivers_everything_and_reports_a_ratio() {
     assert!(ratio > 0.0, "{result}");
 }
 
+/// `bench redis --cluster` runs the node on a private Redis Cluster of
+/// three masters and on one Redis, and reports both rates, their ratio and
+/// how busy Redis was on each side; `--cluster` is refused elsewhere.
+#[test]
+fn bench_redis_cluster_quick_reports_three_masters_against_one() {
+    let out = tailrace().args(["bench", "redis", "--cluster", "--quick"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let result = stdout.lines().find(|l| l.starts_with("RESULT scenario=redis-cluster ")).expect("a RESULT line");
+    let field = |name: &str| -> f64 {
+        let prefix = format!("{name}=");
+        result.split(' ').find_map(|kv| kv.strip_prefix(prefix.as_str())).and_then(|v| v.parse().ok()).unwrap_or(-1.0)
+    };
+    for name in ["tailrace_eps", "baseline_eps", "ratio", "redis_cores_1", "redis_cores_3"] {
+        assert!(field(name) > 0.0, "{name} in {result}");
+    }
+    assert_eq!(field("masters"), 3.0, "{result}");
+    let refused = tailrace().args(["bench", "file", "--cluster", "--quick"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--cluster applies to the redis scenario only"));
+}
+
 #[test]
 fn a_bad_config_file_names_the_file_and_the_key() {
     let dir = tempfile::tempdir().unwrap();

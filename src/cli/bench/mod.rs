@@ -11,6 +11,7 @@ mod failover;
 mod file;
 mod pipeline;
 mod redis;
+mod redis_cluster;
 mod scale;
 mod sse;
 pub mod sse_client;
@@ -23,27 +24,38 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Runs one scenario by name; `redis_url` is the server of `redis`;
-/// `graceful` stops the failover's node with SIGTERM instead of SIGKILL;
-/// `queues` sizes `scale`.
-pub async fn run(
-    scenario: &str,
-    quick: bool,
-    graceful: bool,
-    queues: Option<u32>,
-    redis_url: &str,
-) -> anyhow::Result<()> {
+/// How a scenario runs: the flags of `tailrace bench`.
+pub struct BenchFlags {
+    /// A shorter run (CI).
+    pub quick: bool,
+    /// failover: SIGTERM instead of SIGKILL.
+    pub graceful: bool,
+    /// scale: how many queues.
+    pub queues: Option<u32>,
+    /// redis: the server to run on.
+    pub redis_url: String,
+    /// redis: a private Redis Cluster of three masters against one master.
+    pub cluster: bool,
+}
+
+/// Runs one scenario by name, refusing a flag the scenario does not take.
+pub async fn run(scenario: &str, flags: BenchFlags) -> anyhow::Result<()> {
+    let BenchFlags { quick, graceful, queues, redis_url, cluster } = flags;
     if graceful && scenario != "failover" {
         anyhow::bail!("--graceful applies to the failover scenario only");
     }
     if queues.is_some() && scenario != "scale" {
         anyhow::bail!("--queues applies to the scale scenario only");
     }
+    if cluster && scenario != "redis" {
+        anyhow::bail!("--cluster applies to the redis scenario only");
+    }
     match scenario {
         "failover" => failover::run(quick, graceful).await,
         "pipeline" => pipeline::run(quick).await,
         "file" => file::run(quick).await,
-        "redis" => redis::run(quick, redis_url).await,
+        "redis" if cluster => redis_cluster::run(quick).await,
+        "redis" => redis::run(quick, &redis_url).await,
         "sse" => sse::run(quick).await,
         "transport" => transport::run(quick).await,
         "scale" => scale::run(quick, queues).await,
