@@ -12,8 +12,13 @@
 #
 # Data, pids and logs go to $TAILRACE_RUN_DIR (default: run/redis-cluster).
 # Needs redis-server and redis-cli (Debian: redis-server, redis-tools).
-# tailrace itself does not run on a Redis Cluster yet; this is the cluster
-# its tests and the work towards it use.
+#
+# To run the nodes on it, give each node's config (e.g. node-1.toml)
+#   [adapters.redis]  url = "redis://127.0.0.1:7000", cluster = true,
+#                     wait_replicas = 1
+#   [archive]         redis_url = "redis://127.0.0.1:7000"
+# (any of the six ports is a seed; see docs/operations.md, "Running on a
+# Redis Cluster", for what wait_replicas costs during a failover).
 set -euo pipefail
 
 run="${TAILRACE_RUN_DIR:-run/redis-cluster}"
