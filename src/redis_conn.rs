@@ -296,10 +296,38 @@ impl RedisEndpoint {
         if !self.access.cluster {
             return self.connect(config).await.map(RedisConn::Single);
         }
-        let (info, tls, password_setting) = self.parts(redis::ProtocolVersion::RESP2)?;
+        self.connect_cluster(response_timeout, redis::ProtocolVersion::RESP2, None::<fn(_) -> Result<(), ()>>).await
+    }
+
+    /// As [`RedisEndpoint::connect_any`], speaking RESP3, with what the
+    /// server pushes (tracking invalidations) going to `on_push` (on one
+    /// server, through `config`'s push sender).
+    pub(crate) async fn connect_any_resp3(
+        &self,
+        config: ConnectionManagerConfig,
+        response_timeout: Duration,
+        on_push: impl redis::aio::AsyncPushSender + Clone,
+    ) -> Result<RedisConn, RedisConnError> {
+        if !self.access.cluster {
+            return self.connect_resp3(config.set_push_sender(on_push)).await.map(RedisConn::Single);
+        }
+        self.connect_cluster(response_timeout, redis::ProtocolVersion::RESP3, Some(on_push)).await
+    }
+
+    async fn connect_cluster(
+        &self,
+        response_timeout: Duration,
+        protocol: redis::ProtocolVersion,
+        on_push: Option<impl redis::aio::AsyncPushSender>,
+    ) -> Result<RedisConn, RedisConnError> {
+        let (info, tls, password_setting) = self.parts(protocol)?;
         let mut builder = redis::cluster::ClusterClientBuilder::new(vec![info])
             .connection_timeout(CONNECT_TIMEOUT)
-            .response_timeout(response_timeout);
+            .response_timeout(response_timeout)
+            .use_protocol(protocol);
+        if let Some(on_push) = on_push {
+            builder = builder.push_sender(on_push);
+        }
         if let Some(certificates) = tls {
             crate::tls::use_ring_by_default();
             builder = builder.certs(certificates);

@@ -121,18 +121,17 @@ impl RedisRunLogStore {
 
     /// Connects to `endpoint` (one server, reconnecting with backoff when
     /// the connection drops, or a Redis Cluster when its access says so).
-    /// A refused password or certificate names the setting. On one server,
-    /// waits for a run are told of its writes (client-side tracking); on a
-    /// cluster they look every [`super::STORED_POLL`].
+    /// A refused password or certificate names the setting. Waits for a
+    /// run are told of its writes (client-side tracking, on a cluster by
+    /// the run's shard).
     pub async fn connect_to(endpoint: &RedisEndpoint, prefix: &str) -> Result<Self, StoreError> {
         let config = redis::aio::ConnectionManagerConfig::new();
         let conn = endpoint
             .connect_any(config.clone(), RESPONSE_TIMEOUT)
             .await
             .map_err(|e| StoreError::Backend(e.to_string()))?;
-        let waits = (!conn.is_cluster())
-            .then(|| Arc::new(KeyWaits::new(endpoint.clone(), config, "status waits look every 100 ms")));
-        Ok(Self { waits, ..Self::new(conn, prefix) })
+        let waits = KeyWaits::new(endpoint.clone(), config, "status waits look every 100 ms");
+        Ok(Self { waits: Some(Arc::new(waits)), ..Self::new(conn, prefix) })
     }
 
     /// What every key of `run` ends with: `{n}:{fqn}:{run}`, in braces

@@ -129,3 +129,26 @@ impl RedisConn {
         Ok(confirmed)
     }
 }
+
+impl RedisConn {
+    /// Runs `pipe` on the master of `key`'s slot, even where its commands
+    /// carry no key (`CLIENT TRACKING`, which a cluster would send
+    /// anywhere); the answers after the first `skip`.
+    pub(crate) async fn pipeline_at(
+        &self,
+        key: &str,
+        pipe: redis::Pipeline,
+        skip: usize,
+    ) -> redis::RedisResult<Vec<redis::Value>> {
+        use redis::aio::ConnectionLike;
+        let count = pipe.len().saturating_sub(skip);
+        match self {
+            Self::Single(conn) => conn.clone().req_packed_commands(&pipe, skip, count).await,
+            Self::Cluster(conn) => {
+                use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
+                conn.clone().route_pipeline(pipe, skip, count, route).await
+            }
+        }
+    }
+}

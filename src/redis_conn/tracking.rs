@@ -1,5 +1,7 @@
 //! Waits that end when a key changes, for any number of waiters of one
-//! process, over one connection and with no command while nothing changes.
+//! process, over one connection (one cluster client on a Redis Cluster,
+//! whose shards each track the keys registered with them) and with no
+//! command while nothing changes.
 //!
 //! A waiter knows the key's state it last saw. [`KeyWaits::wait`] asks
 //! Redis to tell this process when the key changes: the wait connection
@@ -30,15 +32,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{OnceCell, oneshot};
 
-use super::RedisEndpoint;
+use super::{RedisConn, RedisEndpoint};
 
 /// How long a wait whose registration failed (Redis unreachable) lasts
 /// before the waiter looks again.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
+
+/// Limit of one registration on a Redis Cluster (one server's connection
+/// has `config`'s).
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A wait that ends when its key changed (or may have).
 pub(crate) type KeyWait = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -50,7 +56,7 @@ pub(crate) struct KeyWaits {
     /// What happens without tracking ("idle queues are polled"), for the
     /// warning of a Redis that cannot track.
     purpose: &'static str,
-    conn: OnceCell<ConnectionManager>,
+    conn: OnceCell<RedisConn>,
     waiting: Arc<Mutex<Waiting>>,
     /// Redis refused tracking: waiters poll.
     unsupported: AtomicBool,
@@ -136,7 +142,7 @@ impl KeyWaits {
         self.waiting.lock().add(&key, waiter);
         let waits = self.clone();
         Some(Box::pin(async move {
-            match waits.track(check).await {
+            match waits.track(&key, check).await {
                 Ok(answer) if moved(&answer) => {}
                 // A dropped waiter means the waits were cleared: wake too.
                 Ok(_) => drop(woken.await),
@@ -154,28 +160,27 @@ impl KeyWaits {
         }))
     }
 
-    /// Turns tracking on (again) and runs `check`, which registers its key.
-    async fn track(&self, check: redis::Cmd) -> Result<Value, redis::RedisError> {
-        let mut conn = self.conn.get_or_try_init(|| self.connect()).await?.clone();
-        let (answer,): (Value,) = redis::pipe()
-            .cmd("CLIENT")
-            .arg("TRACKING")
-            .arg("ON")
-            .ignore()
-            .add_command(check)
-            .query_async(&mut conn)
-            .await?;
-        Ok(answer)
+    /// Turns tracking on (again) and runs `check`, which registers `key`,
+    /// both on `key`'s server (its shard's master on a cluster).
+    async fn track(&self, key: &str, check: redis::Cmd) -> Result<Value, redis::RedisError> {
+        let conn = self.conn.get_or_try_init(|| self.connect()).await?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("CLIENT").arg("TRACKING").arg("ON").add_command(check);
+        let answers = conn.pipeline_at(key, pipe, 1).await?;
+        Ok(answers.into_iter().next().unwrap_or(Value::Nil))
     }
 
-    async fn connect(&self) -> Result<ConnectionManager, redis::RedisError> {
+    /// One RESP3 connection (to one server, or to every shard of a Redis
+    /// Cluster through one cluster client: a registration goes to its
+    /// key's master, whose invalidations come back the same way).
+    async fn connect(&self) -> Result<RedisConn, redis::RedisError> {
         let waiting = self.waiting.clone();
         let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
             waiting.lock().on_push(push);
             Ok(())
         };
-        let config = self.config.clone().set_push_sender(on_push);
-        self.endpoint.connect_resp3(config).await.map_err(|e| {
+        let on_push = Arc::new(on_push);
+        self.endpoint.connect_any_resp3(self.config.clone(), RESPONSE_TIMEOUT, on_push).await.map_err(|e| {
             redis::RedisError::from((redis::ErrorKind::Io, "connecting the wait connection", e.to_string()))
         })
     }

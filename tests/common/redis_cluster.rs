@@ -121,6 +121,21 @@ impl RedisCluster {
         self.nodes.iter().filter(|n| n.child.is_some()).map(|n| format!("redis://127.0.0.1:{}", n.port)).collect()
     }
 
+    /// `redis://` URLs of the masters now.
+    pub fn masters(&self) -> Vec<String> {
+        let live = self.nodes.iter().find(|n| n.child.is_some()).expect("a live node").port;
+        let table = cli(live, &["CLUSTER", "NODES"]).unwrap();
+        table
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let master = fields.get(2).is_some_and(|f| f.contains("master") && !f.contains("fail"));
+                let address = fields.get(1)?.split('@').next()?;
+                master.then(|| format!("redis://{address}"))
+            })
+            .collect()
+    }
+
     /// The port of the master serving `key`'s slot now.
     pub fn master_of(&self, key: &str) -> u16 {
         let live = self.nodes.iter().find(|n| n.child.is_some()).expect("a live node").port;

@@ -16,17 +16,15 @@ use super::RedisOptions;
 use crate::queue::Wake;
 use crate::redis_conn::tracking::KeyWaits;
 
-/// The waits of one process's Redis receivers; none on a Redis Cluster,
-/// whose shards would each need their own tracking connection (receivers
-/// poll there).
-pub(crate) struct Wakes(Option<Arc<KeyWaits>>);
+/// The waits of one process's Redis receivers (on one server, or on every
+/// shard of a Redis Cluster).
+pub(crate) struct Wakes(Arc<KeyWaits>);
 
 impl Wakes {
-    /// Waits over a connection of `options`'s server, made at the first wait.
+    /// Waits over a connection of `options`'s Redis, made at the first wait.
     pub(crate) fn new(options: RedisOptions) -> Self {
         let config = super::connection_config(&options);
-        let cluster = options.cluster;
-        Self((!cluster).then(|| Arc::new(KeyWaits::new(options.endpoint(), config, "idle queues are polled"))))
+        Self(Arc::new(KeyWaits::new(options.endpoint(), config, "idle queues are polled")))
     }
 
     /// A wake that completes once `stream` has an entry after `last_id`
@@ -35,6 +33,6 @@ impl Wakes {
     pub(crate) fn wait(&self, stream: String, last_id: String) -> Option<Wake> {
         let mut check = redis::cmd("XREVRANGE");
         check.arg(&stream).arg("+").arg(format!("({last_id}")).arg("COUNT").arg(1);
-        self.0.as_ref()?.wait(stream, check, |answer| matches!(answer, Value::Array(newer) if !newer.is_empty()))
+        self.0.wait(stream, check, |answer| matches!(answer, Value::Array(newer) if !newer.is_empty()))
     }
 }
