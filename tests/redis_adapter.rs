@@ -97,6 +97,47 @@ async fn acknowledged_appends_survive_a_master_failover_with_wait_replicas() {
     assert!(error.to_string().contains("0 of 1 replicas had the batch within 100ms"), "{error}");
 }
 
+/// A queue's slot moves to another master (a reshard: its keys migrate
+/// while the node reads and producers write, so commands meet `ASK` and
+/// `TRYAGAIN`): every event is delivered, once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reshard_of_a_queues_slot_loses_and_repeats_nothing() {
+    let cluster = common::redis_cluster::RedisCluster::start();
+    let options = RedisOptions { url: cluster.seeds()[0].clone(), cluster: true, ..Default::default() };
+    let factory = Arc::new(RedisAdapterFactory::connect(2, options, "n1").await.unwrap());
+    let s = stream("t", "reshard");
+    let queue = factory.queue_mapper().queue_for(&s);
+    let adapter = factory.adapter();
+    let recorder = Recorder::new();
+    let node = TestNode::start(factory, quick_config(), implicit("t", &recorder)).await;
+    node.node.produce(&s, events("e", 0..50)).await.unwrap();
+    assert!(eventually(WAIT, || recorder.total() == 50).await, "{} of 50 before the move", recorder.total());
+    let producer = tokio::spawn({
+        let s = s.clone();
+        async move {
+            for i in 50..150u64 {
+                // Transient refusals while the slot moves are retried.
+                while adapter.enqueue(&s, events("e", i..i + 1)).await.is_err() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    });
+    let stream_key = format!("tailrace:{{q{}}}:stream", queue.0);
+    let to = cluster
+        .masters()
+        .iter()
+        .map(|m| m.rsplit(':').next().unwrap().parse::<u16>().unwrap())
+        .find(|p| *p != cluster.master_of(&stream_key))
+        .unwrap();
+    tokio::task::block_in_place(|| cluster.move_slot_of(&stream_key, to));
+    producer.await.unwrap();
+    assert_eq!(cluster.master_of(&stream_key), to, "the queue's slot moved");
+    assert!(eventually(WAIT, || recorder.total() == 150).await, "{} of 150", recorder.total());
+    assert_eq!(recorder.ids(&s), ids("e", 0..150), "every event once, in order");
+}
+
 #[tokio::test]
 async fn a_new_owner_takes_over_what_the_old_one_left_pending() {
     let server = RedisServer::start();

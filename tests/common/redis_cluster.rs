@@ -121,6 +121,38 @@ impl RedisCluster {
         self.nodes.iter().filter(|n| n.child.is_some()).map(|n| format!("redis://127.0.0.1:{}", n.port)).collect()
     }
 
+    /// Moves `key`'s slot (and every key in it) to the master on `to`, as
+    /// a reshard does: `IMPORTING`/`MIGRATING`, `MIGRATE` in small
+    /// batches (clients meanwhile get `ASK` or `TRYAGAIN`), then the slot's
+    /// new owner is told to every master.
+    pub fn move_slot_of(&self, key: &str, to: u16) {
+        let from = self.master_of(key);
+        assert_ne!(from, to, "the slot is on {to} already");
+        let slot = cli(from, &["CLUSTER", "KEYSLOT", key]).unwrap().trim().to_string();
+        let id = |port: u16| cli(port, &["CLUSTER", "MYID"]).unwrap().trim().to_string();
+        let (from_id, to_id) = (id(from), id(to));
+        cli(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]).unwrap();
+        cli(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]).unwrap();
+        loop {
+            let keys = cli(from, &["CLUSTER", "GETKEYSINSLOT", &slot, "2"]).unwrap();
+            let keys: Vec<&str> = keys.lines().map(str::trim).filter(|k| !k.is_empty()).collect();
+            if keys.is_empty() {
+                break;
+            }
+            let port = to.to_string();
+            let mut args = vec!["MIGRATE", "127.0.0.1", port.as_str(), "", "0", "5000", "KEYS"];
+            args.extend(keys);
+            let answer = cli(from, &args).unwrap();
+            assert!(answer.contains("OK") || answer.contains("NOKEY"), "MIGRATE answered {answer}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for master in self.masters() {
+            let port: u16 = master.rsplit(':').next().unwrap().parse().unwrap();
+            cli(port, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]).unwrap();
+        }
+        self.wait(&format!("slot {slot} served by {to}"), || self.master_of(key) == to);
+    }
+
     /// `redis://` URLs of the masters now.
     pub fn masters(&self) -> Vec<String> {
         let live = self.nodes.iter().find(|n| n.child.is_some()).expect("a live node").port;
