@@ -320,8 +320,17 @@ impl RedisEndpoint {
         protocol: redis::ProtocolVersion,
         on_push: Option<impl redis::aio::AsyncPushSender>,
     ) -> Result<RedisConn, RedisConnError> {
-        let (info, tls, password_setting) = self.parts(protocol)?;
-        let mut builder = redis::cluster::ClusterClientBuilder::new(vec![info])
+        // Seeds: `url` may list several, comma-separated (any that answers
+        // will do); each gets the same user, password and TLS files.
+        let mut seeds = Vec::new();
+        let (mut tls, mut password_setting) = (None, String::new());
+        for url in self.url.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+            let seed = Self { url: url.to_string(), ..self.clone() };
+            let (info, certificates, setting) = seed.parts(protocol)?;
+            seeds.push(info);
+            (tls, password_setting) = (tls.or(certificates), setting);
+        }
+        let mut builder = redis::cluster::ClusterClientBuilder::new(seeds)
             .connection_timeout(CONNECT_TIMEOUT)
             .response_timeout(response_timeout)
             .use_protocol(protocol);
@@ -475,6 +484,10 @@ pub fn reconnecting(response_timeout: Duration) -> ConnectionManagerConfig {
 /// (`redis://user:***@host:6379`). A URL that does not parse is not
 /// echoed, since it may hold a password.
 pub fn redact(url: &str) -> String {
+    // A Redis Cluster's seeds, comma-separated: each shown redacted.
+    if url.contains(',') {
+        return url.split(',').map(|seed| redact(seed.trim())).collect::<Vec<_>>().join(",");
+    }
     match url::Url::parse(url) {
         Ok(mut parsed) => {
             if parsed.password().is_some() {
@@ -510,5 +523,7 @@ mod tests {
         assert!(!redact("redis://u:pa ss@[bad").contains("pa ss"));
         let unix = redact("redis+unix:///run/redis.sock?user=tailrace&pass=s3cret&db=1");
         assert!(!unix.contains("s3cret") && unix.contains("pass=***") && unix.contains("db=1"), "{unix}");
+        let seeds = redact("redis://:s3cret@10.0.0.5:7000, redis://:s3cret@10.0.0.6:7000");
+        assert_eq!(seeds, "redis://:***@10.0.0.5:7000,redis://:***@10.0.0.6:7000");
     }
 }

@@ -226,12 +226,15 @@ async fn checkpoints_and_subscriptions_are_shared_through_redis() {
     shared_subscriptions(&store_a, store_b.as_ref()).await;
 }
 
-/// On a Redis Cluster: checkpoints, and subscriptions whose stream hash
-/// and node index live in different slots.
+/// On a Redis Cluster (reached through a list of seeds whose first is
+/// down): checkpoints, and subscriptions whose stream hash and node index
+/// live in different slots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_and_subscriptions_are_shared_through_a_redis_cluster() {
     let cluster = common::redis_cluster::RedisCluster::start();
-    let options = RedisOptions { url: cluster.seeds()[0].clone(), cluster: true, ..Default::default() };
+    // Seeds, comma-separated: the first one answers nothing, the next does.
+    let url = format!("redis://127.0.0.1:{},{}", common::free_port(), cluster.seeds()[0]);
+    let options = RedisOptions { url, cluster: true, ..Default::default() };
     let a = RedisAdapterFactory::connect(8, options.clone(), "a").await.unwrap();
     let b = RedisAdapterFactory::connect(8, options, "b").await.unwrap();
     let token = SequenceToken::new(1_700_000_000_000, 3);
