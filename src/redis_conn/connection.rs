@@ -1,8 +1,14 @@
 //! [`RedisConn`]: one connection type for one Redis server or a Redis
 //! Cluster, so the adapter, the stores and the cluster's keepers run their
-//! commands and scripts the same way on either.
+//! commands and scripts the same way on either; how an endpoint connects to
+//! either (a cluster through its seeds); commands grouped per slot; `WAIT`
+//! on a key's master.
 
-use redis::aio::ConnectionManager;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::{CONNECT_TIMEOUT, RedisConnError, RedisEndpoint};
 
 /// A connection to Redis, cheap to clone: to one server (reconnecting with
 /// backoff) or to a Redis Cluster (the cluster client's, which follows
@@ -150,5 +156,71 @@ impl RedisConn {
                 conn.clone().route_pipeline(pipe, skip, count, route).await
             }
         }
+    }
+}
+
+impl RedisEndpoint {
+    /// Connects as [`RedisEndpoint::connect`] does, or, when the access says
+    /// `cluster`, to the Redis Cluster the URL is a seed of (commands time
+    /// out after `response_timeout`; a refused password or certificate is
+    /// named as for one server).
+    pub async fn connect_any(
+        &self,
+        config: ConnectionManagerConfig,
+        response_timeout: Duration,
+    ) -> Result<RedisConn, RedisConnError> {
+        if !self.access.cluster {
+            return self.connect(config).await.map(RedisConn::Single);
+        }
+        self.connect_cluster(response_timeout, redis::ProtocolVersion::RESP2, None::<fn(_) -> Result<(), ()>>).await
+    }
+
+    /// As [`RedisEndpoint::connect_any`], speaking RESP3, with what the
+    /// server pushes (tracking invalidations) going to `on_push` (on one
+    /// server, through `config`'s push sender).
+    pub(crate) async fn connect_any_resp3(
+        &self,
+        config: ConnectionManagerConfig,
+        response_timeout: Duration,
+        on_push: impl redis::aio::AsyncPushSender + Clone,
+    ) -> Result<RedisConn, RedisConnError> {
+        if !self.access.cluster {
+            return self.connect_resp3(config.set_push_sender(on_push)).await.map(RedisConn::Single);
+        }
+        self.connect_cluster(response_timeout, redis::ProtocolVersion::RESP3, Some(on_push)).await
+    }
+
+    async fn connect_cluster(
+        &self,
+        response_timeout: Duration,
+        protocol: redis::ProtocolVersion,
+        on_push: Option<impl redis::aio::AsyncPushSender>,
+    ) -> Result<RedisConn, RedisConnError> {
+        // Seeds: `url` may list several, comma-separated (any that answers
+        // will do); each gets the same user, password and TLS files.
+        let mut seeds = Vec::new();
+        let (mut tls, mut password_setting) = (None, String::new());
+        for url in self.url.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+            let seed = Self { url: url.to_string(), ..self.clone() };
+            let (info, certificates, setting) = seed.parts(protocol)?;
+            seeds.push(info);
+            (tls, password_setting) = (tls.or(certificates), setting);
+        }
+        let mut builder = redis::cluster::ClusterClientBuilder::new(seeds)
+            .connection_timeout(CONNECT_TIMEOUT)
+            .response_timeout(response_timeout)
+            .use_protocol(protocol);
+        if let Some(on_push) = on_push {
+            builder = builder.push_sender(on_push);
+        }
+        if let Some(certificates) = tls {
+            crate::tls::use_ring_by_default();
+            builder = builder.certs(certificates);
+        }
+        let client = builder.build().map_err(|e| self.url_error(e))?;
+        client.get_async_connection().await.map(RedisConn::Cluster).map_err(|error| {
+            self.refusal(&error, &password_setting)
+                .unwrap_or_else(|| RedisConnError::Unreachable { url: self.shown(), message: error.to_string() })
+        })
     }
 }
