@@ -284,12 +284,10 @@ impl RedisEndpoint {
         self.connect_as(config, redis::ProtocolVersion::RESP3).await
     }
 
-    async fn connect_as(
-        &self,
-        config: ConnectionManagerConfig,
-        protocol: redis::ProtocolVersion,
-    ) -> Result<ConnectionManager, RedisConnError> {
-        let (client, password_setting) = self.build(protocol)?;
+    /// One connection, tried: a refused password or certificate is the
+    /// error, naming the setting; anything else (unreachable) is left to
+    /// the connection that follows, and its retries.
+    pub(super) async fn probe(&self, client: &redis::Client, password_setting: &str) -> Result<(), RedisConnError> {
         let probe = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(CONNECT_TIMEOUT));
@@ -297,11 +295,19 @@ impl RedisEndpoint {
             Ok(mut conn) => redis::cmd("PING").query_async::<String>(&mut conn).await.map(drop),
             Err(error) => Err(error),
         };
-        if let Err(error) = tried
-            && let Some(refused) = self.refusal(&error, &password_setting)
-        {
-            return Err(refused);
+        match tried {
+            Err(error) => self.refusal(&error, password_setting).map_or(Ok(()), Err),
+            Ok(()) => Ok(()),
         }
+    }
+
+    async fn connect_as(
+        &self,
+        config: ConnectionManagerConfig,
+        protocol: redis::ProtocolVersion,
+    ) -> Result<ConnectionManager, RedisConnError> {
+        let (client, password_setting) = self.build(protocol)?;
+        self.probe(&client, &password_setting).await?;
         client.get_connection_manager_with_config(config).await.map_err(|error| {
             self.refusal(&error, &password_setting).unwrap_or_else(|| {
                 let hint = if error.is_timeout() && self.url.starts_with("rediss:") {
@@ -318,7 +324,8 @@ impl RedisEndpoint {
     fn refusal(&self, error: &redis::RedisError, password_setting: &str) -> Option<RedisConnError> {
         let refused = |setting: String, message: String| Some(RedisConnError::Refused { setting, message });
         let user = self.access.username.clone().or_else(|| {
-            let info = self.url.as_str().into_connection_info().ok()?;
+            // The first seed's, when `url` lists a cluster's seeds.
+            let info = self.url.split(',').next()?.trim().into_connection_info().ok()?;
             info.redis_settings().username().map(str::to_string)
         });
         let user = user.map_or_else(|| "`default`".to_string(), |u| format!("`{u}`"));

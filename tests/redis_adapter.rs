@@ -52,6 +52,27 @@ async fn passes_the_conformance_kit_on_a_redis_cluster() {
     assert_eq!(report.checks_run(), 15, "{report}");
 }
 
+/// A Redis Cluster that asks for a password: the adapter passes the kit
+/// with the password set in `[adapters.redis]`, and a wrong one is refused
+/// at connect, naming the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_cluster_with_a_password_takes_it_from_the_setting_and_refuses_a_wrong_one() {
+    let cluster = common::redis_cluster::RedisCluster::start_with_password("cluster-s3cret");
+    let options = RedisOptions {
+        url: cluster.seeds()[0].clone(),
+        cluster: true,
+        password: Some("cluster-s3cret".into()),
+        trim_every: Duration::ZERO,
+        ..Default::default()
+    };
+    let report = redis_server::redis_kit(options.clone()).await;
+    assert_eq!(report.checks_run(), 15, "{report}");
+    let wrong = RedisOptions { password: Some("not-it".into()), ..options };
+    let error = RedisAdapterFactory::connect(2, wrong, "n1").await.err().expect("a wrong password is refused");
+    let text = error.to_string();
+    assert!(text.contains("[adapters.redis] password") && !text.contains("not-it"), "{text}");
+}
+
 /// With `wait_replicas = 1` an append is acknowledged only once a replica
 /// has it: every acknowledged batch survives a `kill -9` of its queue's
 /// master (its replica takes over). Without a replica to confirm, an append

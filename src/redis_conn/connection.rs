@@ -203,6 +203,11 @@ impl RedisEndpoint {
         for url in self.url.split(',').map(str::trim).filter(|u| !u.is_empty()) {
             let seed = Self { url: url.to_string(), ..self.clone() };
             let (info, certificates, setting) = seed.parts(protocol)?;
+            // As for one server: a refused password or certificate fails
+            // now, naming the setting (the cluster client would only say
+            // it could not connect).
+            let (client, _) = seed.build(protocol)?;
+            seed.probe(&client, &setting).await?;
             seeds.push(info);
             (tls, password_setting) = (tls.or(certificates), setting);
         }

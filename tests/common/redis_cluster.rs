@@ -16,6 +16,8 @@ const FORM_WAIT: Duration = Duration::from_secs(60);
 
 pub struct RedisCluster {
     nodes: Vec<Node>,
+    /// `requirepass` of every node (and `masterauth`), if any.
+    password: Option<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -36,10 +38,12 @@ fn cluster_port() -> u16 {
 
 /// A cluster node on `port`, its data in `dir/port` (its `nodes.conf`
 /// keeps its identity across a restart).
-fn spawn(dir: &std::path::Path, port: u16) -> Child {
+fn spawn(dir: &std::path::Path, port: u16, password: Option<&str>) -> Child {
     let data = dir.join(port.to_string());
     std::fs::create_dir_all(&data).unwrap();
+    let auth: Vec<&str> = password.map(|p| vec!["--requirepass", p, "--masterauth", p]).unwrap_or_default();
     Command::new("redis-server")
+        .args(&auth)
         .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--cluster-enabled", "yes"])
         .args(["--cluster-config-file", "nodes.conf", "--cluster-node-timeout"])
         .arg(NODE_TIMEOUT.as_millis().to_string())
@@ -52,28 +56,50 @@ fn spawn(dir: &std::path::Path, port: u16) -> Child {
         .expect("redis-server (apt-get install redis-server)")
 }
 
-fn cli(port: u16, args: &[&str]) -> std::io::Result<String> {
-    let out = Command::new("redis-cli").arg("-p").arg(port.to_string()).args(args).stderr(Stdio::null()).output()?;
+/// `redis-cli` against `port`, with the cluster's password if it has one.
+fn cli_as(password: Option<&str>, port: u16, args: &[&str]) -> std::io::Result<String> {
+    let mut command = Command::new("redis-cli");
+    if let Some(password) = password {
+        command.env("REDISCLI_AUTH", password);
+    }
+    let out = command.arg("-p").arg(port.to_string()).args(args).stderr(Stdio::null()).output()?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 impl RedisCluster {
+    fn cli(&self, port: u16, args: &[&str]) -> std::io::Result<String> {
+        cli_as(self.password.as_deref(), port, args)
+    }
+
     /// Three masters, each with one replica, every slot served.
     pub fn start() -> Self {
+        Self::start_as(None)
+    }
+
+    /// As [`RedisCluster::start`], every node asking for `password`.
+    pub fn start_with_password(password: &str) -> Self {
+        Self::start_as(Some(password.to_string()))
+    }
+
+    fn start_as(password: Option<String>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut nodes = Vec::new();
         for _ in 0..6 {
             let port = cluster_port();
-            nodes.push(Node { port, child: Some(spawn(dir.path(), port)) });
+            nodes.push(Node { port, child: Some(spawn(dir.path(), port, password.as_deref())) });
         }
-        let cluster = Self { nodes, _dir: dir };
+        let cluster = Self { nodes, password, _dir: dir };
         for node in &cluster.nodes {
             cluster.wait(&format!("node {} answering", node.port), || {
-                cli(node.port, &["PING"]).is_ok_and(|r| r.trim() == "PONG")
+                cluster.cli(node.port, &["PING"]).is_ok_and(|r| r.trim() == "PONG")
             });
         }
         let addresses: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
-        let created = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli");
+        if let Some(password) = &cluster.password {
+            create.env("REDISCLI_AUTH", password);
+        }
+        let created = create
             .args(["--cluster", "create"])
             .args(&addresses)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
@@ -86,7 +112,7 @@ impl RedisCluster {
         // Every replica has its master's data and follows it.
         cluster.wait("every replica in sync", || {
             cluster.nodes.iter().all(|n| {
-                cli(n.port, &["INFO", "replication"]).is_ok_and(|info| {
+                cluster.cli(n.port, &["INFO", "replication"]).is_ok_and(|info| {
                     info.contains("role:master")
                         && info.contains("connected_slaves:1")
                         && info.contains(",state=online,")
@@ -112,7 +138,7 @@ impl RedisCluster {
             self.nodes
                 .iter()
                 .filter(|n| n.child.is_some())
-                .all(|n| cli(n.port, &["CLUSTER", "INFO"]).is_ok_and(|info| info.contains("cluster_state:ok")))
+                .all(|n| self.cli(n.port, &["CLUSTER", "INFO"]).is_ok_and(|info| info.contains("cluster_state:ok")))
         });
     }
 
@@ -128,27 +154,31 @@ impl RedisCluster {
     pub fn move_slot_of(&self, key: &str, to: u16) {
         let from = self.master_of(key);
         assert_ne!(from, to, "the slot is on {to} already");
-        let slot = cli(from, &["CLUSTER", "KEYSLOT", key]).unwrap().trim().to_string();
-        let id = |port: u16| cli(port, &["CLUSTER", "MYID"]).unwrap().trim().to_string();
+        let slot = self.cli(from, &["CLUSTER", "KEYSLOT", key]).unwrap().trim().to_string();
+        let id = |port: u16| self.cli(port, &["CLUSTER", "MYID"]).unwrap().trim().to_string();
         let (from_id, to_id) = (id(from), id(to));
-        cli(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]).unwrap();
-        cli(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]).unwrap();
+        self.cli(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]).unwrap();
+        self.cli(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]).unwrap();
         loop {
-            let keys = cli(from, &["CLUSTER", "GETKEYSINSLOT", &slot, "2"]).unwrap();
+            let keys = self.cli(from, &["CLUSTER", "GETKEYSINSLOT", &slot, "2"]).unwrap();
             let keys: Vec<&str> = keys.lines().map(str::trim).filter(|k| !k.is_empty()).collect();
             if keys.is_empty() {
                 break;
             }
             let port = to.to_string();
-            let mut args = vec!["MIGRATE", "127.0.0.1", port.as_str(), "", "0", "5000", "KEYS"];
+            let mut args = vec!["MIGRATE", "127.0.0.1", port.as_str(), "", "0", "5000"];
+            if let Some(password) = &self.password {
+                args.extend(["AUTH", password.as_str()]);
+            }
+            args.push("KEYS");
             args.extend(keys);
-            let answer = cli(from, &args).unwrap();
+            let answer = self.cli(from, &args).unwrap();
             assert!(answer.contains("OK") || answer.contains("NOKEY"), "MIGRATE answered {answer}");
             std::thread::sleep(Duration::from_millis(50));
         }
         for master in self.masters() {
             let port: u16 = master.rsplit(':').next().unwrap().parse().unwrap();
-            cli(port, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]).unwrap();
+            self.cli(port, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]).unwrap();
         }
         self.wait(&format!("slot {slot} served by {to}"), || self.master_of(key) == to);
     }
@@ -156,7 +186,7 @@ impl RedisCluster {
     /// `redis://` URLs of the masters now.
     pub fn masters(&self) -> Vec<String> {
         let live = self.nodes.iter().find(|n| n.child.is_some()).expect("a live node").port;
-        let table = cli(live, &["CLUSTER", "NODES"]).unwrap();
+        let table = self.cli(live, &["CLUSTER", "NODES"]).unwrap();
         table
             .lines()
             .filter_map(|line| {
@@ -171,9 +201,9 @@ impl RedisCluster {
     /// The port of the master serving `key`'s slot now.
     pub fn master_of(&self, key: &str) -> u16 {
         let live = self.nodes.iter().find(|n| n.child.is_some()).expect("a live node").port;
-        let slot: u16 = cli(live, &["CLUSTER", "KEYSLOT", key]).unwrap().trim().parse().unwrap();
+        let slot: u16 = self.cli(live, &["CLUSTER", "KEYSLOT", key]).unwrap().trim().parse().unwrap();
         // `id addr flags master ping pong epoch state slots...`
-        let table = cli(live, &["CLUSTER", "NODES"]).unwrap();
+        let table = self.cli(live, &["CLUSTER", "NODES"]).unwrap();
         for line in table.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
             if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
@@ -203,7 +233,7 @@ impl RedisCluster {
         let live = self.nodes.iter().find(|n| n.child.is_some()).expect("a live node").port;
         let needle = format!("127.0.0.1:{port}@");
         self.wait(&format!("node {port} marked failed"), || {
-            cli(live, &["CLUSTER", "NODES"]).is_ok_and(|table| {
+            self.cli(live, &["CLUSTER", "NODES"]).is_ok_and(|table| {
                 table.lines().any(|l| l.contains(&needle) && l.contains("fail") && !l.contains("fail?"))
             })
         });
@@ -219,9 +249,9 @@ impl RedisCluster {
         let dir = self._dir.path().to_path_buf();
         let node = self.nodes.iter_mut().find(|n| n.port == port).expect("a node of this cluster");
         assert!(node.child.is_none(), "node {port} is running");
-        node.child = Some(spawn(&dir, port));
+        node.child = Some(spawn(&dir, port, self.password.as_deref()));
         self.wait(&format!("node {port} back as an online replica"), || {
-            cli(port, &["INFO", "replication"])
+            self.cli(port, &["INFO", "replication"])
                 .is_ok_and(|info| info.contains("role:slave") && info.contains("master_link_status:up"))
         });
         self.wait_healthy();
