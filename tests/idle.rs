@@ -126,3 +126,31 @@ async fn idle_life(options: RedisOptions, servers: &[String]) {
         assert_eq!(recorder.ids(s), ids("e", 0..sent[i]), "stream {s} (queue {})", mapper.queue_for(s));
     }
 }
+
+/// A Redis user that may not run `CLIENT` cannot be told of writes: the
+/// receivers find that out at their first wait and poll instead, so a queue
+/// that went idle still delivers every refill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_client_command_idle_queues_poll_and_miss_nothing() {
+    let acl = ["--user", "tailrace", "on", ">a-test-password", "~*", "&*", "+@all", "-client"];
+    let server = RedisServer::start_with(&acl);
+    let options = RedisOptions {
+        username: Some("tailrace".into()),
+        password: Some("a-test-password".into()),
+        ..adapter_options(&server)
+    };
+    let factory = Arc::new(RedisAdapterFactory::connect(1, options, "n1").await.unwrap());
+    let recorder = Recorder::new();
+    let node = TestNode::start(factory, quick_config(), implicit("idle", &recorder)).await;
+    let s = stream("idle", "a");
+    for round in 0..5u64 {
+        // Idle, and polling: twenty more empty reads since the last refill
+        // (an agent waiting for a wake that never comes would stop here).
+        let calls = node.status(0).await.read_calls;
+        node.wait_status(0, |status| status.read_calls >= calls + 20).await;
+        node.node.produce(&s, events("e", round * 3..round * 3 + 3)).await.unwrap();
+        let want = (round as usize + 1) * 3;
+        assert!(eventually(WAIT, || recorder.total() == want).await, "round {round}: {} of {want}", recorder.total());
+    }
+    assert_eq!(recorder.ids(&s), ids("e", 0..15));
+}

@@ -139,23 +139,25 @@ impl RedisConn {
 impl RedisConn {
     /// Runs `pipe` on the master of `key`'s slot, even where its commands
     /// carry no key (`CLIENT TRACKING`, which a cluster would send
-    /// anywhere); the answers after the first `skip`.
-    pub(crate) async fn pipeline_at(
-        &self,
-        key: &str,
-        pipe: redis::Pipeline,
-        skip: usize,
-    ) -> redis::RedisResult<Vec<redis::Value>> {
+    /// anywhere); every answer, a refused command's as its error.
+    pub(crate) async fn pipeline_at(&self, key: &str, pipe: redis::Pipeline) -> redis::RedisResult<Vec<redis::Value>> {
         use redis::aio::ConnectionLike;
-        let count = pipe.len().saturating_sub(skip);
-        match self {
-            Self::Single(conn) => conn.clone().req_packed_commands(&pipe, skip, count).await,
+        let count = pipe.len();
+        let answers = match self {
+            Self::Single(conn) => conn.clone().req_packed_commands(&pipe, 0, count).await?,
             Self::Cluster(conn) => {
                 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
                 let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
-                conn.clone().route_pipeline(pipe, skip, count, route).await
+                conn.clone().route_pipeline(pipe, 0, count, route).await?
+            }
+        };
+        // A pipeline answers a refused command in its place; say so.
+        for answer in &answers {
+            if let redis::Value::ServerError(error) = answer {
+                return Err(error.clone().into());
             }
         }
+        Ok(answers)
     }
 }
 

@@ -166,8 +166,8 @@ impl KeyWaits {
         let conn = self.conn.get_or_try_init(|| self.connect()).await?;
         let mut pipe = redis::pipe();
         pipe.cmd("CLIENT").arg("TRACKING").arg("ON").add_command(check);
-        let answers = conn.pipeline_at(key, pipe, 1).await?;
-        Ok(answers.into_iter().next().unwrap_or(Value::Nil))
+        let answers = conn.pipeline_at(key, pipe).await?;
+        Ok(answers.into_iter().nth(1).unwrap_or(Value::Nil))
     }
 
     /// One RESP3 connection (to one server, or to every shard of a Redis
