@@ -78,13 +78,7 @@ async fn idle_redis_queues_cost_no_command_and_every_refill_is_delivered() {
 async fn idle_queues_on_a_redis_cluster_cost_no_command_either() {
     let cluster = common::redis_cluster::RedisCluster::start();
     // As on one server: trims at once, so no trim is due while idle.
-    let options = RedisOptions {
-        url: cluster.seeds()[0].clone(),
-        cluster: true,
-        trim_every: Duration::ZERO,
-        ..Default::default()
-    };
-    idle_life(options, &cluster.masters()).await;
+    idle_life(cluster.adapter_options(), &cluster.masters()).await;
 }
 
 async fn idle_life(options: RedisOptions, servers: &[String]) {

@@ -41,13 +41,7 @@ async fn passes_the_conformance_kit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_the_conformance_kit_on_a_redis_cluster() {
     let cluster = common::redis_cluster::RedisCluster::start();
-    let options = RedisOptions {
-        url: cluster.seeds()[0].clone(),
-        cluster: true,
-        trim_every: Duration::ZERO,
-        ..Default::default()
-    };
-    let report = redis_server::redis_kit(options).await;
+    let report = redis_server::redis_kit(cluster.adapter_options()).await;
     println!("{report}");
     assert_eq!(report.checks_run(), 15, "{report}");
 }
@@ -58,13 +52,7 @@ async fn passes_the_conformance_kit_on_a_redis_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_cluster_with_a_password_takes_it_from_the_setting_and_refuses_a_wrong_one() {
     let cluster = common::redis_cluster::RedisCluster::start_with_password("cluster-s3cret");
-    let options = RedisOptions {
-        url: cluster.seeds()[0].clone(),
-        cluster: true,
-        password: Some("cluster-s3cret".into()),
-        trim_every: Duration::ZERO,
-        ..Default::default()
-    };
+    let options = RedisOptions { password: Some("cluster-s3cret".into()), ..cluster.adapter_options() };
     let report = redis_server::redis_kit(options.clone()).await;
     assert_eq!(report.checks_run(), 15, "{report}");
     let wrong = RedisOptions { password: Some("not-it".into()), ..options };
@@ -80,13 +68,7 @@ async fn a_redis_cluster_with_a_password_takes_it_from_the_setting_and_refuses_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_appends_survive_a_master_failover_with_wait_replicas() {
     let mut cluster = common::redis_cluster::RedisCluster::start();
-    let on_cluster = RedisOptions {
-        url: cluster.seeds()[0].clone(),
-        cluster: true,
-        wait_replicas: 1,
-        trim_every: Duration::ZERO,
-        ..Default::default()
-    };
+    let on_cluster = RedisOptions { wait_replicas: 1, ..cluster.adapter_options() };
     let factory = RedisAdapterFactory::connect(2, on_cluster.clone(), "n1").await.unwrap();
     let adapter = factory.adapter();
     let s = stream("t", "failover");

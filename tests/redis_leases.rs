@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::redis_cluster::RedisCluster;
 use common::redis_server::RedisServer;
 use tailrace::cluster::{QueueLeases, RedisLeases};
-use tailrace::redis_conn::{RedisAccess, RedisEndpoint, WaitReplicas};
+use tailrace::redis_conn::WaitReplicas;
 use tailrace::stream::{NodeId, QueueId};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -21,14 +21,9 @@ async fn leases(server: &RedisServer) -> RedisLeases {
     RedisLeases::connect(&server.url(), "tailrace", Duration::from_secs(5)).await.unwrap()
 }
 
-/// `RedisLeases` on a Redis Cluster seeded by `seed`.
-async fn cluster_leases(seed: &str) -> RedisLeases {
-    let endpoint = RedisEndpoint {
-        url: seed.to_string(),
-        url_setting: "url".into(),
-        access: RedisAccess { cluster: true, ..Default::default() },
-    };
-    RedisLeases::connect_to(&endpoint, "tailrace", Duration::from_secs(5)).await.unwrap()
+/// `RedisLeases` on `cluster` (through its first live seed).
+async fn cluster_leases(cluster: &RedisCluster) -> RedisLeases {
+    RedisLeases::connect_to(&cluster.endpoint(), "tailrace", Duration::from_secs(5)).await.unwrap()
 }
 
 #[tokio::test]
@@ -146,13 +141,12 @@ async fn a_store_that_is_down_is_a_typed_error_not_a_panic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_redis_cluster_the_same_holds_and_tokens_survive_a_failover() {
     let mut cluster = RedisCluster::start();
-    let seed = cluster.seeds()[0].clone();
-    contend(&cluster_leases(&seed).await, &cluster_leases(&seed).await).await;
-    stale(&cluster_leases(&seed).await).await;
-    expire(&cluster_leases(&seed).await, &cluster_leases(&seed).await).await;
+    contend(&cluster_leases(&cluster).await, &cluster_leases(&cluster).await).await;
+    stale(&cluster_leases(&cluster).await).await;
+    expire(&cluster_leases(&cluster).await, &cluster_leases(&cluster).await).await;
 
     let wait = WaitReplicas { replicas: 1, timeout: Duration::from_secs(1) };
-    let store = cluster_leases(&seed).await.with_wait_replicas(Some(wait));
+    let store = cluster_leases(&cluster).await.with_wait_replicas(Some(wait));
     let (a, q) = (NodeId::new("a"), QueueId(9));
     let mut granted = Vec::new();
     for _ in 0..20 {
@@ -160,8 +154,7 @@ async fn on_a_redis_cluster_the_same_holds_and_tokens_survive_a_failover() {
     }
     let last = *granted.last().unwrap();
     cluster.kill(cluster.master_of(&store.fence_key(q)));
-    let seed = cluster.seeds()[0].clone();
-    let after = cluster_leases(&seed).await;
+    let after = cluster_leases(&cluster).await;
     let deadline = tokio::time::Instant::now() + WAIT;
     let taken = loop {
         match after.acquire(q, &a, LONG).await {

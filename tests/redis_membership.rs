@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::redis_server::{RedisServer, command_calls};
 use tailrace::cluster::{Membership, MembershipError, MembershipOptions, RedisMembership};
-use tailrace::redis_conn::{RedisAccess, RedisConn, RedisEndpoint};
+use tailrace::redis_conn::RedisConn;
 use tailrace::stream::NodeId;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -221,11 +221,7 @@ async fn a_record_whose_deadline_was_lost_is_nobodys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_follow_heartbeats_and_expiry_on_a_redis_cluster() {
     let cluster = common::redis_cluster::RedisCluster::start();
-    let endpoint = RedisEndpoint {
-        url: cluster.seeds()[0].clone(),
-        url_setting: "url".into(),
-        access: RedisAccess { cluster: true, ..Default::default() },
-    };
+    let endpoint = cluster.endpoint();
     let conn = || endpoint.connect_any(tailrace::redis_conn::reconnecting(WAIT), Duration::from_secs(5));
     let (a, view_a) = join_on(conn().await.unwrap(), "a").await.unwrap();
     let (b, view_b) = join_on(conn().await.unwrap(), "b").await.unwrap();

@@ -244,12 +244,7 @@ async fn the_redis_store_prunes_by_the_same_rules_on_a_redis_cluster() {
     let cluster = common::redis_cluster::RedisCluster::start();
     for (prefix, rule) in [("cap", 0), ("age", 1), ("off", 2)] {
         let clock = TestClock::default();
-        let endpoint = tailrace::redis_conn::RedisEndpoint {
-            url: cluster.seeds()[0].clone(),
-            url_setting: "url".into(),
-            access: tailrace::redis_conn::RedisAccess { cluster: true, ..Default::default() },
-        };
-        let store = RedisRunLogStore::connect_to(&endpoint, prefix).await.unwrap().with_clock(clock.clock());
+        let store = RedisRunLogStore::connect_to(&cluster.endpoint(), prefix).await.unwrap().with_clock(clock.clock());
         let store: Arc<dyn RunLogStore> = Arc::new(store);
         match rule {
             0 => oldest_first_until_under_the_cap(store, clock).await,

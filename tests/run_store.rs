@@ -196,16 +196,12 @@ async fn the_redis_store_keeps_the_contract() {
 }
 
 /// The same contract on a Redis Cluster: a run's keys share a hash tag
-/// (one slot, one script), its listings are written apart; waits look at
-/// the run instead of being told.
+/// (one slot, one script), its listings are written apart; waits are told by
+/// the run's shard, as on one server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_redis_store_keeps_the_contract_on_a_redis_cluster() {
     let cluster = common::redis_cluster::RedisCluster::start();
-    let endpoint = tailrace::redis_conn::RedisEndpoint {
-        url: cluster.seeds()[0].clone(),
-        url_setting: "url".into(),
-        access: tailrace::redis_conn::RedisAccess { cluster: true, ..Default::default() },
-    };
+    let endpoint = cluster.endpoint();
     let store = |prefix: &'static str| {
         let endpoint = endpoint.clone();
         async move { Arc::new(RedisRunLogStore::connect_to(&endpoint, prefix).await.unwrap()) }

@@ -37,20 +37,17 @@ pub trait Backing {
     fn fail_over_busiest(&mut self) -> Option<String> {
         None
     }
-    /// A connection as the nodes make it.
-    fn endpoint(&self) -> tailrace::redis_conn::RedisEndpoint {
-        let cluster = !self.redis_settings().is_empty();
-        tailrace::redis_conn::RedisEndpoint {
-            url: self.url(),
-            url_setting: "url".into(),
-            access: tailrace::redis_conn::RedisAccess { cluster, ..Default::default() },
-        }
-    }
+    /// How the nodes reach it.
+    fn endpoint(&self) -> tailrace::redis_conn::RedisEndpoint;
 }
 
 impl Backing for RedisServer {
     fn url(&self) -> String {
         RedisServer::url(self)
+    }
+
+    fn endpoint(&self) -> tailrace::redis_conn::RedisEndpoint {
+        tailrace::redis_conn::RedisEndpoint::from_url(&self.url(), "url")
     }
 }
 
@@ -79,6 +76,10 @@ impl Backing for RedisCluster {
 
     fn redis_settings(&self) -> String {
         "cluster = true\nwait_replicas = 1\n".into()
+    }
+
+    fn endpoint(&self) -> tailrace::redis_conn::RedisEndpoint {
+        RedisCluster::endpoint(self)
     }
 
     fn fail_over_busiest(&mut self) -> Option<String> {

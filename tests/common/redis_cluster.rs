@@ -183,6 +183,27 @@ impl RedisCluster {
         self.wait(&format!("slot {slot} served by {to}"), || self.master_of(key) == to);
     }
 
+    /// `[adapters.redis]` for this cluster, as `adapter_options` gives for
+    /// one server (trims at once): its first live seed, `cluster = true`.
+    pub fn adapter_options(&self) -> tailrace::adapters::redis::RedisOptions {
+        tailrace::adapters::redis::RedisOptions {
+            url: self.seeds()[0].clone(),
+            cluster: true,
+            trim_every: Duration::ZERO,
+            ..Default::default()
+        }
+    }
+
+    /// The cluster as a store, the leases or membership reach it: its
+    /// first live seed, with `cluster` access.
+    pub fn endpoint(&self) -> tailrace::redis_conn::RedisEndpoint {
+        tailrace::redis_conn::RedisEndpoint {
+            url: self.seeds()[0].clone(),
+            url_setting: "url".into(),
+            access: tailrace::redis_conn::RedisAccess { cluster: true, ..Default::default() },
+        }
+    }
+
     /// `redis://` URLs of the masters now.
     pub fn masters(&self) -> Vec<String> {
         let live = self.nodes.iter().find(|n| n.child.is_some()).expect("a live node").port;
