@@ -68,40 +68,40 @@ async fn past_the_body_budget_new_bodies_get_503_with_retry_after() {
     };
     let server = LogServer::start_with(options, common::quick_config()).await;
     let address = address(&server);
-    // Declares 800 bytes and sends one: the 800 are held from the start.
-    let mut holder = TcpStream::connect(&address).await.unwrap();
-    holder.write_all(format!("{}a", head(&address, Some(800), false)).as_bytes()).await.unwrap();
-    // A chunked body counts as it arrives: 300 more bytes do not fit.
+    // The holder declares 800 bytes and sends one: the 800 are held from
+    // the start. A probe then declares 300 more, which do not fit. It sends
+    // its head alone: a refusal comes before any body is read, so the
+    // server closes with nothing of ours unread and no reset can take its
+    // answer. If there is room (the holder's head is not read yet), the
+    // probe's body goes and it is tried again; if the probe's 300 were
+    // held first, the holder is the one refused, and a new one comes.
     let chunked =
         |payload: &str| format!("{}{:x}\r\n{payload}\r\n0\r\n\r\n", head(&address, None, true), payload.len());
     let payload = format!("{}\n", "b".repeat(299));
-    let mut refused = String::new();
-    for _ in 0..1_000 {
-        // The chunk first, without the body's end: a refusal comes back now,
-        // and the server closes with nothing of ours unread (so no reset
-        // takes its answer). Room: it waits for the end, which then goes.
-        let mut socket = TcpStream::connect(&address).await.unwrap();
-        let request = chunked(&payload);
-        let (chunk, end) = request.split_at(request.len() - "0\r\n\r\n".len());
-        socket.write_all(chunk.as_bytes()).await.unwrap();
-        let mut first = [0u8; 1];
-        let early = tokio::time::timeout(Duration::from_millis(300), socket.read(&mut first)).await;
-        let text = match early {
-            Ok(Ok(1)) => format!("{}{}", first[0] as char, answer(&mut socket).await),
-            Ok(_) => String::new(),
-            Err(_) => {
-                socket.write_all(end.as_bytes()).await.unwrap();
-                answer(&mut socket).await
+    let deadline = tokio::time::Instant::now() + ANSWER_WITHIN;
+    let (mut holder, refused) = 'holder: loop {
+        let mut holder = TcpStream::connect(&address).await.unwrap();
+        holder.write_all(format!("{}a", head(&address, Some(800), false)).as_bytes()).await.unwrap();
+        loop {
+            assert!(tokio::time::Instant::now() < deadline, "no probe was refused within {ANSWER_WITHIN:?}");
+            let mut socket = TcpStream::connect(&address).await.unwrap();
+            socket.write_all(head(&address, Some(payload.len()), true).as_bytes()).await.unwrap();
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(Duration::from_secs(1), socket.read(&mut first)).await {
+                Ok(Ok(1)) => break 'holder (holder, format!("{}{}", first[0] as char, answer(&mut socket).await)),
+                Ok(_) => panic!("the probe's connection closed without an answer"),
+                Err(_) => {
+                    socket.write_all(payload.as_bytes()).await.unwrap();
+                    let text = answer(&mut socket).await;
+                    assert!(text.starts_with("HTTP/1.1 202"), "{text}");
+                    // A holder answered already was refused for the probe's bytes.
+                    if tokio::time::timeout(Duration::from_millis(50), holder.read(&mut first)).await.is_ok() {
+                        continue 'holder;
+                    }
+                }
             }
-        };
-        // Until the holder's request is read, there is room. An empty
-        // answer is a refusal whose bytes a reset took anyway.
-        if text.starts_with("HTTP/1.1 202") || text.is_empty() {
-            continue;
         }
-        refused = text;
-        break;
-    }
+    };
     assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
     assert!(refused.to_ascii_lowercase().contains("retry-after: 1"), "{refused}");
     assert!(refused.contains(r#""code":503"#) && refused.contains("edge.max_total_body_bytes"), "{refused}");
