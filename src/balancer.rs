@@ -1,14 +1,14 @@
 //! Queue balancers: which node pulls which queue.
 //!
-//! Both balancers are pure functions of the *set* of live nodes and the
+//! Two balancers are pure functions of the *set* of live nodes and the
 //! queues, so every node computes the same assignment without talking:
-//! - [`BalancerKind::BestFit`] (default): perfect balance (Orleans'
+//! - [`BalancerKind::BestFit`] (what `serve` and `demo` run): perfect balance (Orleans'
 //!   `BestFitBalancer` ideal split: the first `Q mod N` nodes in sorted order
 //!   get one queue more);
 //! - [`BalancerKind::Ring`]: consistent hashing on a `hashring` ring with
 //!   virtual nodes, which moves fewer queues when a node joins or leaves.
 //!
-//! [`BalancerKind::Lease`] is not a function of the membership alone: each
+//! [`BalancerKind::Lease`] (what `tailrace node` runs) is not a function of the membership alone: each
 //! node claims free queue leases until it holds its fair share (the same
 //! counts as best-fit), see [`LeasePlanner`]. All three are gated by the
 //! same queue leases.

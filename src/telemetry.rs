@@ -14,9 +14,9 @@ pub const AGENT_EVENTS_READ: &str = "tailrace_agent_events_read_total";
 pub const AGENT_EVENTS_DELIVERED: &str = "tailrace_agent_events_delivered_total";
 /// Events read for a stream nobody subscribes to (label `queue`).
 pub const AGENT_EVENTS_UNSUBSCRIBED: &str = "tailrace_agent_events_unsubscribed_total";
-/// Failed delivery attempts (label `queue`).
+/// Deliveries given up after their retries (label `queue`).
 pub const AGENT_DELIVERY_FAILURES: &str = "tailrace_agent_delivery_failures_total";
-/// Batches given up and sent to the dead-letter sink (label `queue`).
+/// Containers given up and sent to the dead-letter sink (label `queue`).
 pub const AGENT_DEAD_LETTERS: &str = "tailrace_agent_dead_letters_total";
 /// Queue reads that failed (label `queue`).
 pub const AGENT_READ_ERRORS: &str = "tailrace_agent_read_errors_total";
@@ -88,8 +88,12 @@ pub fn describe() {
         (AGENT_EVENTS_READ, Unit::Count, "Events the pulling agents read from their queues."),
         (AGENT_EVENTS_DELIVERED, Unit::Count, "Events delivered to a subscriber."),
         (AGENT_EVENTS_UNSUBSCRIBED, Unit::Count, "Events read for a stream nobody subscribes to."),
-        (AGENT_DELIVERY_FAILURES, Unit::Count, "Failed delivery attempts."),
-        (AGENT_DEAD_LETTERS, Unit::Count, "Batches given up and sent to the dead-letter sink."),
+        (
+            AGENT_DELIVERY_FAILURES,
+            Unit::Count,
+            "Deliveries given up after their retries (the failure handler decided).",
+        ),
+        (AGENT_DEAD_LETTERS, Unit::Count, "Containers given up and sent to the dead-letter sink."),
         (AGENT_READ_ERRORS, Unit::Count, "Queue reads that failed."),
         (AGENT_CACHE_MISSES, Unit::Count, "Cursors that asked for positions the cache had already purged."),
         (AGENT_RESTARTS, Unit::Count, "Crashed pulling agents restarted by their manager."),

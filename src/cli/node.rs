@@ -96,7 +96,8 @@ fn cluster_cookie(config: &Config, path: &std::path::Path) -> anyhow::Result<Str
     match config.cluster.resolve_cookie(env).map_err(anyhow::Error::msg)? {
         Some(cookie) => Ok(cookie),
         None => anyhow::bail!(
-            "{}: `tailrace node` needs the cluster's shared secret: set {} or cluster.cookie or cluster.cookie_file              (at least {} characters, the same on every node)",
+            "{}: `tailrace node` needs the cluster's shared secret: set {} or cluster.cookie or cluster.cookie_file \
+             (at least {} characters, the same on every node)",
             path.display(),
             tailrace::config::COOKIE_ENV,
             tailrace::config::MIN_COOKIE_LEN
