@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use super::{FileOptions, NAME};
 use crate::checkpoint::FileCheckpointer;
 use crate::failure::{DeadLetter, DeadLetterSink};
-use crate::handoff::{LineView, list_prefix_files};
+use crate::handoff::{LineView, PrefixFile, list_prefix_files};
 use crate::queue::{Checkpointer, QueueError, QueueReceiver, Wake};
 use crate::stream::{BatchContainer, Event, EventId, QueueId, SequenceToken};
 
@@ -69,13 +69,15 @@ impl Files {
         move |source| QueueError::Io { context, source }
     }
 
+    /// The first sealed file numbered `from` or later.
     fn sealed(&self, from: u64) -> Result<Option<(u64, PathBuf)>, QueueError> {
-        let files = list_prefix_files(&self.dir, &self.prefix).map_err(|e| QueueError::Backend {
-            adapter: NAME.into(),
-            message: e.to_string(),
-            transient: true,
-        })?;
-        Ok(files.into_iter().find(|f| !f.open && f.n >= from).map(|f| (f.n, f.path)))
+        first_sealed(from, || {
+            list_prefix_files(&self.dir, &self.prefix).map_err(|e| QueueError::Backend {
+                adapter: NAME.into(),
+                message: e.to_string(),
+                transient: true,
+            })
+        })
     }
 
     fn load(&self, n: u64, path: &Path) -> Result<Loaded, QueueError> {
@@ -178,6 +180,27 @@ impl Files {
             }
         }
         Ok(out)
+    }
+}
+
+/// The first sealed file numbered `from` or later in `list()`'s listing.
+///
+/// A listing made while the writer seals files is not a snapshot: POSIX
+/// leaves unspecified whether a readdir returns names added or renamed
+/// during it, so one can show file `k` as `.open` (renamed before it is
+/// looked at, so left out) and file `k + 1` already sealed. Taken as is,
+/// that skips file `k` for good. The writer seals files in order, so when
+/// a sealed file past `from` is found, every file before it was sealed
+/// earlier and is stable: a gap is believed only when a second listing
+/// shows it too (a gap is rare: a restart's jump in numbers).
+fn first_sealed(
+    from: u64,
+    mut list: impl FnMut() -> Result<Vec<PrefixFile>, QueueError>,
+) -> Result<Option<(u64, PathBuf)>, QueueError> {
+    let first = |files: Vec<PrefixFile>| files.into_iter().find(|f| !f.open && f.n >= from).map(|f| (f.n, f.path));
+    match first(list()?) {
+        Some((n, _)) if n > from => Ok(first(list()?)),
+        found => Ok(found),
     }
 }
 
@@ -466,5 +489,40 @@ impl QueueReceiver for FileReceiver {
     async fn shutdown(&mut self, _timeout: Duration) -> Result<(), QueueError> {
         self.shut_down = true;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(n: u64, open: bool) -> PrefixFile {
+        PrefixFile {
+            n,
+            open,
+            path: PathBuf::from(format!("events-{n}.{}", if open { "open" } else { "jsonl" })),
+            bytes: 1,
+        }
+    }
+
+    /// A listing that missed file 4 (seen open, renamed before its stat)
+    /// and saw file 5 sealed after it does not skip file 4.
+    #[test]
+    fn a_gap_in_one_listing_is_looked_at_again() {
+        let mut listings =
+            vec![vec![file(3, false), file(5, false)], vec![file(3, false), file(4, false), file(5, false)]]
+                .into_iter();
+        let found = first_sealed(4, || Ok(listings.next().unwrap_or_default())).unwrap();
+        assert_eq!(found.map(|(n, _)| n), Some(4));
+        // A real gap (a restart's jump in numbers) shows in both listings.
+        let found = first_sealed(4, || Ok(vec![file(3, false), file(1025, false)])).unwrap();
+        assert_eq!(found.map(|(n, _)| n), Some(1025));
+        // No gap: one listing.
+        let mut calls = 0;
+        let found = first_sealed(4, || {
+            calls += 1;
+            Ok(vec![file(4, false), file(5, true)])
+        });
+        assert_eq!((found.unwrap().map(|(n, _)| n), calls), (Some(4), 1));
     }
 }
