@@ -1,7 +1,8 @@
 //! The viewer page's features in a real headless Chromium, one test each:
 //! ANSI colours (and no HTML from log text), folding groups, following a
 //! live run, and a run of a million lines (opened at its tail, a link to a
-//! line 900 000 back, search in parts never loaded, a bounded DOM).
+//! line 900 000 back, search in parts never loaded, a bounded DOM) and the
+//! keys.
 
 mod common;
 
@@ -281,4 +282,52 @@ async fn a_phone_width_screen_gets_the_whole_page_and_coloured_run_states() {
     let colour = |run: &str| states.iter().find(|(r, _)| r == run).map(|(_, c)| c.clone()).unwrap();
     assert_eq!(colour("ok-run"), "rgb(29, 122, 58)", "success is green");
     assert_eq!(colour("bad-run"), "rgb(179, 38, 30)", "failed is red");
+}
+
+/// The keys: `/` puts the cursor in the search box, `n` and `N` go through
+/// the matches, `g` asks for a line and selects it, `End` follows again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keyboard_searches_goes_to_a_line_and_follows() {
+    let server = LogServer::start(quick_settings()).await;
+    let lines: Vec<String> =
+        (1..=400).map(|i| if i % 100 == 0 { format!("line {i} marker") } else { format!("line {i}") }).collect();
+    server.lines("svc.keys", "r-1", &lines.join("\n")).await;
+    server.state("svc.keys", "r-1", "running").await;
+    let browser = Browser::start(1280, 800).await;
+    browser.client.goto(&page(&server, "svc.keys", "r-1")).await.unwrap();
+    browser.until("the last line", &line_in_view(400)).await;
+    let press = |key: &str| {
+        format!(
+            "document.body.dispatchEvent(new KeyboardEvent('keydown', {{ key: '{key}', bubbles: true }}));
+             return document.activeElement ? document.activeElement.id : ''"
+        )
+    };
+    assert_eq!(browser.js(&press("/")).await, "q", "`/` puts the cursor in the search box");
+    browser
+        .js("const q = document.getElementById('q'); q.value = 'marker'; document.getElementById('find').requestSubmit();
+             q.dispatchEvent(new KeyboardEvent('keydown', { key: 'Escape', bubbles: true })); return true")
+        .await;
+    let hits = "const t = document.getElementById('hits').textContent; return /^\\d \\/ 4$/.test(t) && t";
+    let first: u64 = browser.until("four matches", hits).await.as_str().unwrap()[..1].parse().unwrap();
+    browser.until("the match in view", &line_in_view(first * 100)).await;
+    browser.js(&press("n")).await;
+    let second = first % 4 + 1;
+    assert_eq!(
+        browser.until("the next match", &line_in_view(second * 100)).await,
+        format!("line {} marker", second * 100)
+    );
+    assert_eq!(browser.js("return document.getElementById('hits').textContent").await, format!("{second} / 4"));
+    browser.js(&press("N")).await;
+    browser.until("the match before", &line_in_view(first * 100)).await;
+
+    // `g` asks for a line number (the prompt answered here) and selects it.
+    browser.js(&format!("window.prompt = () => '250'; {}", press("g"))).await;
+    assert_eq!(browser.until("line 250", &line_in_view(250)).await, "line 250");
+    assert_eq!(browser.js("return location.hash").await, "#L250");
+
+    // `End` follows the live tail again.
+    browser.js(&press("End")).await;
+    browser.until("the tail", &line_in_view(400)).await;
+    server.lines("svc.keys", "r-1", "line 401 after End").await;
+    assert_eq!(browser.until("the new line", &line_in_view(401)).await, "line 401 after End");
 }
