@@ -351,3 +351,72 @@ async fn the_viewer_page_is_served_by_the_binary() {
     let html = page.text().await.unwrap();
     assert!(html.contains("id=\"log\"") && html.contains("/stream/"), "the page follows the SSE stream");
 }
+
+/// The search endpoint: bounded per request (`edge.max_search_scan_lines`
+/// scanned, `limit` matches), `next` continues where it stopped, and
+/// following it finds every match once, in order; text is matched as a
+/// viewer sees it (no escape sequences), case-insensitively unless asked;
+/// the presets find errors and group markers; a bad query is a 400 that
+/// says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_is_bounded_per_request_and_its_cursor_finds_every_match_once() {
+    let options = EdgeOptions { max_search_scan_lines: 250, log_stream: quick_settings(), ..EdgeOptions::default() };
+    let server = LogServer::start_with(options, common::quick_config()).await;
+    let lines: Vec<String> = (1..=1_000)
+        .map(|i| match i {
+            _ if i % 50 == 0 => format!("line {i} \x1b[31mNeedle\x1b[0m here"),
+            701 => "error: the build broke".to_string(),
+            301 => "::group::Tests".to_string(),
+            _ => format!("line {i}"),
+        })
+        .collect();
+    server.lines("svc.find", "r-1", &lines.join("\n")).await;
+    server.archived("svc.find", "r-1", 1_000).await;
+    let search = |query: String| {
+        let url = server.url(&format!("/api/v1/logs/svc.find/runs/r-1/search?{query}"));
+        let client = server.client.clone();
+        async move { body(client.get(url).send().await.unwrap()).await }
+    };
+
+    // Four requests of at most 250 lines each find all 20 matches.
+    let (mut found, mut after, mut requests) = (Vec::new(), 0u64, 0);
+    loop {
+        let (status, answer) = search(format!("q=needle&after={after}")).await;
+        assert_eq!(status, 200, "{answer}");
+        assert!(answer["scanned"].as_u64().unwrap() <= 250, "{answer}");
+        assert_eq!(answer["total"], 1_000);
+        requests += 1;
+        for m in answer["matches"].as_array().unwrap() {
+            found.push(m["line"].as_u64().unwrap());
+            assert!(m["text"].as_str().unwrap().contains("Needle"), "the stored line: {m}");
+        }
+        match answer["next"].as_str() {
+            Some(next) => after = next.parse().unwrap(),
+            None => break,
+        }
+    }
+    assert_eq!(found, (1..=20).map(|k| k * 50).collect::<Vec<u64>>(), "every match once, in order");
+    assert_eq!(requests, 4);
+
+    // `limit` caps the matches; `next` continues after the last one.
+    let (_, answer) = search("q=needle&limit=3".into()).await;
+    let lines: Vec<u64> = answer["matches"].as_array().unwrap().iter().map(|m| m["line"].as_u64().unwrap()).collect();
+    assert_eq!(lines, [50, 100, 150]);
+    let (_, rest) = search(format!("q=needle&limit=3&after={}", answer["next"].as_str().unwrap())).await;
+    assert_eq!(rest["matches"][0]["line"], 200);
+
+    // Case, escapes, regular expressions and the presets.
+    assert_eq!(search("q=needle&case=1".into()).await.1["matches"], json!([]));
+    assert_eq!(search("q=31mNeedle".into()).await.1["matches"], json!([]), "escape sequences are not text");
+    let (_, answer) = search("q=line%20(49|51)%24&regex=1".into()).await;
+    let lines: Vec<u64> = answer["matches"].as_array().unwrap().iter().map(|m| m["line"].as_u64().unwrap()).collect();
+    assert_eq!(lines, [49, 51]);
+    let error = search("level=error&after=500".into()).await.1;
+    assert_eq!(error["matches"][0]["line"], 701);
+    assert_eq!(search("groups=1&after=250".into()).await.1["matches"][0]["line"], 301);
+    let (status, answer) = search("q=(&regex=1".into()).await;
+    assert_eq!(status, 400);
+    assert!(answer["message"].as_str().unwrap().contains("invalid regular expression"), "{answer}");
+    let (status, answer) = search("q=a&level=error".into()).await;
+    assert_eq!(status, 400, "{answer}");
+}
