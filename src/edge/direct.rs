@@ -416,7 +416,8 @@ mod tests {
         let (stream, _) = listener.accept().await.unwrap();
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let builder = hyper::server::conn::http1::Builder::new();
-        let task = serve_connection(stream, Router::new(), None, &builder, graceful.watcher(), CancellationToken::new());
+        let task =
+            serve_connection(stream, Router::new(), None, &builder, graceful.watcher(), CancellationToken::new());
         let size = std::mem::size_of_val(&task);
         eprintln!("a plain connection's future: {size} bytes");
         assert!(size <= 2048, "a plain connection's future is {size} bytes");
