@@ -68,12 +68,15 @@ impl Files {
 
     /// The first sealed file numbered `from` or later.
     fn sealed(&self, from: u64) -> Result<Option<(u64, PathBuf)>, QueueError> {
-        first_sealed(from, || {
-            list_prefix_files(&self.dir, &self.prefix).map_err(|e| QueueError::Backend {
-                adapter: NAME.into(),
-                message: e.to_string(),
-                transient: true,
-            })
+        first_sealed(from, || self.list())
+    }
+
+    /// The prefix's files, in number order.
+    fn list(&self) -> Result<Vec<PrefixFile>, QueueError> {
+        list_prefix_files(&self.dir, &self.prefix).map_err(|e| QueueError::Backend {
+            adapter: NAME.into(),
+            message: e.to_string(),
+            transient: true,
         })
     }
 
@@ -101,12 +104,7 @@ impl Files {
         // come between the checkpoint and their deletion. They are deleted
         // once the stored checkpoint passes them (a line past any real one
         // stands for their end).
-        let files = list_prefix_files(&self.dir, &self.prefix).map_err(|e| QueueError::Backend {
-            adapter: NAME.into(),
-            message: e.to_string(),
-            transient: true,
-        })?;
-        for file in files.iter().filter(|f| !f.open && f.n < after.major) {
+        for file in self.list()?.iter().filter(|f| !f.open && f.n < after.major) {
             self.finished.insert(file.n, Some(SequenceToken::new(file.n, u64::MAX)));
         }
         let Some((n, path)) = self.sealed(after.major)? else { return Ok(()) };
@@ -154,11 +152,7 @@ impl Files {
         from: SequenceToken,
         max: usize,
     ) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
-        let files: Vec<_> = list_prefix_files(&self.dir, &self.prefix)
-            .map_err(|e| QueueError::Backend { adapter: NAME.into(), message: e.to_string(), transient: true })?
-            .into_iter()
-            .filter(|f| !f.open && f.n >= from.major)
-            .collect();
+        let files: Vec<_> = self.list()?.into_iter().filter(|f| !f.open && f.n >= from.major).collect();
         if files.first().is_none_or(|f| f.n > from.major) && from.major < self.next_file {
             return Err(QueueError::CannotRewind {
                 adapter: NAME.into(),
