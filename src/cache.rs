@@ -19,7 +19,7 @@
 //! when its stream gets a newer container (an idle stream never misses one);
 //! [`QueueCache::progress`] gives the delivery progress for checkpoints.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
@@ -36,6 +36,8 @@ struct Item {
     batch: Arc<BatchContainer>,
     next_in_stream: Option<u64>,
     failed: bool,
+    /// Cursors `At` this container.
+    pins: u32,
 }
 
 struct Bucket {
@@ -85,8 +87,11 @@ pub struct QueueCache {
     buckets: VecDeque<Bucket>,
     index: HashMap<StreamId, StreamIndex>,
     cursors: HashMap<CursorId, Cursor>,
-    /// Multiset of the positions cursors are `At`.
-    pinned: BTreeMap<u64, u32>,
+    /// Cursors `At` some container (each item counts its own).
+    pinned: usize,
+    /// No container below this position is pinned (cursors move forward,
+    /// so the search for the oldest pin starts here).
+    pin_floor: u64,
     next_id: u64,
     last_added: Option<SequenceToken>,
     purged_through: Option<SequenceToken>,
@@ -108,7 +113,8 @@ impl QueueCache {
             buckets: VecDeque::new(),
             index: HashMap::default(),
             cursors: HashMap::default(),
-            pinned: BTreeMap::new(),
+            pinned: 0,
+            pin_floor: 0,
             next_id: 0,
             last_added: None,
             purged_through: None,
@@ -181,11 +187,9 @@ impl QueueCache {
                 Some(bucket) if bucket.len < self.bucket_size => bucket.len += 1,
                 _ => self.buckets.push_back(Bucket { start: pos, len: 1 }),
             }
-            if !self.index.contains_key(&batch.stream) {
-                self.index.insert(batch.stream.clone(), StreamIndex::default());
-            }
-            let Some(index) = self.index.get_mut(&batch.stream) else {
-                continue;
+            let index = match self.index.get_mut(&batch.stream) {
+                Some(index) => index,
+                None => self.index.entry(batch.stream.clone()).or_default(),
             };
             match &mut index.span {
                 Some(span) => {
@@ -197,11 +201,11 @@ impl QueueCache {
                 }
                 None => index.span = Some(Span { first: pos, last: pos }),
             }
+            let mut pins = 0;
             if !index.waiting.is_empty() {
                 // Every cursor waiting for something older than this wakes here.
                 let token = batch.token;
                 let cursors = &mut self.cursors;
-                let pinned = &mut self.pinned;
                 let ready = &mut outcome.ready;
                 index.waiting.retain(|id| {
                     let Some(cursor) = cursors.get_mut(id) else { return false };
@@ -209,27 +213,29 @@ impl QueueCache {
                         matches!(cursor.state, CursorState::Waiting { after } if after.is_none_or(|a| a < token));
                     if wake {
                         cursor.state = CursorState::At(pos);
-                        *pinned.entry(pos).or_default() += 1;
+                        pins += 1;
                         ready.push(*id);
                     }
                     !wake
                 });
             }
-            self.items.push_back(Item { batch, next_in_stream: None, failed: false });
+            self.pinned += pins as usize;
+            self.items.push_back(Item { batch, next_in_stream: None, failed: false, pins });
         }
         Ok(outcome)
     }
 
     /// Whether [`QueueCache::purge`] would release anything now.
     pub fn purgeable(&self) -> bool {
-        let limit = self.pinned.keys().next().copied().unwrap_or(u64::MAX);
+        let limit = self.oldest_pin().unwrap_or(u64::MAX);
         self.buckets.front().is_some_and(|bucket| bucket.start + bucket.len <= limit)
     }
 
     /// Drains every bucket from the oldest end that no cursor or pin points
     /// into.
     pub fn purge(&mut self) -> Purged {
-        let limit = self.pinned.keys().next().copied().unwrap_or(u64::MAX);
+        let limit = self.oldest_pin().unwrap_or(u64::MAX);
+        self.pin_floor = self.pin_floor.max(limit.min(self.first_pos + self.items.len() as u64));
         let mut purged = Purged::default();
         while let Some(bucket) = self.buckets.front() {
             if bucket.start + bucket.len > limit {
@@ -269,8 +275,12 @@ impl QueueCache {
     /// it is also the floor below which no new cursor is placed (asking for
     /// older positions is a miss, served from the queue).
     pub fn progress(&mut self) -> Option<SequenceToken> {
-        let now = match self.pinned.keys().next() {
-            Some(&min) if min > self.first_pos => self.item(min - 1).map(|i| i.batch.token),
+        let oldest = self.oldest_pin();
+        if let Some(pos) = oldest {
+            self.pin_floor = pos;
+        }
+        let now = match oldest {
+            Some(min) if min > self.first_pos => self.item(min - 1).map(|i| i.batch.token),
             Some(_) => self.purged_through,
             None => self.last_added,
         };
@@ -287,13 +297,35 @@ impl QueueCache {
         self.index.get(stream).and_then(|i| i.span)
     }
 
-    fn unpin_position(&mut self, pos: u64) {
-        if let Some(count) = self.pinned.get_mut(&pos) {
-            *count -= 1;
-            if *count == 0 {
-                self.pinned.remove(&pos);
-            }
+    /// A cursor is `At` `pos` now.
+    fn pin(&mut self, pos: u64) {
+        if let Some(item) = self.item_mut(pos) {
+            item.pins += 1;
+            self.pinned += 1;
+            self.pin_floor = self.pin_floor.min(pos);
         }
+    }
+
+    /// A cursor left `pos`.
+    fn unpin(&mut self, pos: u64) {
+        if let Some(item) = self.item_mut(pos)
+            && item.pins > 0
+        {
+            item.pins -= 1;
+            self.pinned -= 1;
+        }
+    }
+
+    /// The oldest position a cursor is `At`, searched from `pin_floor`
+    /// (below it nothing is pinned).
+    fn oldest_pin(&self) -> Option<u64> {
+        if self.pinned == 0 {
+            return None;
+        }
+        let from = self.pin_floor.max(self.first_pos);
+        let skip = (from - self.first_pos) as usize;
+        let found = self.items.range(skip..).position(|item| item.pins > 0)?;
+        Some(from + found as u64)
     }
 
     fn item(&self, pos: u64) -> Option<&Item> {

@@ -33,7 +33,7 @@ impl QueueCache {
         let index = self.index.entry(stream.clone()).or_default();
         index.cursors += 1;
         match state {
-            CursorState::At(pos) => *self.pinned.entry(pos).or_default() += 1,
+            CursorState::At(pos) => self.pin(pos),
             CursorState::Waiting { .. } => index.waiting.push(id),
         }
         self.cursors.insert(id, Cursor { stream: stream.clone(), state, in_flight_last: None });
@@ -60,7 +60,7 @@ impl QueueCache {
             return;
         };
         if let CursorState::At(pos) = c.state {
-            self.unpin_position(pos);
+            self.unpin(pos);
         }
         if let Some(index) = self.index.get_mut(&c.stream) {
             index.waiting.retain(|w| *w != cursor);
@@ -212,26 +212,24 @@ impl QueueCache {
             return;
         };
         let old = std::mem::replace(&mut cursor.state, state);
-        let index = self.index.get_mut(&cursor.stream);
-        match (old, index) {
-            (CursorState::At(pos), _) => {
-                if let Some(count) = self.pinned.get_mut(&pos) {
-                    *count -= 1;
-                    if *count == 0 {
-                        self.pinned.remove(&pos);
-                    }
+        match (old, state) {
+            (CursorState::Waiting { .. }, CursorState::At(_)) => {
+                if let Some(index) = self.index.get_mut(&cursor.stream) {
+                    index.waiting.retain(|w| *w != id);
                 }
             }
-            (CursorState::Waiting { .. }, Some(index)) => index.waiting.retain(|w| *w != id),
-            (CursorState::Waiting { .. }, None) => {}
-        }
-        match state {
-            CursorState::At(pos) => *self.pinned.entry(pos).or_default() += 1,
-            CursorState::Waiting { .. } => {
+            (CursorState::At(_), CursorState::Waiting { .. }) => {
                 if let Some(index) = self.index.get_mut(&cursor.stream) {
                     index.waiting.push(id);
                 }
             }
+            _ => {}
+        }
+        if let CursorState::At(pos) = old {
+            self.unpin(pos);
+        }
+        if let CursorState::At(pos) = state {
+            self.pin(pos);
         }
     }
 }
