@@ -35,6 +35,7 @@ mod streams;
 mod subscription;
 mod worker;
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,6 +65,9 @@ pub(crate) use shutdown::HANDED_OVER;
 pub use status::AgentStatus;
 pub use subscription::AttachError;
 
+/// Deliveries settled per message before the agent lets others in.
+const SETTLE_PER_MESSAGE: usize = 256;
+
 /// The pulling agent actor.
 pub struct PullingAgent;
 
@@ -87,10 +91,17 @@ pub struct Agent {
     pump: Pump,
     /// Who receives each stream.
     streams: Streams,
+    /// Deliveries that finished as they started, to settle in order
+    /// (at most one per subscription).
+    finished: VecDeque<Delivered>,
+    /// A `SettleMore` is on its way.
+    settle_more_sent: bool,
     /// Set once the ordered shutdown began: admission is closed.
     shutdown: Option<Shutdown>,
     /// Cancelled at shutdown: tasks finish their current attempt, no retry.
     stop_retries: Arc<CancellationToken>,
+    /// How deliveries are retried (from the options).
+    delivery_limits: Arc<RetryLimits>,
     /// The node's kill switch (see [`AgentServices::kill`]).
     kill: Arc<CancellationToken>,
     /// Cancels the wait on the receiver's wake when the agent's state goes.
@@ -138,6 +149,7 @@ impl Actor for PullingAgent {
             }
             AgentMsg::Internal(Internal(msg)) => agent.on_internal(msg)?,
         }
+        agent.settle_finished()?;
         if agent.pump.acks_waiting(&agent.cache) {
             agent.schedule_pump(Duration::ZERO);
         }
@@ -157,7 +169,7 @@ impl Agent {
         let closing = self.shutdown.is_some();
         match msg {
             // Lend the receiver to a pump: ack, checkpoint, rewind, read.
-            InternalMsg::Pump => self.pump(),
+            InternalMsg::Pump => self.pump()?,
             InternalMsg::Woken => {
                 self.pump.woken();
                 self.schedule_pump(Duration::ZERO);
@@ -201,6 +213,7 @@ impl Agent {
                 self.run(next);
             }
             InternalMsg::Batch(done) => done.into_iter().try_for_each(|msg| self.on_internal(msg))?,
+            InternalMsg::SettleMore => self.settle_more_sent = false,
         }
         Ok(())
     }
@@ -224,8 +237,11 @@ impl Agent {
             cache,
             pump: Pump::new(io),
             streams: Streams::new(),
+            finished: VecDeque::new(),
+            settle_more_sent: false,
             shutdown: None,
             stop_retries: Arc::new(CancellationToken::new()),
+            delivery_limits: Arc::new(RetryLimits::from(&services.options)),
             kill,
             asleep: CancellationToken::new().drop_guard(),
             status: AgentStatus { queue: Some(queue), ..AgentStatus::default() },
@@ -250,10 +266,11 @@ impl Agent {
 
     /// Starts a pump: forget idle streams, purge what every cursor passed,
     /// then lend the receiver to a task that acks, checkpoints, serves
-    /// rewinds and reads what fits.
-    fn pump(&mut self) {
+    /// rewinds and reads what fits. The task runs here up to its first
+    /// wait: a pump that never waits (a queue in memory) is applied at once.
+    fn pump(&mut self) -> Result<(), ActorProcessingErr> {
         if !self.pump.ticked(self.shutdown.is_some()) {
-            return;
+            return Ok(());
         }
         let options = &self.services.options;
         self.streams.clean_up(Instant::now(), &mut self.cache, options, self.queue);
@@ -269,13 +286,16 @@ impl Agent {
             false => Vec::new(),
         };
         let work = PumpWork { purged, progress: self.cache.progress(), rewinds, paused, room };
-        let Some(run) = self.pump.begin(self.queue, options.init_timeout, work) else { return };
+        let Some(run) = self.pump.begin(self.queue, options.init_timeout, work) else { return Ok(()) };
         if run.reads() {
             self.status.read_calls += 1;
         }
         let kill = self.kill.clone();
-        let task = async move { run.run(&kill).await.map(|outcome| InternalMsg::PumpDone(Box::new(outcome))) };
-        self.outbox.spawn_reporting(&self.services.tasks, "agent pump", task.instrument(self.span.clone()));
+        let task = async move { run.run(&kill).await.map(Box::new) }.instrument(self.span.clone());
+        match self.outbox.run_reporting(&self.services.tasks, "agent pump", task, InternalMsg::PumpDone) {
+            Some(outcome) => self.on_pumped(*outcome),
+            None => Ok(()),
+        }
     }
 
     /// A pump came back: apply its rewind answers, then its read (cached and
@@ -369,29 +389,56 @@ impl Agent {
                 self.schedule_pump(Duration::ZERO);
             }
             Dispatch::Deliver(call) => {
-                let limits = RetryLimits::from(&self.services.options);
-                let (work, panicked) = call.start(limits, self.stop_retries.clone());
-                self.outbox.spawn_work(work.map(InternalMsg::Delivered), move |p| InternalMsg::Delivered(panicked(p)));
+                let work = call.start(self.delivery_limits.clone(), self.stop_retries.clone());
+                if let Some(done) = self.outbox.run_work(work, InternalMsg::Delivered) {
+                    self.finished.push_back(done);
+                }
             }
         }
+    }
+
+    /// Settles the deliveries that finished as they started, in order (each
+    /// may start its subscription's next, which may finish too): at most
+    /// `SETTLE_PER_MESSAGE`, so that one message never holds the agent
+    /// long; the rest after a `SettleMore` it sends itself.
+    fn settle_finished(&mut self) -> Result<(), ActorProcessingErr> {
+        for _ in 0..SETTLE_PER_MESSAGE {
+            let Some(done) = self.finished.pop_front() else { return Ok(()) };
+            if done.fenced() {
+                return Err(PumpError::Fenced(self.queue).into());
+            }
+            self.on_delivered(done);
+        }
+        if !self.finished.is_empty() && !self.settle_more_sent {
+            self.settle_more_sent = true;
+            self.outbox.send_self(InternalMsg::SettleMore);
+        }
+        Ok(())
     }
 
     /// A delivery ended: count it, follow a seek, detach a gone consumer,
     /// or hand a given-up batch to the failure handler; then deliver the
     /// next and pump (progress may free queue capacity and cache room).
     fn on_delivered(&mut self, done: Delivered) {
-        let (stream, id) = (done.stream.clone(), done.id);
+        let (stream, id) = (done.stream().clone(), done.id);
         let draining = self.shutdown.is_some();
         let Some(sub) = self.streams.touched(&stream, id) else { return };
         match delivery::settle(sub, &mut self.cache, done, draining) {
             Settled::Next => {}
-            Settled::Delivered { events, seek } => {
+            Settled::Delivered { events, seek, more } => {
                 self.status.events_delivered += events as u64;
                 self.metrics.events_delivered.increment(events as u64);
                 if let Some(token) = seek {
                     let rewindable = self.services.adapter.is_rewindable();
                     let next = self.streams.seek(&stream, id, StartPosition::After(token), &mut self.cache, rewindable);
                     self.run(next);
+                    return;
+                }
+                if !more {
+                    // Caught up: its cursor waits in the cache for the next
+                    // container of its stream (`add` makes it ready).
+                    self.pump.wake();
+                    self.schedule_pump(Duration::ZERO);
                     return;
                 }
             }
@@ -478,7 +525,7 @@ impl Agent {
 
     /// Steps 3 to 5, once nothing is in flight (checked after every message).
     async fn finish_shutdown_if_idle(&mut self) {
-        let busy = self.pump.in_flight() || self.outbox.in_flight() > 0;
+        let busy = self.pump.in_flight() || self.outbox.in_flight() > 0 || !self.finished.is_empty();
         let Some(waiters) = self.shutdown.as_mut().and_then(|s| s.finish_if_idle(busy)) else { return };
         let unresolved = self.streams.unresolved();
         let mut purged = self.cache.purge();

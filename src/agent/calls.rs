@@ -4,6 +4,7 @@
 //! the [`Attempted`] result is its own rule.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -33,6 +34,7 @@ pub(crate) enum Attempted<T> {
 }
 
 /// Limits of one retried call.
+#[derive(Clone)]
 pub(crate) struct RetryLimits {
     max_time: Duration,
     attempt_timeout: Duration,
@@ -52,6 +54,11 @@ impl From<&AgentOptions> for RetryLimits {
 /// Calls `call` until it succeeds, the consumer is unavailable, the time
 /// runs out (no new attempt starts past `max_time`), the agent is stopping
 /// (`stop`: the current attempt finishes, no retry) or the work is revoked.
+///
+/// Most consumers answer on the first poll: then nothing of the retry
+/// machinery (timers, the revoke watch) is built, and the future stays a
+/// few words (it is boxed for every delivery); the rest is boxed only when
+/// needed.
 pub(crate) async fn call_with_retries<T, F, Fut>(
     mut call: F,
     limits: &RetryLimits,
@@ -60,23 +67,58 @@ pub(crate) async fn call_with_retries<T, F, Fut>(
 ) -> Attempted<T>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, ConsumerError>>,
+    Fut: Future<Output = Result<T, ConsumerError>> + Unpin,
 {
-    let mut started = None;
-    let mut attempts = 0;
+    if revoke.is_cancelled() {
+        return Attempted::Revoked;
+    }
+    let mut first = call();
+    let first = match std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut first).poll(cx))).await {
+        Poll::Ready(Ok(value)) => return Attempted::Done(value),
+        Poll::Ready(Err(error)) => Err(error),
+        Poll::Pending => Ok(first),
+    };
+    Box::pin(retried(call, first, limits, stop, revoke)).await
+}
+
+/// The rest of [`call_with_retries`], from a first attempt that waits
+/// (`Ok`) or failed (`Err`).
+async fn retried<T, F, Fut>(
+    mut call: F,
+    first: Result<Fut, ConsumerError>,
+    limits: &RetryLimits,
+    stop: &CancellationToken,
+    revoke: &CancellationToken,
+) -> Attempted<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ConsumerError>> + Unpin,
+{
+    let mut started = Some(Instant::now());
+    let mut attempts = 1;
     let mut relinks = 0;
+    let mut attempt = Some(first);
     loop {
-        attempts += 1;
-        if revoke.is_cancelled() {
-            return Attempted::Revoked;
-        }
-        let call = call();
-        tokio::pin!(call);
-        // Most consumers answer on the first poll: only a call that waits
-        // pays for a timer and for watching the revoke signal.
-        let outcome = match std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await {
-            Poll::Ready(outcome) => Ok(outcome),
-            Poll::Pending => {
+        let attempt = match attempt.take() {
+            Some(first) => first,
+            None => {
+                attempts += 1;
+                if revoke.is_cancelled() {
+                    return Attempted::Revoked;
+                }
+                let mut call = call();
+                match std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut call).poll(cx))).await {
+                    Poll::Ready(Ok(value)) => return Attempted::Done(value),
+                    Poll::Ready(Err(error)) => Err(error),
+                    Poll::Pending => Ok(call),
+                }
+            }
+        };
+        // Only a call that waits pays for a timer and for watching the
+        // revoke signal.
+        let outcome = match attempt {
+            Err(error) => Ok(Err(error)),
+            Ok(call) => {
                 started.get_or_insert_with(Instant::now);
                 tokio::select! {
                     _ = revoke.cancelled() => return Attempted::Revoked,

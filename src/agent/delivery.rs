@@ -7,13 +7,17 @@
 //! failure handler then skips it to the dead-letter sink or faults).
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 
 use super::calls::{Attempted, RetryLimits, call_with_retries};
 use super::subscription::{Sub, successor};
+use super::worker::panic_text;
 use crate::cache::QueueCache;
 use crate::failure::{DeadLetter, DeadLetterSink, FailureAction, FailureHandler};
 use crate::pubsub::{Delivery, DeliveryOutcome, StreamConsumer, SubscriptionId, SubscriptionInfo};
@@ -35,7 +39,9 @@ pub(crate) enum Dispatch {
 
 /// A delivery to run.
 pub(crate) struct DeliveryCall {
-    done: Delivered,
+    id: SubscriptionId,
+    generation: u64,
+    catch_up: bool,
     consumer: Arc<dyn StreamConsumer>,
     delivery: Arc<Delivery>,
     revoke: Arc<CancellationToken>,
@@ -43,16 +49,21 @@ pub(crate) struct DeliveryCall {
 
 /// A finished delivery, reported back to the agent.
 pub(crate) struct Delivered {
-    pub stream: StreamId,
     pub id: SubscriptionId,
     generation: u64,
     /// It came from the catch-up buffer, not the cache.
     catch_up: bool,
-    last: Option<SequenceToken>,
+    /// What was delivered: its stream and containers.
+    delivery: Arc<Delivery>,
     report: DeliveryReport,
 }
 
 impl Delivered {
+    /// The stream delivered.
+    pub(crate) fn stream(&self) -> &StreamId {
+        &self.delivery.stream
+    }
+
     /// Whether the consumer's node refused the agent's lease token.
     pub(crate) fn fenced(&self) -> bool {
         matches!(self.report, Attempted::Fenced(_))
@@ -64,7 +75,8 @@ pub(crate) enum Settled {
     /// Deliver the subscription's next batch.
     Next,
     /// `events` were delivered; the consumer may ask to continue elsewhere.
-    Delivered { events: usize, seek: Option<SequenceToken> },
+    /// `more`: the subscription may have a next batch now.
+    Delivered { events: usize, seek: Option<SequenceToken>, more: bool },
     /// The consumer is gone: detach the subscription.
     Unavailable(String),
     /// Failed while handing over: left for the next owner, nothing more.
@@ -126,41 +138,33 @@ pub(crate) fn next_delivery(
     };
     sub.delivering = true;
     let delivery = Arc::new(Delivery { subscription: id, stream: stream.clone(), batches, fence: Fence::from(fence) });
-    sub.in_flight = Some(delivery.clone());
-    let done = Delivered {
-        stream: stream.clone(),
+    Dispatch::Deliver(DeliveryCall {
         id,
         generation: sub.generation,
         catch_up: from_catch_up,
-        last: delivery.last_token(),
-        report: Attempted::Revoked,
-    };
-    Dispatch::Deliver(DeliveryCall { done, consumer, delivery, revoke: sub.revoke.clone() })
+        consumer,
+        delivery,
+        revoke: sub.revoke.clone(),
+    })
 }
 
 impl DeliveryCall {
-    /// The delivery as work for the lane, and the report if it panics.
+    /// The delivery as work, boxed once: it keeps what it delivers for the
+    /// report, and a panic in the consumer is a failed attempt.
     pub(crate) fn start(
         self,
-        limits: RetryLimits,
+        limits: Arc<RetryLimits>,
         stop: Arc<CancellationToken>,
-    ) -> (impl Future<Output = Delivered> + Send + 'static, impl FnOnce(String) -> Delivered + Send + 'static) {
-        let Self { done, consumer, delivery, revoke } = self;
-        let Delivered { stream, id, generation, catch_up, last, .. } = done;
-        let on_panic = stream.clone();
-        let work = async move {
-            let report = call_with_retries(|| consumer.deliver(&delivery), &limits, &stop, &revoke).await;
-            Delivered { stream, id, generation, catch_up, last, report }
-        };
-        let panicked = move |panic: String| Delivered {
-            stream: on_panic,
-            id,
-            generation,
-            catch_up,
-            last,
-            report: Attempted::Failed { error: format!("consumer panicked: {panic}"), attempts: 1 },
-        };
-        (work, panicked)
+    ) -> Pin<Box<dyn Future<Output = Delivered> + Send>> {
+        let Self { id, generation, catch_up, consumer, delivery, revoke } = self;
+        Box::pin(async move {
+            let call = call_with_retries(|| consumer.deliver(&delivery), &limits, &stop, &revoke);
+            let report = AssertUnwindSafe(call).catch_unwind().await.unwrap_or_else(|panic| Attempted::Failed {
+                error: format!("consumer panicked: {}", panic_text(&panic)),
+                attempts: 1,
+            });
+            Delivered { id, generation, catch_up, delivery, report }
+        })
     }
 }
 
@@ -168,31 +172,36 @@ impl DeliveryCall {
 /// and says what the agent does next. An answer for an older handshake
 /// (another generation) or a revoked delivery only frees the slot.
 pub(crate) fn settle(sub: &mut Sub, cache: &mut QueueCache, done: Delivered, draining: bool) -> Settled {
-    let Delivered { stream, id, generation, catch_up, last, report } = done;
+    let Delivered { id, generation, catch_up, delivery, report } = done;
+    let (stream, last) = (&delivery.stream, delivery.last_token());
     sub.delivering = false;
-    let delivery = sub.in_flight.take();
     if sub.generation != generation {
         return Settled::Next;
     }
     let cursor = sub.cursor;
+    // Moves past the batch; whether a next one may be waiting (a catch-up
+    // always has to look).
     let mut moved = |failed: bool, cache: &mut QueueCache| {
         if catch_up {
             if let (Some(c), Some(last)) = (sub.catch_up.as_mut(), last) {
                 c.next = c.next.max(successor(last));
             }
+            true
         } else if let Some(cursor) = cursor {
-            cache.complete(cursor, failed);
+            cache.complete(cursor, failed)
+        } else {
+            false
         }
     };
     match report {
         Attempted::Done(outcome) => {
-            moved(false, cache);
-            let events = delivery.as_ref().map_or(0, |d| d.event_count());
+            let more = moved(false, cache);
+            let events = delivery.event_count();
             let seek = match outcome {
                 DeliveryOutcome::SeekAfter(token) => Some(token),
                 _ => None,
             };
-            Settled::Delivered { events, seek }
+            Settled::Delivered { events, seek, more }
         }
         // The agent stops before settling a fenced delivery
         // (`Delivered::fenced`); were it settled, it is as gone.
@@ -209,7 +218,7 @@ pub(crate) fn settle(sub: &mut Sub, cache: &mut QueueCache, done: Delivered, dra
         }
         Attempted::Failed { error, attempts } => {
             moved(true, cache);
-            let batches = delivery.map(|d| d.batches.clone()).unwrap_or_default();
+            let batches = delivery.batches.clone();
             Settled::GaveUp(GaveUp { error, attempts, info: sub.info.clone(), batches, consumer: sub.consumer.clone() })
         }
         Attempted::Revoked => Settled::Next,

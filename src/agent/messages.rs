@@ -3,7 +3,9 @@
 //! counts until the report comes back.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -75,6 +77,9 @@ pub(super) enum InternalMsg {
     RewindDue { stream: StreamId, id: SubscriptionId, epoch: u64 },
     /// Several completions reported together by the work lane.
     Batch(Vec<InternalMsg>),
+    /// Deliveries that finished as they started are still to be settled
+    /// (more than one message's share, see `Agent::settle_finished`).
+    SettleMore,
 }
 
 impl ractor::Message for AgentMsg {}
@@ -131,6 +136,28 @@ impl Outbox {
         let _ = self.lane.send(worker::job(work, on_panic));
     }
 
+    /// Runs `work` up to its first wait, here and now. Work that finishes
+    /// without waiting (a local consumer's delivery, mostly) is returned at
+    /// once, for the agent to settle before its next message: no lane, no
+    /// report message. Work that waits goes on on the lane from where it
+    /// stopped (a future registers the waker of its latest poll, so the
+    /// lane's first poll takes over the wake-up) and reports as `report`.
+    pub(super) fn run_work<T: Send + 'static>(
+        &mut self,
+        mut work: Pin<Box<dyn Future<Output = T> + Send>>,
+        report: fn(T) -> InternalMsg,
+    ) -> Option<T> {
+        match work.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(done) => Some(done),
+            Poll::Pending => {
+                self.work += 1;
+                // Fails only when the lane was killed, and then the node is gone.
+                let _ = self.lane.send(Box::pin(work.map(report)));
+                None
+            }
+        }
+    }
+
     /// Work whose only report is that it finished.
     pub(super) fn spawn_side_work(&mut self, work: impl Future<Output = ()> + Send + 'static) {
         self.spawn_work(work.map(|()| InternalMsg::SideWorkDone), |_| InternalMsg::SideWorkDone);
@@ -157,6 +184,27 @@ impl Outbox {
                 let _ = myself.cast(AgentMsg::Internal(Internal(msg)));
             }
         });
+    }
+
+    /// Runs `task` up to its first wait, here and now, like
+    /// [`Outbox::run_work`]: its result if it finished without waiting
+    /// (a read of a queue in memory, mostly), otherwise it goes on as a
+    /// task of `tasks` named `name` and reports as `report`.
+    pub(super) fn run_reporting<T: Send + 'static>(
+        &self,
+        tasks: &Tasks,
+        name: &'static str,
+        task: impl Future<Output = Option<T>> + Send + 'static,
+        report: fn(T) -> InternalMsg,
+    ) -> Option<T> {
+        let mut task = Box::pin(task);
+        match task.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(done) => done,
+            Poll::Pending => {
+                self.spawn_reporting(tasks, name, async move { task.await.map(report) });
+                None
+            }
+        }
     }
 
     /// Sends `msg` to this agent now.

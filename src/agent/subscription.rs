@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 use super::calls::{Attempted, RetryLimits, call_with_retries};
 use crate::cache::{CursorId, QueueCache};
 use crate::pubsub::{
-    ConsumerAddress, ConsumerError, ConsumerResolver, Delivery, Origin, PubSubStore, StartPosition, StreamConsumer,
-    Subscription, SubscriptionId, SubscriptionInfo,
+    ConsumerAddress, ConsumerError, ConsumerResolver, Origin, PubSubStore, StartPosition, StreamConsumer, Subscription,
+    SubscriptionId, SubscriptionInfo,
 };
 use crate::queue::QueueError;
 use crate::retry::Backoff;
@@ -108,8 +108,6 @@ pub(crate) struct Sub {
     pub delivering: bool,
     /// A delivery failed during the shutdown drain: nothing more is tried.
     pub parked: bool,
-    /// The delivery in flight (kept for dead letters).
-    pub in_flight: Option<Arc<Delivery>>,
     /// Cancelled to revoke the in-flight handshake or delivery. Shared by
     /// `Arc` so handing it to a task costs one increment, not a lock.
     pub revoke: Arc<CancellationToken>,
@@ -131,7 +129,6 @@ impl Sub {
             handshaking: false,
             delivering: false,
             parked: false,
-            in_flight: None,
             revoke: Arc::new(CancellationToken::new()),
             catch_up: None,
             attach_replies: Vec::new(),
