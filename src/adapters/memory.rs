@@ -129,7 +129,15 @@ impl QueueAdapter for MemoryAdapter {
     async fn enqueue(&self, stream: &StreamId, events: Vec<Event>) -> Result<SequenceToken, QueueError> {
         let queue = self.queue(self.mapper.queue_for(stream))?;
         let permits = queue.permits_for(stream, &events)?;
-        let permit = queue.space.acquire_many(permits).await.map_err(|_| QueueError::ShutDown(queue.id))?;
+        // Room now is taken without awaiting: an awaited acquire also spends
+        // the producer's cooperative budget, so a producer with room would
+        // yield every 128 batches and the agent would read them in small
+        // pieces. Taking room never jumps the queue: while producers wait,
+        // freed room goes to them first, never to the counter.
+        let permit = match queue.space.try_acquire_many(permits) {
+            Ok(permit) => permit,
+            Err(_) => queue.space.acquire_many(permits).await.map_err(|_| QueueError::ShutDown(queue.id))?,
+        };
         permit.forget();
         Ok(queue.push(stream, events))
     }
@@ -140,6 +148,9 @@ impl QueueAdapter for MemoryAdapter {
 }
 
 struct Entry {
+    /// The container's token, kept here so that an ack finds its entry
+    /// without reading the container.
+    token: SequenceToken,
     batch: Arc<BatchContainer>,
     acked: bool,
     /// Read at least once: its room was given back to producers.
@@ -160,6 +171,16 @@ struct QueueState {
     forgotten_through: Option<SequenceToken>,
 }
 
+impl QueueState {
+    /// Where `token`'s entry is in `pending`. Tokens are consecutive
+    /// numbers, so it is found by subtraction.
+    fn index_of(&self, token: SequenceToken) -> Option<usize> {
+        let first = self.pending.front()?.token.major;
+        let index = usize::try_from(token.major.checked_sub(first)?).ok()?;
+        self.pending.get(index).is_some_and(|e| e.token == token).then_some(index)
+    }
+}
+
 struct MemoryQueue {
     id: QueueId,
     capacity: usize,
@@ -167,7 +188,8 @@ struct MemoryQueue {
     read_wait: Duration,
     /// Room for unread events; producers wait on it.
     space: Semaphore,
-    /// Signalled on every enqueue (a stored permit if nobody waits).
+    /// Signalled by an enqueue that finds nothing unread (a stored permit
+    /// if nobody waits): a reader only waits after reading everything.
     data: Notify,
     state: Mutex<QueueState>,
 }
@@ -216,9 +238,12 @@ impl MemoryQueue {
         state.next_seq += 1;
         state.held_events += events.len();
         let batch = Arc::new(BatchContainer { stream: stream.clone(), token, events });
-        state.pending.push_back(Entry { batch, acked: false, read: false });
+        let was_read_up = state.read_index >= state.pending.len();
+        state.pending.push_back(Entry { token, batch, acked: false, read: false });
         drop(state);
-        self.data.notify_one();
+        if was_read_up {
+            self.data.notify_one();
+        }
         token
     }
 
@@ -255,7 +280,7 @@ impl MemoryQueue {
     fn acknowledge(&self, tokens: &[SequenceToken]) {
         let mut state = self.lock();
         for token in tokens {
-            let Ok(index) = state.pending.binary_search_by(|e| e.batch.token.cmp(token)) else { continue };
+            let Some(index) = state.index_of(*token) else { continue };
             let entry = &mut state.pending[index];
             if !entry.acked {
                 entry.acked = true;

@@ -274,7 +274,16 @@ async fn baseline_run(shape: Shape) -> anyhow::Result<f64> {
         let (queue_tx, routes) = (queue_tx.clone(), routes.clone());
         producers.push(tokio::spawn(produce(shape, p, move |stream, events| {
             let (queue_tx, routes) = (queue_tx.clone(), routes.clone());
-            async move { queue_tx[routes[stream]].send((stream, events)).await.is_ok() }
+            async move {
+                // Like the memory queue: room now is taken without awaiting
+                // (measured: the baseline's speed is the same either way).
+                let tx = &queue_tx[routes[stream]];
+                match tx.try_send((stream, events)) {
+                    Ok(()) => true,
+                    Err(mpsc::error::TrySendError::Full(item)) => tx.send(item).await.is_ok(),
+                    Err(mpsc::error::TrySendError::Closed(_)) => false,
+                }
+            }
         })));
     }
     tally.finish("baseline", producers, started, progress).await
