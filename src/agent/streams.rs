@@ -10,8 +10,9 @@
 
 mod handshake;
 mod rewind;
+mod subs;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +33,7 @@ use crate::pubsub::{
 use crate::queue::QueueError;
 use crate::retry::Backoff;
 use crate::stream::{BatchContainer, QueueId, StreamId};
+use subs::Subs;
 
 /// What the agent should do after a change to the table.
 pub(crate) enum Next {
@@ -55,7 +57,7 @@ pub(crate) enum Next {
 
 /// One tracked stream.
 struct StreamEntry {
-    subs: BTreeMap<SubscriptionId, Sub>,
+    subs: Subs,
     /// Holds the stream's containers while its subscriptions are looked up.
     registration_pin: Option<CursorId>,
     registered: bool,
@@ -150,7 +152,7 @@ impl Streams {
     fn register(&mut self, stream: StreamId, cache: &mut QueueCache, next: &mut Vec<Next>) {
         let pin = cache.pin_stream(&stream);
         let entry = StreamEntry {
-            subs: BTreeMap::new(),
+            subs: Subs::default(),
             registration_pin: Some(pin),
             registered: false,
             last_activity: self.clock,
@@ -185,13 +187,13 @@ impl Streams {
         };
         entry.registered = true;
         for record in records {
-            if record.state == SubscriptionState::Active && !entry.subs.contains_key(&record.id) {
-                entry.subs.insert(record.id, Sub::explicit(&record, false));
+            if record.state == SubscriptionState::Active {
+                entry.subs.get_or_insert_with(record.id, || Sub::explicit(&record, false));
             }
         }
         for factory in implicit.for_stream(&stream) {
             let id = SubscriptionId::implicit(factory.name(), &stream);
-            entry.subs.entry(id).or_insert_with(|| Sub::implicit(id, &stream, factory.create(&stream)));
+            entry.subs.get_or_insert_with(id, || Sub::implicit(id, &stream, factory.create(&stream)));
         }
         let waiting: Vec<SubscriptionId> =
             entry.subs.iter().filter(|(_, sub)| sub.cursor.is_none() && !sub.handshaking).map(|(id, _)| *id).collect();
@@ -227,7 +229,7 @@ impl Streams {
         };
         entry.last_activity = self.clock;
         let strict = matches!(subscription.start, StartPosition::At(_) | StartPosition::After(_));
-        let sub = entry.subs.entry(subscription.id).or_insert_with(|| Sub::explicit(&subscription, strict));
+        let sub = entry.subs.get_or_insert_with(subscription.id, || Sub::explicit(&subscription, strict));
         sub.address = Some(subscription.consumer.clone());
         sub.start = subscription.start;
         sub.strict_start = strict;
