@@ -19,8 +19,13 @@
 //! cutting it would leave the subscription behind).
 //!
 //! Its state sits behind a mutex that is never held across an `.await`.
-//! A viewer's place is its own offset, so it can neither miss a chunk
-//! between its catch-up and the live feed nor see one twice.
+//! What a viewer at the head needs (the newest chunks' frames, the head,
+//! the end) is also published, after every change, as a snapshot that
+//! viewers read without that lock: ten thousand viewers of a run each read
+//! at every new chunk, and would otherwise queue on one mutex. A viewer
+//! further behind, or mid-chunk, or replaying, takes the lock. A viewer's
+//! place is its own offset, so it can neither miss a chunk between its
+//! catch-up and the live feed nor see one twice.
 //!
 //! The parts: `runs.rs` is the node's table of tailers (admission under
 //! `max_active_runs`) and the task each tailer runs; `lifecycle.rs` is one
@@ -36,6 +41,7 @@ mod runs;
 
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -43,7 +49,7 @@ use tokio::time::Instant;
 
 use super::frames::EndReason;
 use super::viewer::Viewer;
-use super::window::{Read, Window};
+use super::window::{LiveFrame, Read, Window};
 use crate::archive::RunKey;
 use crate::config::LogStreamSettings;
 use crate::node::SubscriptionHandle;
@@ -145,11 +151,28 @@ struct End {
     failure: Option<Bytes>,
 }
 
+/// Chunks in the lock-free snapshot: a viewer woken by a new chunk is
+/// usually one chunk behind, and at most this many when the node is busy.
+const SNAPSHOT_CHUNKS: usize = 8;
+
+/// What a viewer at the head needs, published at every change.
+#[derive(Default)]
+struct Snapshot {
+    /// The newest chunks, oldest first.
+    chunks: Vec<LiveFrame>,
+    /// The offset after the newest line.
+    head: u64,
+    /// Once the tailer ended: the frame viewers get at the head.
+    ended: Option<Option<Bytes>>,
+}
+
 /// See the module documentation.
 pub(crate) struct Tailer {
     key: RunKey,
     settings: Arc<LogStreamSettings>,
     state: Mutex<State>,
+    /// Written under `state`'s lock, read without it.
+    snapshot: ArcSwap<Snapshot>,
     phase: watch::Sender<Phase>,
     /// Bumped at every new chunk and at the end.
     version: watch::Sender<u64>,
@@ -178,6 +201,7 @@ impl Tailer {
             key,
             settings,
             state: Mutex::new(state),
+            snapshot: ArcSwap::from_pointee(Snapshot::default()),
             phase: watch::channel(Phase::Starting).0,
             version: watch::channel(0).0,
         })
@@ -229,8 +253,25 @@ impl Tailer {
         Some(Attached { at, truncated, replay_until: state.feed.window.head() })
     }
 
-    /// The next frame for a viewer that needs line `at` (see [`Pull`]).
+    /// The next frame for a viewer that needs line `at` (see [`Pull`]):
+    /// from the snapshot when it has it, else from the window.
     pub(crate) fn pull(&self, at: u64, replay_until: u64) -> Pull {
+        let snapshot = self.snapshot.load();
+        if at >= snapshot.head {
+            if let Some(terminal) = &snapshot.ended {
+                return Pull::End(terminal.clone());
+            }
+            // (Before the tailer went live the snapshot is empty.)
+            if snapshot.head > 0 || !snapshot.chunks.is_empty() {
+                return Pull::Wait;
+            }
+        }
+        if at >= replay_until
+            && let Some(chunk) = snapshot.chunks.iter().find(|c| c.start == at)
+        {
+            return Pull::Frame(chunk.frame.clone(), chunk.end);
+        }
+        drop(snapshot);
         let state = self.state.lock();
         match state.feed.window.read(at, replay_until) {
             Read::Frame(frame, next) => Pull::Frame(frame, next),
@@ -238,6 +279,15 @@ impl Tailer {
             Read::Head if state.phase == Phase::Ended => Pull::End(state.end.terminal.clone()),
             Read::Head => Pull::Wait,
         }
+    }
+
+    /// Publishes the snapshot of `state` (called with its lock held, after
+    /// a change and before viewers are told of it).
+    fn publish_snapshot(&self, state: &State) {
+        let ended = (state.phase == Phase::Ended).then(|| state.end.terminal.clone());
+        let window = &state.feed.window;
+        let snapshot = Snapshot { chunks: window.newest(SNAPSHOT_CHUNKS), head: window.head(), ended };
+        self.snapshot.store(Arc::new(snapshot));
     }
 
     /// Why the tailer completed, once it did.

@@ -23,6 +23,14 @@ impl Chunk {
     }
 }
 
+/// A chunk's shared live frame and the offsets it covers.
+#[derive(Clone, Debug)]
+pub(crate) struct LiveFrame {
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) frame: Bytes,
+}
+
 /// What a viewer at some offset gets from the window.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Read {
@@ -87,6 +95,16 @@ impl Window {
             self.bytes -= old;
         }
         bytes
+    }
+
+    /// The newest `n` chunks' live frames, oldest first.
+    pub(crate) fn newest(&self, n: usize) -> Vec<LiveFrame> {
+        let skip = self.chunks.len().saturating_sub(n);
+        self.chunks
+            .iter()
+            .skip(skip)
+            .map(|c| LiveFrame { start: c.start, end: c.end(), frame: c.live.clone() })
+            .collect()
     }
 
     /// The frame for a viewer that needs line `at`: the shared live frame

@@ -55,6 +55,7 @@ impl Tailer {
         if state.feed.streamed_bytes >= self.settings.max_stream_bytes {
             self.end(state, Some(Ending::Complete(EndReason::MaxBytes)));
         } else if published {
+            self.publish_snapshot(&state);
             drop(state);
             self.version.send_modify(|v| *v += 1);
         }

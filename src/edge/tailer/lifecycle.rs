@@ -42,6 +42,7 @@ impl Tailer {
         state.feed.window = Window::new(self.key.run(), lines, self.settings.max_replay_bytes);
         state.feed.base_token = token;
         state.feed.recent = recent.into();
+        self.publish_snapshot(&state);
         drop(state);
         self.phase.send_replace(Phase::Live);
         true
@@ -169,6 +170,7 @@ impl Tailer {
             state.end.failure = state.end.terminal.clone();
         }
         state.audience.viewers.clear();
+        self.publish_snapshot(&state);
         drop(state);
         self.phase.send_replace(Phase::Ended);
         self.version.send_modify(|v| *v += 1);
