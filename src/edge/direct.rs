@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 use axum::Router;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +31,10 @@ use super::LogEdge;
 use super::https;
 use super::sse::ConnectionCut;
 use crate::tasks::Tasks;
+
+/// Frames of one viewer sent with one write at most (when several are
+/// ready at once).
+const COALESCE_BYTES: usize = 64 * 1024;
 
 /// Longest request head read before the route is known (a longer one is
 /// hyper's to read).
@@ -280,27 +284,63 @@ async fn serve_stream(
     }
     drop(response_head);
     let (mut reader, mut writer) = tokio::io::split(stream);
-    let mut probe = [0u8; 1];
+    // A viewer sends nothing after its request: a read that ends means the
+    // client closed (or sent what it should not). These two are kept
+    // across frames, so each is registered once, not once per frame.
+    let closed = async move {
+        let mut probe = [0u8; 1];
+        let _ = reader.read(&mut probe).await;
+    };
+    tokio::pin!(closed);
+    let cut_off = cut.cancelled();
+    tokio::pin!(cut_off);
     loop {
-        let frame = tokio::select! {
+        let first = tokio::select! {
             frame = body.next() => frame,
-            // The client closed (or sent something it should not): done.
-            _ = reader.read(&mut probe) => return,
+            () = &mut closed => return,
+            // The viewer stalled: its tailer cut it.
+            () = &mut cut_off => return,
         };
-        match frame {
-            Some(Ok(frame)) => {
-                let written = tokio::select! {
-                    written = write_frame(&mut writer, &frame, chunked) => written.is_ok(),
-                    // The viewer stalled: its tailer cut it.
-                    _ = cut.cancelled() => false,
-                };
-                if !written {
-                    return;
+        // Frames that are ready too go out in the same write: a viewer
+        // that fell behind catches up with one system call, not one per
+        // frame. `after` is what ended the batch (an end or an error).
+        let mut frames = Vec::new();
+        let mut after = None;
+        let mut next = first;
+        let mut bytes = 0;
+        loop {
+            match next {
+                Some(Ok(frame)) => {
+                    bytes += frame.len();
+                    frames.push(frame);
+                }
+                end => {
+                    after = Some(end);
+                    break;
                 }
             }
+            if bytes >= COALESCE_BYTES {
+                break;
+            }
+            match body.next().now_or_never() {
+                Some(more) => next = more,
+                None => break,
+            }
+        }
+        if !frames.is_empty() {
+            let written = tokio::select! {
+                written = write_frames(&mut writer, &frames, chunked) => written.is_ok(),
+                () = &mut cut_off => false,
+            };
+            if !written {
+                return;
+            }
+        }
+        match after {
+            None | Some(Some(Ok(_))) => {}
             // Dropped: cut the connection without ending the response.
-            Some(Err(_)) => return,
-            None => {
+            Some(Some(Err(_))) => return,
+            Some(None) => {
                 if chunked {
                     let _ = writer.write_all(b"0\r\n\r\n").await;
                 }
@@ -311,18 +351,27 @@ async fn serve_stream(
     }
 }
 
-async fn write_frame(writer: &mut (impl AsyncWrite + Unpin), frame: &Bytes, chunked: bool) -> std::io::Result<()> {
-    if chunked {
-        let mut chunk = Vec::with_capacity(frame.len() + 12);
-        chunk.extend_from_slice(format!("{:x}\r\n", frame.len()).as_bytes());
-        chunk.extend_from_slice(frame);
-        chunk.extend_from_slice(b"\r\n");
-        writer.write_all(&chunk).await?;
-    } else {
-        writer.write_all(frame).await?;
+/// Writes `frames` with one write (each its own chunk when `chunked`).
+async fn write_frames(writer: &mut (impl AsyncWrite + Unpin), frames: &[Bytes], chunked: bool) -> std::io::Result<()> {
+    match (frames, chunked) {
+        ([frame], false) => writer.write_all(frame).await?,
+        _ => {
+            let size: usize = frames.iter().map(|f| f.len() + 20).sum();
+            let mut out = Vec::with_capacity(size);
+            for frame in frames {
+                if chunked {
+                    out.extend_from_slice(format!("{:x}\r\n", frame.len()).as_bytes());
+                    out.extend_from_slice(frame);
+                    out.extend_from_slice(b"\r\n");
+                } else {
+                    out.extend_from_slice(frame);
+                }
+            }
+            writer.write_all(&out).await?;
+        }
     }
     // A TLS session may hold written bytes until it is flushed (a plain
-    // socket flushes for free): the frame goes out now, not with the next.
+    // socket flushes for free): the frames go out now, not with the next.
     writer.flush().await
 }
 

@@ -16,6 +16,7 @@
 //! `stall_timeout_seconds` is cut by the tailer through the connection's
 //! [`ConnectionCut`].
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,8 +27,9 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde::Deserialize;
+use tokio::sync::watch;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::LogEdge;
 use super::frames;
@@ -127,13 +129,19 @@ pub(crate) async fn open(
         at: 0,
         replay_until: 0,
         last_sent: Instant::now(),
+        heartbeat: None,
+        changes: None,
+        cut: None,
+        was_cut: false,
         stage: Stage::Setup,
     };
     let body = futures::stream::unfold(session, |mut session| async move {
         session.next_frame().await.map(|frame| (frame, session))
     });
-    // Open streams must not hold up a graceful shutdown.
-    Ok(futures::StreamExt::take_until(body, stop.cancelled_owned()))
+    // Open streams must not hold up a graceful shutdown. A child token:
+    // the stream checks it at every frame, and ten thousand streams
+    // checking the edge's own token would all take its one lock.
+    Ok(futures::StreamExt::take_until(body, stop.child_token().cancelled_owned()))
 }
 
 enum Stage {
@@ -178,6 +186,15 @@ struct Session {
     /// Lines below this offset are replay for this viewer.
     replay_until: u64,
     last_sent: Instant,
+    /// Fires when a heartbeat may be due (or a cursor ahead of the head
+    /// stops waiting); made at the first wait.
+    heartbeat: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The tailer's changes, seen up to the last pull.
+    changes: Option<watch::Receiver<u64>>,
+    /// Resolves when `connection` is cut; made at the first wait and kept,
+    /// so it is registered once.
+    cut: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    was_cut: bool,
     stage: Stage,
 }
 
@@ -200,7 +217,9 @@ impl Session {
     /// connection.
     async fn next_frame(&mut self) -> Option<Result<Bytes, std::io::Error>> {
         loop {
-            if self.connection.is_cancelled() {
+            // (A connection cut while frames flow is closed by whoever
+            // writes them; one cut while the session waits is seen here.)
+            if self.was_cut {
                 self.stage = Stage::Done;
                 return Some(Err(std::io::Error::other("viewer cut: its socket stalled")));
             }
@@ -255,11 +274,16 @@ impl Session {
 
     /// The next frame from the window, or the wait for one.
     async fn live(&mut self) -> Option<Bytes> {
-        let Some(tailer) = self.tailer.clone() else {
+        // Nothing shared is cloned here (no `Arc` of the tailer or the
+        // settings, no new receiver of its changes): ten thousand viewers
+        // of one run would all count on the same cache lines at every frame.
+        let Some(tailer) = self.tailer.as_ref() else {
             self.stage = Stage::Done;
             return None;
         };
-        let mut changed = tailer.changed();
+        let changes = self.changes.get_or_insert_with(|| tailer.changed());
+        // What changes after this point wakes the wait below.
+        changes.mark_unchanged();
         match tailer.pull(self.at, self.replay_until) {
             Pull::Frame(frame, next) => {
                 self.at = next;
@@ -271,19 +295,19 @@ impl Session {
                 return None;
             }
             Pull::End(frame) => {
-                self.stage = Stage::Done;
                 // A viewer waiting past the head keeps its own cursor: the
                 // tailer's would make it read lines it already has.
-                if self.at > tailer.head()
-                    && let Some(reason) = tailer.completed()
-                {
+                let ended = (self.at > tailer.head()).then(|| tailer.completed()).flatten();
+                self.stage = Stage::Done;
+                if let Some(reason) = ended {
                     return Some(frames::complete(self.key.run(), Some(self.at), reason));
                 }
                 return frame;
             }
             Pull::Wait => {}
         }
-        let settings = self.edge.settings.clone();
+        let settings = &self.edge.settings;
+        let every = secs(settings.heartbeat_seconds);
         // A cursor past the head: lines the stream has not delivered here
         // yet (a new tailer starts at what the store holds). Wait for
         // them, up to `resume_wait_seconds`.
@@ -292,18 +316,37 @@ impl Session {
             let since = *ahead_since.get_or_insert_with(Instant::now);
             let until = since + secs(settings.resume_wait_seconds);
             if Instant::now() >= until {
+                let tailer = self.tailer.clone()?;
                 return self.unplaceable(&tailer);
             }
             Some(until)
         } else {
             None
         };
-        let heartbeat = self.last_sent + secs(settings.heartbeat_seconds);
+        // One timer per session, moved only when it fires: a session that
+        // sends a frame every few hundred milliseconds would otherwise
+        // register and drop a timer for each.
+        let heartbeat = self.last_sent + every;
+        let timer = self.heartbeat.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(heartbeat)));
+        let wake_at = ahead_until.map_or(heartbeat, |until| until.min(heartbeat));
+        if timer.deadline() > wake_at {
+            timer.as_mut().reset(wake_at);
+        }
+        let changes = self.changes.as_mut()?;
+        let cut = self.cut.get_or_insert_with(|| Box::pin(self.connection.clone().cancelled_owned()));
         tokio::select! {
-            _ = changed.changed() => None,
-            _ = tokio::time::sleep_until(heartbeat) => self.sent(Bytes::from_static(HEARTBEAT)),
-            _ = tokio::time::sleep_until(ahead_until.unwrap_or(heartbeat)), if ahead_until.is_some() => None,
-            _ = self.connection.cancelled() => None,
+            _ = changes.changed() => None,
+            // Cut (its socket stalled): the next call ends the stream.
+            () = cut.as_mut() => {
+                self.was_cut = true;
+                None
+            }
+            () = timer.as_mut() => {
+                let due = self.last_sent + every;
+                let now = Instant::now();
+                timer.as_mut().reset(if now >= due { now + every } else { due });
+                if now >= due { self.sent(Bytes::from_static(HEARTBEAT)) } else { None }
+            }
         }
     }
 
