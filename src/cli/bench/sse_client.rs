@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Mutex, Semaphore};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Semaphore;
 
 /// Clients connecting at once.
 const CONNECT_AT_ONCE: usize = 200;
@@ -96,11 +96,21 @@ struct Totals {
     failed: AtomicUsize,
     /// Clients that connected, then lost their stream.
     dropped: AtomicUsize,
-    /// Measured lines per client.
-    per_client: Vec<AtomicU64>,
+    /// Each client's own counts (summed at the end: clients never count
+    /// on a shared line).
+    per_client: Vec<Counts>,
+}
+
+/// What one client received.
+#[derive(Default)]
+struct Counts {
+    /// Lines sent since measuring began.
+    lines_measured: AtomicU64,
+    /// Live frames (SSE) or non-empty pages (polling), and their lines.
     frames: AtomicU64,
     lines: AtomicU64,
-    delays: Mutex<Vec<u64>>,
+    /// Sampled clients: each measured line's delay, in microseconds.
+    delays: parking_lot::Mutex<Vec<u64>>,
 }
 
 fn now_us() -> u64 {
@@ -139,7 +149,7 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
         base: args.url.clone(),
         fqn: args.fqn.clone(),
         run: args.run.clone(),
-        totals: Totals { per_client: (0..args.clients).map(|_| AtomicU64::new(0)).collect(), ..Totals::default() },
+        totals: Totals { per_client: (0..args.clients).map(|_| Counts::default()).collect(), ..Totals::default() },
         measuring: AtomicU64::new(u64::MAX),
         gate: Semaphore::new(CONNECT_AT_ONCE),
     });
@@ -177,65 +187,116 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
     for task in &tasks {
         task.abort();
     }
-    let mut delays = std::mem::take(&mut *totals.delays.lock().await);
+    let clients = &totals.per_client;
+    let mut delays: Vec<u64> = clients.iter().flat_map(|c| std::mem::take(&mut *c.delays.lock())).collect();
     delays.sort_unstable();
     let p99_us = delays.get((delays.len() * 99 / 100).min(delays.len().saturating_sub(1))).copied().unwrap_or(0);
     let report = ClientReport {
         clients: args.clients,
         failed: totals.failed.load(Ordering::Relaxed),
         seconds,
-        frames: totals.frames.load(Ordering::Relaxed),
-        lines: totals.lines.load(Ordering::Relaxed),
+        frames: clients.iter().map(|c| c.frames.load(Ordering::Relaxed)).sum(),
+        lines: clients.iter().map(|c| c.lines.load(Ordering::Relaxed)).sum(),
         samples: delays.len(),
         p99_us,
-        min_lines: totals.per_client.iter().map(|n| n.load(Ordering::Relaxed)).min().unwrap_or(0),
+        min_lines: clients.iter().map(|c| c.lines_measured.load(Ordering::Relaxed)).min().unwrap_or(0),
         dropped: totals.dropped.load(Ordering::Relaxed),
     };
     println!("REPORT {}", serde_json::to_string(&report)?);
     Ok(())
 }
 
+/// One SSE viewer on a raw socket: the request, the response head, then
+/// the chunked body decoded and split into frames in place. A browser has
+/// a machine of its own; these viewers share the server's two cores, so
+/// each is as light as a socket read (through reqwest, which runs a task
+/// per connection and a channel per body, the viewers took as much CPU as
+/// the server they measure, and its p99 measured them).
 async fn viewer(i: usize, shared: &Shared) -> anyhow::Result<()> {
-    let Shared { client, base, fqn, run, totals, measuring, gate } = shared;
+    let Shared { base, fqn, run, totals, measuring, gate, .. } = shared;
     let permit = gate.acquire().await?;
-    let response =
-        client.get(format!("{base}/api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run}")).send().await?;
-    anyhow::ensure!(response.status().is_success(), "stream answered {}", response.status());
+    let url = url::Url::parse(base)?;
+    let host = url.host_str().context("the base URL has no host")?;
+    let port = url.port_or_known_default().context("the base URL has no port")?;
+    let mut socket = tokio::net::TcpStream::connect((host, port)).await?;
+    let request = format!(
+        "GET /api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run} HTTP/1.1\r\nhost: {host}:{port}\r\naccept: text/event-stream\r\n\r\n"
+    );
+    socket.write_all(request.as_bytes()).await?;
+    // What the socket gave and is not decoded yet.
+    let mut raw: Vec<u8> = Vec::with_capacity(4096);
+    let chunked = loop {
+        anyhow::ensure!(socket.read_buf(&mut raw).await? > 0, "the stream closed before its head");
+        if let Some(end) = memchr::memmem::find(&raw, b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+            anyhow::ensure!(head.starts_with("http/1.1 200"), "stream answered {}", head.lines().next().unwrap_or(""));
+            raw.drain(..end + 4);
+            break head.contains("transfer-encoding: chunked");
+        }
+    };
     totals.connected.fetch_add(1, Ordering::Relaxed);
     drop(permit);
     let sampled = i.is_multiple_of(10);
     let mine = &totals.per_client[i];
-    let mut body = response.bytes_stream();
-    let mut buffer: Vec<u8> = Vec::new();
-    while let Some(chunk) = body.next().await {
+    // The decoded body not yet split into frames.
+    let mut body: Vec<u8> = Vec::with_capacity(4096);
+    loop {
         let arrived = now_us();
-        let Ok(chunk) = chunk else { break };
-        buffer.extend_from_slice(&chunk);
-        while let Some(end) = memchr::memmem::find(&buffer, b"\n\n") {
-            let frame: Vec<u8> = buffer.drain(..end + 2).collect();
-            if !frame.starts_with(b"data: ") || memchr::memmem::find(&frame, b"\"replay\":false").is_none() {
+        if chunked {
+            decode_chunks(&mut raw, &mut body)?;
+        } else {
+            body.append(&mut raw);
+        }
+        let mut start = 0;
+        while let Some(end) = memchr::memmem::find(&body[start..], b"\n\n") {
+            let frame = &body[start..start + end + 2];
+            start += end + 2;
+            if !frame.starts_with(b"data: ") || memchr::memmem::find(frame, b"\"replay\":false").is_none() {
                 continue;
             }
             let measured = measuring.load(Ordering::Relaxed);
-            mine.fetch_add(count_measured(&frame, measured), Ordering::Relaxed);
+            mine.lines_measured.fetch_add(count_measured(frame, measured), Ordering::Relaxed);
+            if measured == u64::MAX {
+                continue;
+            }
             if sampled {
                 let event: serde_json::Value = serde_json::from_slice(&frame[6..end])?;
-                let logs = event["logs"].as_str().unwrap_or_default();
-                let sent: Vec<u64> = stamps(logs).collect();
-                let measured = measuring.load(Ordering::Relaxed);
+                let sent: Vec<u64> = stamps(event["logs"].as_str().unwrap_or_default()).collect();
                 if sent.iter().all(|t| *t >= measured) {
-                    totals.frames.fetch_add(1, Ordering::Relaxed);
-                    totals.lines.fetch_add(sent.len() as u64, Ordering::Relaxed);
-                    totals.delays.lock().await.extend(sent.iter().map(|t| arrived.saturating_sub(*t)));
+                    mine.frames.fetch_add(1, Ordering::Relaxed);
+                    mine.lines.fetch_add(sent.len() as u64, Ordering::Relaxed);
+                    mine.delays.lock().extend(sent.iter().map(|t| arrived.saturating_sub(*t)));
                 }
-            } else if measuring.load(Ordering::Relaxed) != u64::MAX {
-                totals.frames.fetch_add(1, Ordering::Relaxed);
-                totals.lines.fetch_add(memchr::memmem::find_iter(&frame, b"t=").count() as u64, Ordering::Relaxed);
+            } else {
+                mine.frames.fetch_add(1, Ordering::Relaxed);
+                mine.lines.fetch_add(memchr::memmem::find_iter(frame, b"t=").count() as u64, Ordering::Relaxed);
             }
+        }
+        body.drain(..start);
+        if socket.read_buf(&mut raw).await? == 0 {
+            break;
         }
     }
     totals.dropped.fetch_add(1, Ordering::Relaxed);
     anyhow::bail!("the stream ended")
+}
+
+/// Moves the complete chunks at the front of `raw` (HTTP/1.1 chunked
+/// framing) into `body`.
+fn decode_chunks(raw: &mut Vec<u8>, body: &mut Vec<u8>) -> anyhow::Result<()> {
+    let mut at = 0;
+    while let Some(line) = memchr::memmem::find(&raw[at..], b"\r\n") {
+        let size = std::str::from_utf8(&raw[at..at + line])?;
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)?;
+        let data = at + line + 2;
+        if raw.len() < data + size + 2 {
+            break;
+        }
+        body.extend_from_slice(&raw[data..data + size]);
+        at = data + size + 2;
+    }
+    raw.drain(..at);
+    Ok(())
 }
 
 /// Lines in `frame` sent at or after `measured` (their `t=` stamps).
@@ -278,10 +339,11 @@ async fn poller(i: usize, shared: &Shared) -> anyhow::Result<()> {
         let measured = measuring.load(Ordering::Relaxed);
         let sent: Vec<u64> = stamps(&page.logs).filter(|t| *t >= measured).collect();
         if !sent.is_empty() {
-            totals.frames.fetch_add(1, Ordering::Relaxed);
-            totals.lines.fetch_add(sent.len() as u64, Ordering::Relaxed);
+            let mine = &totals.per_client[i];
+            mine.frames.fetch_add(1, Ordering::Relaxed);
+            mine.lines.fetch_add(sent.len() as u64, Ordering::Relaxed);
             if i.is_multiple_of(10) {
-                totals.delays.lock().await.extend(sent.iter().map(|t| arrived.saturating_sub(*t)));
+                mine.delays.lock().extend(sent.iter().map(|t| arrived.saturating_sub(*t)));
             }
         }
     }
