@@ -14,6 +14,7 @@
 //!   `cluster.call_timeout`.
 
 mod gateway;
+mod peers;
 mod proxy;
 mod sessions;
 mod tls;
@@ -24,11 +25,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use parking_lot::Mutex;
 use ractor::ActorRef;
 use ractor::rpc::CallResult;
 use ractor_cluster::{NodeServer, NodeServerMessage};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::redis_membership::Member;
@@ -37,7 +37,7 @@ use crate::pubsub::{ConsumerAddress, ConsumerResolver, Origin, StreamConsumer};
 use crate::retry::Backoff;
 use crate::stream::NodeId;
 use crate::tasks::Tasks;
-use crate::telemetry::{TRANSPORT_CALLS, TRANSPORT_SESSIONS};
+use crate::telemetry::TRANSPORT_SESSIONS;
 pub use gateway::GatewayMsg;
 use gateway::HandlerSlot;
 use sessions::{Link, Sessions};
@@ -184,7 +184,7 @@ struct Inner {
     handler: HandlerSlot,
     members: watch::Receiver<Vec<Member>>,
     sessions: Arc<Sessions>,
-    inflight: Mutex<HashMap<NodeId, Arc<Semaphore>>>,
+    peers: peers::Peers,
     tasks: Tasks,
 }
 
@@ -238,6 +238,7 @@ impl RactorTransport {
         ractor::pg::join(group(&settings.me), vec![gateway.get_cell()]);
         let transport = Self {
             inner: Arc::new(Inner {
+                peers: peers::Peers::new(settings.max_inflight),
                 settings,
                 tls,
                 server,
@@ -245,7 +246,6 @@ impl RactorTransport {
                 handler,
                 members,
                 sessions,
-                inflight: Mutex::new(HashMap::new()),
                 tasks,
             }),
         };
@@ -356,7 +356,7 @@ impl RactorTransport {
             let members = self.inner.members.borrow().clone();
             let now = tokio::time::Instant::now();
             attempts.retain(|name, _| members.iter().any(|m| &m.name == name));
-            self.inner.inflight.lock().retain(|name, _| members.iter().any(|m| &m.name == name));
+            self.inner.peers.retain(|name| members.iter().any(|m| &m.name == name));
             for member in members.iter().filter(|m| m.name != self.inner.settings.me && dialable(m)) {
                 if self.inner.sessions.link(&member.name) == Some(Link::Ready) {
                     attempts.remove(&member.name);
@@ -403,22 +403,13 @@ impl RactorTransport {
         }
     }
 
-    fn permits(&self, peer: &NodeId) -> Arc<Semaphore> {
-        self.inner
-            .inflight
-            .lock()
-            .entry(peer.clone())
-            .or_insert_with(|| Arc::new(Semaphore::new(self.inner.settings.max_inflight)))
-            .clone()
-    }
-
     /// The gateway of `peer`, if a session with it is up.
     fn gateway_of(&self, peer: &NodeId) -> Option<ActorRef<GatewayMsg>> {
         let cell = ractor::pg::get_members(&group(peer)).into_iter().find(|cell| !cell.get_id().is_local())?;
         Some(cell.into())
     }
 
-    async fn call_once(&self, peer: &NodeId, request: &Request) -> Result<Reply, TransportError> {
+    async fn call_once(&self, peer: &NodeId, line: &peers::Peer, request: &Request) -> Result<Reply, TransportError> {
         if !self.is_live(peer) {
             return Err(TransportError::NotMember(peer.clone()));
         }
@@ -428,15 +419,19 @@ impl RactorTransport {
             return Err(TransportError::TooLarge { peer: peer.clone(), bytes: bytes.len(), limit });
         }
         let after = self.inner.settings.call_timeout;
-        let permits = self.permits(peer);
-        let _permit = match tokio::time::timeout(after, permits.acquire_owned()).await {
-            Ok(Ok(permit)) => permit,
-            _ => {
-                return Err(TransportError::Refused {
-                    peer: peer.clone(),
-                    refusal: Refusal::Busy(self.inner.settings.max_inflight),
-                });
-            }
+        // A free slot is taken at once; only a full peer is waited for.
+        let acquired = match line.permits.try_acquire() {
+            Ok(permit) => Ok(permit),
+            Err(_) => tokio::time::timeout(after, line.permits.acquire())
+                .await
+                .map_err(|_| ())
+                .and_then(|p| p.map_err(|_| ())),
+        };
+        let Ok(_permit) = acquired else {
+            return Err(TransportError::Refused {
+                peer: peer.clone(),
+                refusal: Refusal::Busy(self.inner.settings.max_inflight),
+            });
         };
         let gateway = self.gateway_of(peer).ok_or_else(|| TransportError::NoSession(peer.clone()))?;
         let answer = gateway.call(|reply| GatewayMsg::new(bytes, reply), Some(after)).await;
@@ -470,7 +465,8 @@ fn dialable(member: &Member) -> bool {
 #[async_trait]
 impl ClusterTransport for RactorTransport {
     async fn call(&self, peer: &NodeId, request: &Request) -> Result<Reply, TransportError> {
-        let result = self.call_once(peer, request).await;
+        let line = self.inner.peers.get(peer);
+        let result = self.call_once(peer, &line, request).await;
         let outcome = match &result {
             Ok(_) => "ok",
             Err(TransportError::Refused { refusal: Refusal::Fenced { .. }, .. }) => "fenced",
@@ -479,7 +475,7 @@ impl ClusterTransport for RactorTransport {
             Err(TransportError::NotMember(_)) => "not_member",
             Err(_) => "link",
         };
-        metrics::counter!(TRANSPORT_CALLS, "peer" => peer.to_string(), "outcome" => outcome).increment(1);
+        line.count(outcome);
         result
     }
 

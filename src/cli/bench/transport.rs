@@ -216,10 +216,12 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
     // Warm both paths once.
     through_transport(&first, 10).await?;
     through_sockets(10).await?;
+    // TAILRACE_BENCH_ONLY=tailrace|baseline runs one side (for profiling).
+    let only = std::env::var("TAILRACE_BENCH_ONLY").unwrap_or_default();
     let mut measured = Vec::new();
     for round in 1..=rounds {
-        let transport = through_transport(&first, per_caller).await?;
-        let sockets = through_sockets(per_caller).await?;
+        let transport = if only == "baseline" { 0.0 } else { through_transport(&first, per_caller).await? };
+        let sockets = if only == "tailrace" { 0.0 } else { through_sockets(per_caller).await? };
         let events = (CONTAINERS * EVENTS_PER_CONTAINER) as f64;
         println!(
             "  round {round}/{rounds}: transport {:.0} deliveries/s ({:.0} events/s), plain TCP {:.0} deliveries/s",
@@ -230,7 +232,8 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
         measured.push((transport * events, sockets * events));
     }
     let delivered = count.load(Ordering::Relaxed);
-    let expected = (rounds as u64 * per_caller + 10) * CALLERS as u64 * (CONTAINERS * EVENTS_PER_CONTAINER) as u64;
+    let transport_rounds = if only == "baseline" { 0 } else { rounds as u64 };
+    let expected = (transport_rounds * per_caller + 10) * CALLERS as u64 * (CONTAINERS * EVENTS_PER_CONTAINER) as u64;
     // At least once: a delivery whose reply was lost with its session is
     // sent again.
     anyhow::ensure!(delivered >= expected, "the consumer counted {delivered} events, {expected} were sent");

@@ -1,9 +1,11 @@
 //! The gateway: the one remotable actor of a node. A call is a wire
-//! envelope and a reply port for bytes; each call is answered on its own
-//! task (at most `max_inflight` at once, more are refused as busy), so a
-//! slow consumer never holds up the others' calls.
+//! envelope and a reply port for bytes; a call that waits is answered on
+//! its own task (at most `max_inflight` calls at once, more are refused as
+//! busy), so a slow consumer never holds up the others' calls.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::task::{Context, Waker};
 
 use parking_lot::Mutex;
 use ractor::message::{BoxedDowncastErr, SerializedMessage};
@@ -106,7 +108,7 @@ impl Actor for Gateway {
             let _ = reply.send(refused(Refusal::Busy(state.max_inflight)));
             return Ok(());
         };
-        state.tasks.spawn("gateway call", async move {
+        let mut call = Box::pin(async move {
             let answer = match wire::decode::<Request>(&request) {
                 Ok(request) => handler.serve(request).await,
                 Err(refusal) => Reply::Refused { refusal },
@@ -115,6 +117,13 @@ impl Actor for Gateway {
             let _ = reply.send(bytes);
             drop(permit);
         });
+        // Most calls are answered without waiting (a delivery to a tailer
+        // publishes and returns): those are answered here, and only one
+        // that waits becomes a task of its own (its latest poll registered
+        // the task's waker, so nothing is missed).
+        if call.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending() {
+            state.tasks.spawn("gateway call", call);
+        }
         Ok(())
     }
 }
