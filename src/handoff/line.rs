@@ -12,22 +12,9 @@ mod fast;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::stream::{Event, EventId, StreamId};
-
-#[derive(Serialize)]
-struct Line<'a> {
-    id: Cow<'a, str>,
-    stream: StreamId,
-    ts: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    payload: Option<Cow<'a, str>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    payload_b64: Option<Cow<'a, str>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    batch: Option<u32>,
-}
 
 /// The stream of a line as read: borrowed, so the lines after a batch's
 /// first are compared, never allocated.
@@ -40,7 +27,7 @@ struct StreamView<'a> {
 }
 
 /// A line as read, borrowing from the line's bytes.
-#[derive(Debug, PartialEq, Deserialize)]
+#[derive(Debug, Deserialize)]
 pub struct LineView<'a> {
     #[serde(borrow)]
     id: Cow<'a, str>,
@@ -53,26 +40,73 @@ pub struct LineView<'a> {
     payload_b64: Option<Cow<'a, str>>,
     #[serde(default)]
     batch: Option<u32>,
+    /// The stream exactly as the line wrote it, when the fast path read it.
+    #[serde(skip)]
+    stream_json: Option<&'a str>,
 }
 
 /// Appends `event` of `stream` as one line (with its `\n`) to `out`;
 /// `batch` is the batch's line count, given on its first line only.
 pub fn encode_line(stream: &StreamId, event: &Event, batch: Option<u32>, out: &mut Vec<u8>) {
-    let (payload, payload_b64) = match std::str::from_utf8(&event.payload) {
-        Ok(text) => (Some(Cow::Borrowed(text)), None),
-        Err(_) => (None, Some(Cow::Owned(STANDARD.encode(&event.payload)))),
-    };
-    let line = Line {
-        id: Cow::Borrowed(event.id.as_str()),
-        stream: stream.clone(),
-        ts: event.timestamp_ms,
-        payload,
-        payload_b64,
-        batch: batch.filter(|n| *n > 1),
-    };
-    // Serialising plain strings and numbers into a Vec cannot fail.
-    if serde_json::to_writer(&mut *out, &line).is_ok() {
-        out.push(b'\n');
+    write_line(&stream_json(stream), event, batch.filter(|n| *n > 1), out);
+}
+
+/// Appends the lines of one batch of `stream` to `out`: what
+/// [`encode_line`] writes for each event (the first line carrying the
+/// batch's line count), with the stream serialised once, not per line.
+pub(crate) fn encode_batch(stream: &StreamId, events: &[Event], out: &mut Vec<u8>) {
+    let stream = stream_json(stream);
+    let count = u32::try_from(events.len()).unwrap_or(u32::MAX);
+    for (i, event) in events.iter().enumerate() {
+        write_line(&stream, event, (i == 0 && count > 1).then_some(count), out);
+    }
+}
+
+/// `stream` as JSON (`{"namespace":…,"key":…}`).
+fn stream_json(stream: &StreamId) -> Vec<u8> {
+    // Serialising two strings into a Vec cannot fail.
+    serde_json::to_vec(stream).unwrap_or_default()
+}
+
+/// One line, field by field in the order `Line` serialises them (a test
+/// holds the two to the same bytes).
+fn write_line(stream: &[u8], event: &Event, batch: Option<u32>, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"{\"id\":");
+    write_str(event.id.as_str(), out);
+    out.extend_from_slice(b",\"stream\":");
+    out.extend_from_slice(stream);
+    out.extend_from_slice(b",\"ts\":");
+    out.extend_from_slice(itoa::Buffer::new().format(event.timestamp_ms).as_bytes());
+    match std::str::from_utf8(&event.payload) {
+        Ok(text) => {
+            out.extend_from_slice(b",\"payload\":");
+            write_str(text, out);
+        }
+        Err(_) => {
+            out.extend_from_slice(b",\"payload_b64\":\"");
+            out.extend_from_slice(STANDARD.encode(&event.payload).as_bytes());
+            out.push(b'"');
+        }
+    }
+    if let Some(batch) = batch {
+        out.extend_from_slice(b",\"batch\":");
+        out.extend_from_slice(itoa::Buffer::new().format(batch).as_bytes());
+    }
+    out.extend_from_slice(b"}\n");
+}
+
+/// `text` as a JSON string, escaped as serde_json escapes it (`"`, `\` and
+/// control characters). Most text has nothing to escape: one pass that
+/// the compiler vectorises finds that out, and the text is copied as is.
+fn write_str(text: &str, out: &mut Vec<u8>) {
+    let plain = !text.bytes().fold(false, |escape, b| escape | (b < 0x20) | (b == b'"') | (b == b'\\'));
+    if plain {
+        out.push(b'"');
+        out.extend_from_slice(text.as_bytes());
+        out.push(b'"');
+    } else {
+        // Serialising a string into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, text);
     }
 }
 
@@ -85,6 +119,15 @@ pub struct DecodedLine {
     pub event: Event,
     /// Lines in the batch this line starts (1 for a single event).
     pub batch: u32,
+}
+
+/// Two views are equal when they read the same line content (however
+/// they were parsed).
+impl PartialEq for LineView<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.id, &self.stream, self.ts, &self.payload, &self.payload_b64, self.batch)
+            == (&other.id, &other.stream, other.ts, &other.payload, &other.payload_b64, other.batch)
+    }
 }
 
 impl<'a> LineView<'a> {
@@ -107,6 +150,17 @@ impl<'a> LineView<'a> {
     /// Parses one line with the general JSON parser.
     fn parse_json(line: &'a [u8]) -> Result<Self, String> {
         serde_json::from_slice(line).map_err(|e| e.to_string())
+    }
+
+    /// The next line of the batch this line starts, at the start of `text`
+    /// (the rest of the same file): its event and its length (without the
+    /// `\n`) when it has the writer's exact shape and this line's stream
+    /// bytes. `None`: read it with [`LineView::parse_prefix`] or
+    /// [`LineView::parse`]. `buffer` holds the file's bytes.
+    pub fn next_in_batch(&self, text: &'a str, buffer: &bytes::Bytes) -> Option<(Event, usize)> {
+        let (id, ts, payload, length) = fast::parse_in_batch(text, self.stream_json?)?;
+        let event = Event { id: EventId::new(id), timestamp_ms: ts, payload: buffer.slice_ref(payload.as_bytes()) };
+        Some((event, length))
     }
 
     /// Lines in the batch this line starts (1 for a single event).
@@ -150,6 +204,38 @@ pub fn decode_line(line: &[u8]) -> Result<DecodedLine, String> {
 mod tests {
     use super::*;
 
+    /// The line as serde serialises it: the reference `write_line` is held to.
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        id: Cow<'a, str>,
+        stream: StreamId,
+        ts: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        payload: Option<Cow<'a, str>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        payload_b64: Option<Cow<'a, str>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        batch: Option<u32>,
+    }
+
+    fn serde_line(stream: &StreamId, event: &Event, batch: Option<u32>) -> Vec<u8> {
+        let (payload, payload_b64) = match std::str::from_utf8(&event.payload) {
+            Ok(text) => (Some(Cow::Borrowed(text)), None),
+            Err(_) => (None, Some(Cow::Owned(STANDARD.encode(&event.payload)))),
+        };
+        let line = Line {
+            id: Cow::Borrowed(event.id.as_str()),
+            stream: stream.clone(),
+            ts: event.timestamp_ms,
+            payload,
+            payload_b64,
+            batch: batch.filter(|n| *n > 1),
+        };
+        let mut out = serde_json::to_vec(&line).unwrap();
+        out.push(b'\n');
+        out
+    }
+
     #[test]
     fn text_and_binary_payloads_round_trip() {
         let stream = StreamId::new("logs", "etl/run-1");
@@ -192,6 +278,58 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// A batch's later lines read by comparing stream bytes give the
+        /// events the general parser gives, and a line of another stream,
+        /// or one that starts a batch of its own, is never taken as one.
+        #[test]
+        fn a_batch_read_by_stream_bytes_is_the_batch_serde_json_reads(
+            ids in proptest::collection::vec("\\PC{0,8}", 2..5),
+            key in "[a-z\"\\\\\u{1}é]{0,6}",
+            other in "[a-z]{0,3}",
+            text in "[a-z\"\\\\\u{1}é \n]{0,20}",
+            ts in proptest::num::u64::ANY,
+            cut in proptest::option::of(0usize..400),
+        ) {
+            let stream = StreamId::new("logs", &key);
+            let events: Vec<Event> = ids
+                .iter()
+                .map(|id| Event { id: EventId::new(id), timestamp_ms: ts, payload: bytes::Bytes::from(text.clone()) })
+                .collect();
+            let mut file = Vec::new();
+            encode_batch(&stream, &events, &mut file);
+            // A different stream's line, and a batch of its own, after it.
+            encode_line(&StreamId::new("logs", format!("{key}{other}-2")), &events[0], None, &mut file);
+            encode_batch(&stream, &events[..2], &mut file);
+            if let Some(cut) = cut {
+                file.truncate(cut.min(file.len()));
+            }
+            let buffer = bytes::Bytes::from(file);
+            let Ok(text) = std::str::from_utf8(&buffer) else { return Ok(()) };
+            let lines: Vec<&str> = text.split('\n').collect();
+            let Some((first, length)) = LineView::parse_prefix(text) else { return Ok(()) };
+            let mut at = length + 1;
+            // The batch's own lines, then the other stream's line, then the
+            // line that starts a batch of its own.
+            for (i, line) in lines.iter().enumerate().skip(1).take(ids.len() + 1) {
+                let Some(rest) = text.get(at..) else { break };
+                match first.next_in_batch(rest, &buffer) {
+                    Some((event, length)) => {
+                        proptest::prop_assert!(i < ids.len(), "line {} is not of the batch", i);
+                        proptest::prop_assert_eq!(length, line.len());
+                        let general = decode_line(line.as_bytes()).expect("a line read fast is a line");
+                        proptest::prop_assert_eq!(general.stream, stream.clone());
+                        proptest::prop_assert_eq!(general.batch, 1);
+                        proptest::prop_assert_eq!(&event, &general.event);
+                    }
+                    None => proptest::prop_assert!(
+                        i >= ids.len() || decode_line(line.as_bytes()).is_err() || line.contains('\\') || cut.is_some(),
+                        "line {} of the batch was not read fast", i
+                    ),
+                }
+                at += line.len() + 1;
+            }
+        }
+
         /// The fast path and serde_json agree on every line the writer
         /// makes, and on any corruption of one: same view or both refuse.
         #[test]
@@ -208,8 +346,15 @@ mod tests {
         ) {
             let payload = if binary { bytes::Bytes::from(payload) } else { bytes::Bytes::from(text) };
             let event = Event { id: EventId::new(id), timestamp_ms: ts, payload };
+            let stream = StreamId::new(namespace, key);
             let mut line = Vec::new();
-            encode_line(&StreamId::new(namespace, key), &event, Some(batch), &mut line);
+            encode_line(&stream, &event, Some(batch), &mut line);
+            proptest::prop_assert_eq!(&line, &serde_line(&stream, &event, Some(batch)), "the same bytes as serde's");
+            let mut lines = Vec::new();
+            encode_batch(&stream, &[event.clone(), event.clone()], &mut lines);
+            let mut expected = serde_line(&stream, &event, Some(2));
+            expected.extend(serde_line(&stream, &event, None));
+            proptest::prop_assert_eq!(lines, expected, "a batch: its count on the first line only");
             line.pop();
             if let Some((at, byte)) = flip {
                 let at = at % line.len();

@@ -13,7 +13,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::HandoffError;
 use super::files::{file_path, list_prefix_files, lock_path, sync_dir, validate_prefix};
-use super::line::encode_line;
+use super::line::encode_batch;
 use super::lock::{Acquired, PrefixLock};
 use super::state::{RESERVE, read_next_file, write_next_file};
 use crate::stream::{Event, StreamId};
@@ -129,7 +129,6 @@ pub struct LoggingConsumer {
     lock: PrefixLock,
     active: Option<Active>,
     buffer: Vec<u8>,
-    scratch: Vec<u8>,
     next_n: u64,
     /// Numbers below this are recorded in the state file as possibly used.
     reserved: u64,
@@ -200,7 +199,6 @@ impl LoggingConsumer {
             lock,
             active: None,
             buffer: Vec::new(),
-            scratch: Vec::new(),
             failed: None,
             last_sync: Instant::now(),
             accepted: 0,
@@ -259,19 +257,23 @@ impl LoggingConsumer {
         if events.is_empty() {
             return Err(HandoffError::EmptyBatch(stream.clone()));
         }
-        let mut lines = std::mem::take(&mut self.scratch);
-        lines.clear();
-        let count = u32::try_from(events.len()).unwrap_or(u32::MAX);
-        for (i, event) in events.iter().enumerate() {
-            encode_line(stream, event, (i == 0).then_some(count), &mut lines);
-        }
-        let incoming = lines.len() as u64;
+        // The lines are made at the end of the buffer, where they stay if
+        // the batch is accepted (no second copy); a refusal cuts them off.
+        let start = self.buffer.len();
+        encode_batch(stream, events, &mut self.buffer);
+        let incoming = (self.buffer.len() - start) as u64;
         if self.used_bytes() + incoming > self.options.max_total_bytes {
             // Readers delete sealed files: count again before refusing.
-            self.sealed_bytes =
-                list_prefix_files(&self.dir, &self.prefix)?.iter().filter(|f| !f.open).map(|f| f.bytes).sum();
+            let files = match list_prefix_files(&self.dir, &self.prefix) {
+                Ok(files) => files,
+                Err(error) => {
+                    self.buffer.truncate(start);
+                    return Err(error);
+                }
+            };
+            self.sealed_bytes = files.iter().filter(|f| !f.open).map(|f| f.bytes).sum();
             if self.used_bytes() + incoming > self.options.max_total_bytes {
-                self.scratch = lines;
+                self.buffer.truncate(start);
                 return Err(HandoffError::BudgetExceeded {
                     prefix: self.prefix.clone(),
                     used: self.used_bytes(),
@@ -283,18 +285,27 @@ impl LoggingConsumer {
         let full =
             self.active.as_ref().is_some_and(|a| a.lines > 0 && a.bytes + incoming > self.options.max_file_bytes);
         if full {
-            self.seal_active()?;
+            // The lines before this batch go to the file being sealed; the
+            // batch opens the next one.
+            let batch = self.buffer.split_off(start);
+            let sealed = self.seal_active();
+            self.buffer.extend_from_slice(&batch);
+            if let Err(error) = sealed {
+                self.buffer.truncate(self.buffer.len() - batch.len());
+                return Err(error);
+            }
         }
-        self.ensure_active()?;
+        if let Err(error) = self.ensure_active() {
+            self.buffer.truncate(self.buffer.len() - incoming as usize);
+            return Err(error);
+        }
         let Some(active) = self.active.as_mut() else {
             return Err(HandoffError::Failed("no active file after creating one".into()));
         };
         let position = LinePosition { file: active.n, line: active.lines + 1 };
         active.bytes += incoming;
         active.lines += events.len() as u64;
-        self.buffer.extend_from_slice(&lines);
         self.accepted += events.len() as u64;
-        self.scratch = lines;
         if self.buffer.len() >= self.options.buffer_bytes {
             self.write_buffer()?;
         }
