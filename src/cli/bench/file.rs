@@ -54,9 +54,11 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
     let root = tempfile::tempdir().context("a scratch directory")?;
     let batches = events(write_events);
     let mut extra = Vec::new();
-    // TAILRACE_BENCH_ONLY=reader skips the writer runs (for profiling).
-    let policies = match std::env::var("TAILRACE_BENCH_ONLY").as_deref() {
-        Ok("reader") => vec![],
+    // TAILRACE_BENCH_ONLY=reader skips the writer runs, =writer the reader
+    // runs (for profiling).
+    let only = std::env::var("TAILRACE_BENCH_ONLY").unwrap_or_default();
+    let policies = match only.as_str() {
+        "reader" => vec![],
         _ => vec![FsyncPolicy::Never, FsyncPolicy::Group(Duration::from_millis(10)), FsyncPolicy::EveryFlush],
     };
     for policy in policies {
@@ -74,6 +76,9 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
         extra.push((policy.to_string(), ratio));
     }
 
+    if only == "writer" {
+        return Ok(());
+    }
     // The reader's input: sealed files written once by the handoff.
     let queues = root.path().join("r");
     let queue_dir = queues.join("q0");

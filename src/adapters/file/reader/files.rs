@@ -208,17 +208,26 @@ fn next_container(file: &mut Loaded, bad: &mut Vec<BadLine>) -> Option<BatchCont
     let text = text.as_ref().map(|t| t.0.as_str());
     loop {
         let (first, range, token) = next_line(file, &data, text)?;
-        let (stream, event, batch) = match first.and_then(|view| Ok((view.stream(), view.event(&data)?, view.batch())))
-        {
-            Ok(first) => first,
+        let (view, stream, event) = match first.and_then(|view| Ok((view.stream(), view.event(&data)?, view))) {
+            Ok((stream, event, view)) => (view, stream, event),
             Err(error) => {
                 bad.push(BadLine { token, bytes: data.slice(range), error });
                 continue;
             }
         };
+        let batch = view.batch();
         let mut events = Vec::with_capacity(batch as usize);
         events.push(event);
         for _ in 1..batch {
+            // The writer's own lines of the same stream: compared with the
+            // first line's stream bytes, not parsed again.
+            if let Some((event, length)) =
+                text.and_then(|t| t.get(file.offset..)).and_then(|rest| view.next_in_batch(rest, &data))
+            {
+                advance(file, length);
+                events.push(event);
+                continue;
+            }
             let saved = (file.offset, file.line);
             let Some((view, range, at)) = next_line(file, &data, text) else { break };
             let next =
