@@ -88,13 +88,11 @@ impl StreamId {
     /// Builds a stream id. The stable hash of its bytes is computed here, once.
     pub fn new(namespace: impl AsRef<str>, key: impl AsRef<str>) -> Self {
         let (namespace, key) = (namespace.as_ref(), key.as_ref());
-        Self {
-            inner: Arc::new(StreamIdInner {
-                hash: stable_hash(namespace, key),
-                namespace: namespace.into(),
-                key: key.into(),
-            }),
-        }
+        Self::hashed(stable_hash(namespace, key), namespace, key)
+    }
+
+    fn hashed(hash: u64, namespace: &str, key: &str) -> Self {
+        Self { inner: Arc::new(StreamIdInner { hash, namespace: namespace.into(), key: key.into() }) }
     }
 
     /// The namespace (`logs` for run logs). Implicit subscriptions bind to it.
@@ -111,6 +109,37 @@ impl StreamId {
     /// release (xxh3-64 of `namespace 0xFF key`); golden-vector tested.
     pub fn stable_hash(&self) -> u64 {
         self.inner.hash
+    }
+}
+
+/// The stream ids a reader met lately: reading a stream again gives the
+/// same id (one `Arc`), without allocating it again, and equal ids then
+/// compare by pointer downstream. Bounded: past `STREAM_ID_CACHE` ids it
+/// starts over.
+#[derive(Default)]
+pub(crate) struct StreamIdCache {
+    ids: rustc_hash::FxHashMap<u64, StreamId>,
+}
+
+/// Most ids a [`StreamIdCache`] keeps.
+const STREAM_ID_CACHE: usize = 4096;
+
+impl StreamIdCache {
+    /// The id of `namespace` and `key`.
+    pub(crate) fn get(&mut self, namespace: &str, key: &str) -> StreamId {
+        let hash = stable_hash(namespace, key);
+        if let Some(id) = self.ids.get(&hash)
+            && id.namespace() == namespace
+            && id.key() == key
+        {
+            return id.clone();
+        }
+        let id = StreamId::hashed(hash, namespace, key);
+        if self.ids.len() >= STREAM_ID_CACHE {
+            self.ids.clear();
+        }
+        self.ids.insert(hash, id.clone());
+        id
     }
 }
 

@@ -178,6 +178,11 @@ impl<'a> LineView<'a> {
         StreamId::new(self.stream.namespace.as_ref(), self.stream.key.as_ref())
     }
 
+    /// Its stream, from the ids a reader met lately.
+    pub(crate) fn stream_from(&self, streams: &mut crate::stream::StreamIdCache) -> StreamId {
+        streams.get(&self.stream.namespace, &self.stream.key)
+    }
+
     /// Its event. `buffer` holds the bytes the view was parsed from (the
     /// line or the whole file): a text payload without escapes is shared
     /// with it, not copied.

@@ -9,7 +9,7 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
+use crate::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId, StreamIdCache};
 
 #[derive(Serialize)]
 struct EntryOut<'a> {
@@ -30,9 +30,18 @@ struct EventOut<'a> {
 /// Read back borrowing from the entry's bytes.
 #[derive(Deserialize)]
 struct EntryIn<'a> {
-    s: StreamId,
+    #[serde(borrow)]
+    s: StreamIn<'a>,
     #[serde(borrow)]
     e: Vec<EventIn<'a>>,
+}
+
+#[derive(Deserialize)]
+struct StreamIn<'a> {
+    #[serde(borrow)]
+    namespace: Cow<'a, str>,
+    #[serde(borrow)]
+    key: Cow<'a, str>,
 }
 
 #[derive(Deserialize)]
@@ -65,8 +74,12 @@ pub(crate) fn encode_entry(stream: &StreamId, events: &[Event]) -> Vec<u8> {
 }
 
 /// Decodes the entry `id` whose field `b` is `body`. Payloads without
-/// escapes share `body`'s buffer.
-pub(crate) fn decode_entry(id: &str, body: Option<redis::Value>) -> Result<BatchContainer, String> {
+/// escapes share `body`'s buffer; the stream's id comes from `streams`.
+pub(crate) fn decode_entry(
+    id: &str,
+    body: Option<redis::Value>,
+    streams: &mut StreamIdCache,
+) -> Result<BatchContainer, String> {
     let token: SequenceToken = id.parse().map_err(|e: crate::stream::ParseTokenError| e.to_string())?;
     let body = match body {
         Some(redis::Value::BulkString(bytes)) => Bytes::from(bytes),
@@ -87,7 +100,7 @@ pub(crate) fn decode_entry(id: &str, body: Option<redis::Value>) -> Result<Batch
     if events.is_empty() {
         return Err(format!("entry {id} has no event"));
     }
-    Ok(BatchContainer { stream: entry.s, token, events })
+    Ok(BatchContainer { stream: streams.get(&entry.s.namespace, &entry.s.key), token, events })
 }
 
 #[cfg(test)]
@@ -103,15 +116,19 @@ mod tests {
             Event { id: EventId::new("c"), timestamp_ms: 3, payload: Bytes::from_static(&[0xff, 0x00]) },
         ];
         let body = encode_entry(&stream, &events);
-        let back = decode_entry("5-1", Some(redis::Value::BulkString(body))).unwrap();
+        let back = decode_entry("5-1", Some(redis::Value::BulkString(body)), &mut StreamIdCache::default()).unwrap();
         assert_eq!((back.stream, back.token, back.events), (stream, SequenceToken::new(5, 1), events));
     }
 
     #[test]
     fn bad_entries_are_errors() {
-        assert!(decode_entry("5-1", None).unwrap_err().contains("no field `b`"));
+        assert!(decode_entry("5-1", None, &mut StreamIdCache::default()).unwrap_err().contains("no field `b`"));
         let empty = br#"{"s":{"namespace":"a","key":"b"},"e":[]}"#.to_vec();
-        assert!(decode_entry("5-1", Some(redis::Value::BulkString(empty))).unwrap_err().contains("no event"));
-        assert!(decode_entry("x", None).is_err());
+        assert!(
+            decode_entry("5-1", Some(redis::Value::BulkString(empty)), &mut StreamIdCache::default())
+                .unwrap_err()
+                .contains("no event")
+        );
+        assert!(decode_entry("x", None, &mut StreamIdCache::default()).is_err());
     }
 }

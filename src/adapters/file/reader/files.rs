@@ -12,7 +12,7 @@ use bytes::Bytes;
 use super::super::NAME;
 use crate::handoff::{LineView, PrefixFile, list_prefix_files};
 use crate::queue::QueueError;
-use crate::stream::{BatchContainer, QueueId, SequenceToken};
+use crate::stream::{BatchContainer, QueueId, SequenceToken, StreamIdCache};
 
 /// A line that could not be read as an event.
 pub(super) struct BadLine {
@@ -54,12 +54,14 @@ pub(super) struct Files {
     current: Option<Loaded>,
     /// Files read to the end: the token of their last container.
     pub(super) finished: BTreeMap<u64, Option<SequenceToken>>,
+    /// The streams met lately (containers of a stream share its id).
+    streams: StreamIdCache,
 }
 
 impl Files {
     /// Nothing read yet of the files of `prefix` in `dir`.
     pub(super) fn new(dir: PathBuf, prefix: String) -> Self {
-        Self { dir, prefix, next_file: 0, current: None, finished: BTreeMap::new() }
+        Self { dir, prefix, next_file: 0, current: None, finished: BTreeMap::new(), streams: StreamIdCache::default() }
     }
 
     fn io(context: String) -> impl FnOnce(std::io::Error) -> QueueError {
@@ -115,7 +117,7 @@ impl Files {
         let mut loaded = self.load(n, &path)?;
         let mut bad = Vec::new();
         while loaded.line <= after.minor {
-            if next_container(&mut loaded, &mut bad).is_none() {
+            if next_container(&mut loaded, &mut bad, &mut self.streams).is_none() {
                 break;
             }
         }
@@ -137,7 +139,7 @@ impl Files {
                 self.next_file = n + 1;
             }
             let Some(current) = self.current.as_mut() else { break };
-            if let Some(container) = next_container(current, bad) {
+            if let Some(container) = next_container(current, bad, &mut self.streams) {
                 current.last = Some(container.token);
                 out.push(Arc::new(container));
             }
@@ -163,10 +165,11 @@ impl Files {
         }
         let mut out = Vec::new();
         let mut ignored = Vec::new();
+        let mut streams = StreamIdCache::default();
         for file in files {
             let mut loaded = self.load(file.n, &file.path)?;
             while out.len() < max {
-                let Some(container) = next_container(&mut loaded, &mut ignored) else { break };
+                let Some(container) = next_container(&mut loaded, &mut ignored, &mut streams) else { break };
                 if container.token >= from {
                     out.push(Arc::new(container));
                 }
@@ -202,19 +205,20 @@ fn first_sealed(
 
 /// Parses the next container (one batch) of `file`; bad lines are set
 /// aside. `None` at the end of the file.
-fn next_container(file: &mut Loaded, bad: &mut Vec<BadLine>) -> Option<BatchContainer> {
+fn next_container(file: &mut Loaded, bad: &mut Vec<BadLine>, streams: &mut StreamIdCache) -> Option<BatchContainer> {
     // Lines are parsed in place; an event's payload shares the file's buffer.
     let (data, text) = (file.data.clone(), file.text.clone());
     let text = text.as_ref().map(|t| t.0.as_str());
     loop {
         let (first, range, token) = next_line(file, &data, text)?;
-        let (view, stream, event) = match first.and_then(|view| Ok((view.stream(), view.event(&data)?, view))) {
-            Ok((stream, event, view)) => (view, stream, event),
-            Err(error) => {
-                bad.push(BadLine { token, bytes: data.slice(range), error });
-                continue;
-            }
-        };
+        let (view, stream, event) =
+            match first.and_then(|view| Ok((view.stream_from(streams), view.event(&data)?, view))) {
+                Ok((stream, event, view)) => (view, stream, event),
+                Err(error) => {
+                    bad.push(BadLine { token, bytes: data.slice(range), error });
+                    continue;
+                }
+            };
         let batch = view.batch();
         let mut events = Vec::with_capacity(batch as usize);
         events.push(event);
