@@ -3,6 +3,12 @@
 //! with its agent's lease token (or an open fence without a lease), so a
 //! paused old owner does none of these once a newer lease was granted. No
 //! call blocks; after an empty read its agent waits on `wake.rs`.
+//!
+//! An ack goes out with the next read, both in flight at once on the
+//! shared connection (one round trip for the pair, where the agent's pump
+//! made two), or at the latest when the receiver shuts down. An ack that
+//! never reaches Redis only means a redelivery, which at least once allows;
+//! a fenced ack fails that read.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +24,7 @@ use super::wake::Wakes;
 use super::{NAME, RedisCheckpointer, RedisOptions, TrimPolicy, backend};
 use crate::queue::{CheckpointError, Checkpointer, QueueError, QueueReceiver, Wake};
 use crate::retry::Backoff;
-use crate::stream::{BatchContainer, QueueId, SequenceToken};
+use crate::stream::{BatchContainer, QueueId, SequenceToken, StreamIdCache};
 
 /// Where the next read starts.
 enum Phase {
@@ -44,7 +50,12 @@ pub(crate) struct RedisReceiver {
     untrimmed: bool,
     shut_down: bool,
     raise_last_id: redis::Script,
-    fence: Fence,
+    fence: Arc<Fence>,
+    /// The streams met lately (decoded entries share their ids).
+    streams: StreamIdCache,
+    /// Acks not sent yet (they go with the next read; at most what the
+    /// agent's cache held).
+    unacked: Vec<SequenceToken>,
     wakes: Arc<Wakes>,
     /// The stream's last id at the last read, if it found nothing new.
     idle_at: Option<String>,
@@ -78,7 +89,9 @@ impl RedisReceiver {
             untrimmed: false,
             shut_down: false,
             raise_last_id: redis::Script::new(RAISE_LAST_ID),
-            fence,
+            fence: Arc::new(fence),
+            unacked: Vec::new(),
+            streams: StreamIdCache::default(),
             wakes,
             idle_at: None,
         }
@@ -88,10 +101,10 @@ impl RedisReceiver {
         if self.shut_down { Err(QueueError::ShutDown(self.queue)) } else { Ok(()) }
     }
 
-    fn containers(&self, entries: Vec<redis::streams::StreamId>) -> Vec<Arc<BatchContainer>> {
+    fn containers(&mut self, entries: Vec<redis::streams::StreamId>) -> Vec<Arc<BatchContainer>> {
         let mut out = Vec::with_capacity(entries.len());
         for mut entry in entries {
-            match decode_entry(&entry.id, entry.map.remove("b")) {
+            match decode_entry(&entry.id, entry.map.remove("b"), &mut self.streams) {
                 Ok(container) => out.push(Arc::new(container)),
                 // A foreign or damaged entry: skip it (it stays visible in Redis).
                 Err(error) => {
@@ -104,8 +117,34 @@ impl RedisReceiver {
 
     /// Trims the stream up to the stored checkpoint, now and then. Fails
     /// only when the fence refused it.
+    fn trim_due(&self) -> bool {
+        self.options.trim != TrimPolicy::Never && self.last_trim.elapsed() >= self.options.trim_every
+    }
+
+    /// Sends the acks not sent yet; a future that holds nothing of the
+    /// receiver, so that a read can go at the same time.
+    fn send_acks(&mut self) -> impl std::future::Future<Output = Result<(), QueueError>> + 'static {
+        let tokens = std::mem::take(&mut self.unacked);
+        let (mut conn, fence, key, group) =
+            (self.conn.clone(), self.fence.clone(), self.key.clone(), self.options.group.clone());
+        let queue = self.queue;
+        async move {
+            if tokens.is_empty() {
+                return Ok(());
+            }
+            let ids = tokens.iter().map(|t| t.to_string());
+            match fence.ack(&mut conn, &key, &group, ids).await {
+                Err(error) if fence::is_refusal(&error) => {
+                    Err(fence::queue_refusal("ack", queue, fence.token.unwrap_or(0), &error))
+                }
+                Err(error) => Err(backend(&error, "acking")),
+                Ok(_) => Ok(()),
+            }
+        }
+    }
+
     async fn trim(&mut self) -> Result<(), QueueError> {
-        if self.options.trim == TrimPolicy::Never || self.last_trim.elapsed() < self.options.trim_every {
+        if !self.trim_due() {
             return Ok(());
         }
         self.last_trim = Instant::now();
@@ -150,7 +189,17 @@ impl QueueReceiver for RedisReceiver {
     async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
         self.check()?;
         self.idle_at = None;
-        let read = self.read_batch(max).await?;
+        let acks = self.send_acks();
+        let (acked, read) = tokio::join!(acks, self.read_batch(max));
+        match acked {
+            // A newer lease was granted: nothing more is read either.
+            Err(fenced @ QueueError::Fenced(_)) => return Err(fenced),
+            // As a failed ack always was: the entries stay pending, and
+            // come back to the queue's next owner.
+            Err(error) => tracing::warn!(queue = %self.queue, %error, "ack failed; the queue may redeliver them"),
+            Ok(()) => {}
+        }
+        let read = read?;
         self.untrimmed |= !read.is_empty();
         // Nothing new: time to trim (a refusal fails the read).
         if read.is_empty() {
@@ -160,17 +209,12 @@ impl QueueReceiver for RedisReceiver {
     }
 
     async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
-        if tokens.is_empty() {
-            return Ok(());
+        self.unacked.extend_from_slice(tokens);
+        if self.trim_due() {
+            self.send_acks().await?;
+            return self.trim().await;
         }
-        let ids = tokens.iter().map(|t| t.to_string());
-        let acked = self.fence.ack(&mut self.conn, &self.key, &self.options.group, ids).await;
-        match acked {
-            Err(error) if fence::is_refusal(&error) => return Err(self.refusal("ack", &error)),
-            Err(error) => return Err(backend(&error, "acking")),
-            Ok(_) => {}
-        }
-        self.trim().await
+        Ok(())
     }
 
     /// Dead-lettered entries are acked: their copy is in the sink, and the
@@ -210,8 +254,9 @@ impl QueueReceiver for RedisReceiver {
     }
 
     async fn shutdown(&mut self, _timeout: Duration) -> Result<(), QueueError> {
+        let acked = self.send_acks().await;
         self.shut_down = true;
-        Ok(())
+        acked
     }
 }
 

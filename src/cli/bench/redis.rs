@@ -27,7 +27,7 @@ fn shape(quick: bool) -> Shape {
         streams: 64,
         queues: 4,
         batch: 64,
-        events_per_stream: if quick { 2_048 } else { 8_192 },
+        events_per_stream: if quick { 2_048 } else { 16_384 },
         producers: 4,
         queue_capacity_events: 0,
     }
@@ -52,7 +52,7 @@ pub async fn run(quick: bool, url: &str) -> anyhow::Result<()> {
         endpoint.shown()
     );
     let total = shape.streams as u64 * shape.events_per_stream;
-    let runs = if quick { 1 } else { 3 };
+    let runs = if quick { 1 } else { 5 };
     // TAILRACE_BENCH_ONLY=tailrace|baseline runs one side (for profiling).
     let only = std::env::var("TAILRACE_BENCH_ONLY").unwrap_or_default();
     let mut rounds = Vec::new();
@@ -61,8 +61,16 @@ pub async fn run(quick: bool, url: &str) -> anyhow::Result<()> {
         let options =
             RedisOptions { url: url.to_string(), key_prefix: format!("{prefix}:t"), ..RedisOptions::default() };
         let factory = Arc::new(RedisAdapterFactory::connect(shape.queues, options, "bench").await?);
-        let t = if only == "baseline" { 0.0 } else { run_node(shape, factory).await? };
-        let b = if only == "tailrace" { 0.0 } else { baseline_run(shape, &client, &format!("{prefix}:b")).await? };
+        // Each side goes first in every other round: the second one runs
+        // against a server that already holds the first one's entries.
+        let (mut t, mut b) = (0.0, 0.0);
+        for side in if round % 2 == 1 { ["tailrace", "baseline"] } else { ["baseline", "tailrace"] } {
+            match side {
+                "tailrace" if only != "baseline" => t = run_node(shape, factory.clone()).await?,
+                "baseline" if only != "tailrace" => b = baseline_run(shape, &client, &format!("{prefix}:b")).await?,
+                _ => {}
+            }
+        }
         clean(&mut conn, &prefix).await?;
         println!(
             "  round {round}: tailrace {t:>10.0} events/s   baseline {b:>10.0} events/s   ratio {:.3}",
