@@ -6,8 +6,9 @@
 //!   `max_messages` is set: a full queue refuses a publish, which `enqueue`
 //!   answers with `QueueError::Full` (back-pressure, nothing dropped).
 //! - **Containers**: one enqueued batch is one message (JSON: the stream id
-//!   and the events, payloads in base64). Its token is the message's stream
-//!   sequence, `(seq, 0)`.
+//!   and the events; a UTF-8 payload as text `p`, any other in base64 as
+//!   `b64`). Its token is the message's stream sequence, `(seq, 0)`. A
+//!   text payload is read back as a slice of the message, not a copy.
 //! - **Receivers**: a durable pull consumer per receiver, with explicit
 //!   acks. `initialize` deletes the queue's previous consumers and creates
 //!   its own just after the stored checkpoint: what the last owner read but
@@ -24,6 +25,7 @@
 //! - **Checkpoints** live in the stream `{prefix}_checkpoints`, which keeps
 //!   the last message of each queue's subject.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -161,43 +163,76 @@ fn subject(prefix: &str, queue: QueueId) -> String {
 }
 
 /// One batch as it travels in a message.
-#[derive(Serialize, Deserialize)]
-struct Wire {
-    namespace: String,
-    key: String,
-    events: Vec<WireEvent>,
+#[derive(Serialize)]
+struct WireOut<'a> {
+    namespace: &'a str,
+    key: &'a str,
+    events: Vec<EventOut<'a>>,
 }
 
-#[derive(Serialize, Deserialize)]
-struct WireEvent {
-    id: String,
+#[derive(Serialize)]
+struct EventOut<'a> {
+    id: &'a str,
     ts: u64,
-    b64: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    p: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    b64: Option<String>,
+}
+
+/// The same, read back borrowing from the message.
+#[derive(Deserialize)]
+struct WireIn<'a> {
+    #[serde(borrow)]
+    namespace: Cow<'a, str>,
+    #[serde(borrow)]
+    key: Cow<'a, str>,
+    #[serde(borrow)]
+    events: Vec<EventIn<'a>>,
+}
+
+#[derive(Deserialize)]
+struct EventIn<'a> {
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+    ts: u64,
+    #[serde(borrow, default)]
+    p: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    b64: Option<Cow<'a, str>>,
 }
 
 fn encode(stream: &StreamId, events: &[Event]) -> Result<Bytes, QueueError> {
-    let wire = Wire {
-        namespace: stream.namespace().into(),
-        key: stream.key().into(),
-        events: events
-            .iter()
-            .map(|e| WireEvent { id: e.id.to_string(), ts: e.timestamp_ms, b64: STANDARD.encode(&e.payload) })
-            .collect(),
-    };
-    serde_json::to_vec(&wire)
+    let events = events
+        .iter()
+        .map(|e| match std::str::from_utf8(&e.payload) {
+            Ok(text) => EventOut { id: e.id.as_str(), ts: e.timestamp_ms, p: Some(text), b64: None },
+            Err(_) => {
+                EventOut { id: e.id.as_str(), ts: e.timestamp_ms, p: None, b64: Some(STANDARD.encode(&e.payload)) }
+            }
+        })
+        .collect();
+    serde_json::to_vec(&WireOut { namespace: stream.namespace(), key: stream.key(), events })
         .map(Bytes::from)
         .map_err(|e| QueueError::Config(format!("encoding a batch of {stream}: {e}")))
 }
 
-pub(crate) fn decode(sequence: u64, data: &[u8]) -> Result<BatchContainer, String> {
-    let wire: Wire =
+/// The container in message `sequence`, whose body is `data`.
+pub(crate) fn decode(sequence: u64, data: &Bytes) -> Result<BatchContainer, String> {
+    let wire: WireIn =
         serde_json::from_slice(data).map_err(|e| format!("message {sequence} is not a tailrace batch: {e}"))?;
     let mut events = Vec::with_capacity(wire.events.len());
     for event in wire.events {
-        let payload = STANDARD
-            .decode(event.b64.as_bytes())
-            .map_err(|e| format!("message {sequence}, event {}: {e}", event.id))?;
-        events.push(Event { id: EventId::new(event.id), timestamp_ms: event.ts, payload: payload.into() });
+        let payload = match (event.p, event.b64) {
+            (Some(Cow::Borrowed(text)), None) => data.slice_ref(text.as_bytes()),
+            (Some(Cow::Owned(text)), None) => Bytes::from(text),
+            (None, Some(b64)) => STANDARD
+                .decode(b64.as_bytes())
+                .map_err(|e| format!("message {sequence}, event {}: {e}", event.id))?
+                .into(),
+            _ => return Err(format!("message {sequence}, event {}: needs exactly one of `p` and `b64`", event.id)),
+        };
+        events.push(Event { id: EventId::new(event.id.as_ref()), timestamp_ms: event.ts, payload });
     }
     Ok(BatchContainer {
         stream: StreamId::new(wire.namespace, wire.key),

@@ -155,10 +155,12 @@ async fn run() -> Result<String, Failed> {
         producers.push(tokio::spawn(async move {
             for b in 0..batches_per_stream {
                 for stream in &mine {
+                    let now = tailrace::stream::now_ms();
                     let batch: Vec<Event> = (0..BATCH)
                         .map(|k| {
                             let n = (b * BATCH + k) as u64;
-                            Event::new(tailrace::stream::EventId::from_u64(n), format!("order {n} of {stream}"))
+                            let payload = format!("order {n} of {stream}").into();
+                            Event { id: tailrace::stream::EventId::from_u64(n), timestamp_ms: now, payload }
                         })
                         .collect();
                     node.produce(stream, batch).await?;

@@ -30,7 +30,7 @@ pub async fn run(url: &str, batches: usize, events_per_batch: usize) -> Result<D
         })
         .await?;
     let body: String = (0..events_per_batch)
-        .map(|n| format!("{{\"id\":\"{n}\",\"ts\":1,\"b64\":\"b3JkZXIgbiBvZiBvcmRlcnMvcmVnaW9uLTA=\"}}"))
+        .map(|n| format!("{{\"id\":\"{n}\",\"ts\":1764460800000,\"p\":\"order {n} of orders/region-0\"}}"))
         .collect::<Vec<_>>()
         .join(",");
     let body = bytes::Bytes::from(format!("{{\"namespace\":\"orders\",\"key\":\"region-0\",\"events\":[{body}]}}"));
