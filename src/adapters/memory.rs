@@ -233,11 +233,17 @@ impl MemoryQueue {
     }
 
     fn push(&self, stream: &StreamId, events: Vec<Event>) -> SequenceToken {
+        let count = events.len();
+        // Made before the lock is taken (producers contend for it); only
+        // its token is set under the lock, where the order is decided.
+        let mut batch = Arc::new(BatchContainer { stream: stream.clone(), token: SequenceToken::default(), events });
         let mut state = self.lock();
         let token = SequenceToken::new(state.next_seq, 0);
         state.next_seq += 1;
-        state.held_events += events.len();
-        let batch = Arc::new(BatchContainer { stream: stream.clone(), token, events });
+        state.held_events += count;
+        if let Some(unshared) = Arc::get_mut(&mut batch) {
+            unshared.token = token;
+        }
         let was_read_up = state.read_index >= state.pending.len();
         state.pending.push_back(Entry { token, batch, acked: false, read: false });
         drop(state);
@@ -278,6 +284,9 @@ impl MemoryQueue {
     /// rewind history. Acks from a fenced receiver still count: those
     /// containers were delivered.
     fn acknowledge(&self, tokens: &[SequenceToken]) {
+        // What leaves the queue is dropped after the lock is released:
+        // dropping its events under the lock held producers up.
+        let mut gone = Vec::new();
         let mut state = self.lock();
         for token in tokens {
             let Some(index) = state.index_of(*token) else { continue };
@@ -293,11 +302,14 @@ impl MemoryQueue {
             state.read_index = state.read_index.saturating_sub(1);
             state.history.push_back(entry.batch);
             if state.history.len() > self.history
-                && let Some(gone) = state.history.pop_front()
+                && let Some(forgotten) = state.history.pop_front()
             {
-                state.forgotten_through = Some(gone.token);
+                state.forgotten_through = Some(forgotten.token);
+                gone.push(forgotten);
             }
         }
+        drop(state);
+        drop(gone);
     }
 }
 

@@ -362,10 +362,17 @@ impl Streams {
 /// The streams of `batch` in first-appearance order, with their event counts.
 pub(crate) fn appearance(batch: &[Arc<BatchContainer>]) -> Vec<(StreamId, usize)> {
     let mut order: Vec<(StreamId, usize)> = Vec::new();
+    // Where each stream is in `order` (a read holds up to a bucket of
+    // containers of as many streams: a search of `order` for each was
+    // quadratic).
+    let mut at: HashMap<&StreamId, usize> = HashMap::default();
     for container in batch {
-        match order.iter_mut().find(|(s, _)| *s == container.stream) {
-            Some((_, count)) => *count += container.events.len(),
-            None => order.push((container.stream.clone(), container.events.len())),
+        match at.get(&container.stream) {
+            Some(&i) => order[i].1 += container.events.len(),
+            None => {
+                at.insert(&container.stream, order.len());
+                order.push((container.stream.clone(), container.events.len()));
+            }
         }
     }
     order
