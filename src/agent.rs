@@ -6,15 +6,17 @@
 //! says the queue was written.
 //!
 //! This file is the loop: [`PullingAgent::handle`] matches every message and
-//! says what happens. Anything that waits (queue I/O, pub-sub lookups,
-//! handshakes, deliveries, dead letters) runs in a task that reports back
-//! with a message, so a slow consumer never blocks the pump or the other
-//! subscriptions:
+//! says what happens. Queue I/O (a pump) and deliveries run in the agent up
+//! to their first wait: what finishes without waiting (a read of a queue in
+//! memory, a local consumer's delivery) is settled before the next message.
+//! Anything that waits (and every pub-sub lookup, handshake and dead
+//! letter) goes on in a task that reports back with a message, so a slow
+//! consumer never blocks the pump or the other subscriptions:
 //!
 //! ```text
-//! Pump ─▶ [task: ack purged, checkpoint, rewinds, read ≤ one bucket] ─▶ PumpDone
+//! Pump ─▶ [ack purged, checkpoint, rewinds, read ≤ one bucket; a task if it waits] ─▶ PumpDone
 //! PumpDone ─▶ cache.add ─▶ new stream? LookUp ─▶ Registered ─▶ Handshake ─▶ HandshakeDone
-//!          └▶ ready cursors ─▶ dispatch ─▶ [lane: deliver with retries] ─▶ Delivered ─▶ dispatch …
+//!          └▶ ready cursors ─▶ dispatch ─▶ [deliver with retries; the lane if it waits] ─▶ Delivered ─▶ dispatch …
 //! ```
 //!
 //! The state is split into parts under `agent/` (`pump`, `streams`,

@@ -38,6 +38,8 @@
 mod consumer;
 mod lifecycle;
 mod runs;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 

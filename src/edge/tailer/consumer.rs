@@ -16,7 +16,7 @@ use crate::telemetry;
 impl Tailer {
     /// New containers from the subscription: each becomes a chunk of the
     /// window at the next offsets; viewers pull it.
-    fn publish(self: &Arc<Self>, batches: &[Arc<BatchContainer>]) -> Result<(), ConsumerError> {
+    pub(super) fn publish(self: &Arc<Self>, batches: &[Arc<BatchContainer>]) -> Result<(), ConsumerError> {
         let mut state = self.state.lock();
         if state.phase == Phase::Ended {
             return Err(ConsumerError::Unavailable(format!("the tailer of {} ended", self.key)));
