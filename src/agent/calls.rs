@@ -5,11 +5,12 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use super::settings::AgentOptions;
 use crate::pubsub::ConsumerError;
@@ -31,6 +32,31 @@ pub(crate) enum Attempted<T> {
     Failed { error: String, attempts: u32 },
     /// The subscription was removed or re-handshaken meanwhile.
     Revoked,
+}
+
+/// Revokes a subscription's handshake or deliveries in flight. Every
+/// delivery asks whether it was revoked before it starts; the flag answers
+/// without the lock a token's `is_cancelled` takes, and the token is what a
+/// call that waits watches.
+#[derive(Default)]
+pub(crate) struct Revoke {
+    revoked: AtomicBool,
+    token: CancellationToken,
+}
+
+impl Revoke {
+    pub(crate) fn cancel(&self) {
+        self.revoked.store(true, Ordering::Release);
+        self.token.cancel();
+    }
+
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
+    }
+
+    fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.token.cancelled()
+    }
 }
 
 /// Limits of one retried call.
@@ -63,7 +89,7 @@ pub(crate) async fn call_with_retries<T, F, Fut>(
     mut call: F,
     limits: &RetryLimits,
     stop: &CancellationToken,
-    revoke: &CancellationToken,
+    revoke: &Revoke,
 ) -> Attempted<T>
 where
     F: FnMut() -> Fut,
@@ -88,7 +114,7 @@ async fn retried<T, F, Fut>(
     first: Result<Fut, ConsumerError>,
     limits: &RetryLimits,
     stop: &CancellationToken,
-    revoke: &CancellationToken,
+    revoke: &Revoke,
 ) -> Attempted<T>
 where
     F: FnMut() -> Fut,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 
-use super::calls::{Attempted, RetryLimits, call_with_retries};
+use super::calls::{Attempted, RetryLimits, Revoke, call_with_retries};
 use super::subscription::{Sub, successor};
 use super::worker::panic_text;
 use crate::cache::QueueCache;
@@ -44,7 +44,7 @@ pub(crate) struct DeliveryCall {
     catch_up: bool,
     consumer: Arc<dyn StreamConsumer>,
     delivery: Arc<Delivery>,
-    revoke: Arc<CancellationToken>,
+    revoke: Arc<Revoke>,
 }
 
 /// A finished delivery, reported back to the agent.

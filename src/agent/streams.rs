@@ -361,11 +361,11 @@ impl Streams {
 
 /// The streams of `batch` in first-appearance order, with their event counts.
 pub(crate) fn appearance(batch: &[Arc<BatchContainer>]) -> Vec<(StreamId, usize)> {
-    let mut order: Vec<(StreamId, usize)> = Vec::new();
     // Where each stream is in `order` (a read holds up to a bucket of
     // containers of as many streams: a search of `order` for each was
-    // quadratic).
-    let mut at: HashMap<&StreamId, usize> = HashMap::default();
+    // quadratic). Sized for a stream per container: growing it rehashed.
+    let mut order: Vec<(StreamId, usize)> = Vec::with_capacity(batch.len());
+    let mut at: HashMap<&StreamId, usize> = HashMap::with_capacity_and_hasher(batch.len(), Default::default());
     for container in batch {
         match at.get(&container.stream) {
             Some(&i) => order[i].1 += container.events.len(),

@@ -13,7 +13,7 @@ use std::time::Duration;
 use ractor::RpcReplyPort;
 use tokio_util::sync::CancellationToken;
 
-use super::calls::{Attempted, RetryLimits, call_with_retries};
+use super::calls::{Attempted, RetryLimits, Revoke, call_with_retries};
 use crate::cache::{CursorId, QueueCache};
 use crate::pubsub::{
     ConsumerAddress, ConsumerError, ConsumerResolver, Origin, PubSubStore, StartPosition, StreamConsumer, Subscription,
@@ -110,7 +110,7 @@ pub(crate) struct Sub {
     pub parked: bool,
     /// Cancelled to revoke the in-flight handshake or delivery. Shared by
     /// `Arc` so handing it to a task costs one increment, not a lock.
-    pub revoke: Arc<CancellationToken>,
+    pub revoke: Arc<Revoke>,
     pub catch_up: Option<CatchUp>,
     pub attach_replies: Vec<RpcReplyPort<Result<StartPosition, AttachError>>>,
 }
@@ -129,7 +129,7 @@ impl Sub {
             handshaking: false,
             delivering: false,
             parked: false,
-            revoke: Arc::new(CancellationToken::new()),
+            revoke: Arc::new(Revoke::default()),
             catch_up: None,
             attach_replies: Vec::new(),
         }
@@ -159,7 +159,7 @@ impl Sub {
         self.generation += 1;
         self.handshaking = true;
         self.revoke.cancel();
-        self.revoke = Arc::new(CancellationToken::new());
+        self.revoke = Arc::new(Revoke::default());
         HandshakeCall {
             stream: stream.clone(),
             id,
@@ -236,7 +236,7 @@ pub(crate) struct HandshakeCall {
     known: Option<Arc<dyn StreamConsumer>>,
     address: Option<ConsumerAddress>,
     info: SubscriptionInfo,
-    revoke: Arc<CancellationToken>,
+    revoke: Arc<Revoke>,
 }
 
 /// A handshake's answer.
