@@ -37,24 +37,21 @@ mod streams;
 mod subscription;
 mod worker;
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::cache::QueueCache;
-use crate::failure::FailureAction;
-use crate::pubsub::{ConsumerError, Origin, StartPosition, SubscriptionId};
+use crate::pubsub::{ConsumerError, StartPosition, SubscriptionId};
 use crate::queue::QueueError;
 use crate::stream::{BatchContainer, QueueId, StreamId};
 use calls::RetryLimits;
-use delivery::{Delivered, Dispatch, Settled};
-use messages::{InternalMsg, Outbox};
+use delivery::{Delivered, Dispatch, Finished, Settled};
+use messages::{InternalMsg, Outbox, StepContext};
 use pump::{AfterRead, Io, Pump, PumpError, PumpOutcome, PumpWork, Pumped, Tick};
 use shutdown::Shutdown;
 use status::AgentMetrics;
@@ -93,11 +90,8 @@ pub struct Agent {
     pump: Pump,
     /// Who receives each stream.
     streams: Streams,
-    /// Deliveries that finished as they started, to settle in order
-    /// (at most one per subscription).
-    finished: VecDeque<Delivered>,
-    /// A `SettleMore` is on its way.
-    settle_more_sent: bool,
+    /// Deliveries that finished as they started, to settle.
+    finished: Finished,
     /// Set once the ordered shutdown began: admission is closed.
     shutdown: Option<Shutdown>,
     /// Cancelled at shutdown: tasks finish their current attempt, no retry.
@@ -144,7 +138,7 @@ impl Actor for PullingAgent {
                 let _ = reply.send(());
             }
             // The queue moves: admission closes, what is cached drains.
-            AgentMsg::Shutdown(reply) => agent.begin_shutdown(reply),
+            AgentMsg::Shutdown(reply) => Shutdown::begin(&mut agent.shutdown, reply, &agent.stop_retries, agent.queue),
             AgentMsg::GetStatus(reply) => {
                 let shutting_down = agent.shutdown.is_some();
                 let _ = reply.send(agent.status.now(&agent.streams, &agent.cache, &agent.pump, shutting_down));
@@ -215,7 +209,7 @@ impl Agent {
                 self.run(next);
             }
             InternalMsg::Batch(done) => done.into_iter().try_for_each(|msg| self.on_internal(msg))?,
-            InternalMsg::SettleMore => self.settle_more_sent = false,
+            InternalMsg::SettleMore => self.finished.more_arrived(),
         }
         Ok(())
     }
@@ -239,8 +233,7 @@ impl Agent {
             cache,
             pump: Pump::new(io),
             streams: Streams::new(),
-            finished: VecDeque::new(),
-            settle_more_sent: false,
+            finished: Finished::default(),
             shutdown: None,
             stop_retries: Arc::new(CancellationToken::new()),
             delivery_limits: Arc::new(RetryLimits::from(&services.options)),
@@ -393,7 +386,7 @@ impl Agent {
             Dispatch::Deliver(call) => {
                 let work = call.start(self.delivery_limits.clone(), self.stop_retries.clone());
                 if let Some(done) = self.outbox.run_work(work, InternalMsg::Delivered) {
-                    self.finished.push_back(done);
+                    self.finished.push(done);
                 }
             }
         }
@@ -405,14 +398,13 @@ impl Agent {
     /// long; the rest after a `SettleMore` it sends itself.
     fn settle_finished(&mut self) -> Result<(), ActorProcessingErr> {
         for _ in 0..SETTLE_PER_MESSAGE {
-            let Some(done) = self.finished.pop_front() else { return Ok(()) };
+            let Some(done) = self.finished.pop() else { return Ok(()) };
             if done.fenced() {
                 return Err(PumpError::Fenced(self.queue).into());
             }
             self.on_delivered(done);
         }
-        if !self.finished.is_empty() && !self.settle_more_sent {
-            self.settle_more_sent = true;
+        if self.finished.ask_more() {
             self.outbox.send_self(InternalMsg::SettleMore);
         }
         Ok(())
@@ -452,16 +444,9 @@ impl Agent {
             }
             Settled::Parked => return,
             Settled::GaveUp(gave_up) => {
-                self.metrics.delivery_failures.increment(1);
-                let action = gave_up.decide(self.services.failure.as_ref());
-                let (error, attempts) = (gave_up.error.clone(), gave_up.attempts);
-                tracing::warn!(queue = %self.queue, %stream, subscription = %id, %error, attempts, ?action, "delivery given up");
-                self.metrics.dead_letters.increment(gave_up.batches() as u64);
-                let (sink, timeout) =
-                    (self.services.dead_letters.clone(), self.services.options.delivery_attempt_timeout);
-                self.outbox.spawn_side_work(gave_up.dead_letter(sink, timeout));
-                if action == FailureAction::Fault {
-                    let reason = format!("delivery failed after {attempts} attempts: {error}");
+                let (letters, fault) = gave_up.give_up(&self.services, &self.metrics, self.queue);
+                self.outbox.spawn_side_work(letters);
+                if let Some(reason) = fault {
                     let next = self.streams.fault(&stream, id, reason, &mut self.cache);
                     self.run(next);
                     return;
@@ -475,52 +460,16 @@ impl Agent {
 
     /// Carries out what a part asked for, in order.
     fn run(&mut self, next: Vec<Next>) {
-        let timeout = self.services.options.delivery_attempt_timeout;
         for step in next {
-            match step {
-                Next::LookUp { stream, after } => {
-                    let store = self.services.store.clone();
-                    let stop = self.stop_retries.clone();
-                    let (work, panicked) = lookup::look_up(store, stream, after, &self.services.options, stop);
-                    self.outbox
-                        .spawn_work(work.map(InternalMsg::Registered), move |p| InternalMsg::Registered(panicked(p)));
-                }
-                Next::Handshake(call) => {
-                    let resolver = self.services.consumers.clone();
-                    let limits = RetryLimits::from(&self.services.options);
-                    let origin = Origin { queue: self.queue, fence: self.services.lease_token };
-                    let (work, panicked) = call.start(resolver, origin, limits, self.stop_retries.clone());
-                    let on_panic = move |p| InternalMsg::HandshakeDone(panicked(p));
-                    self.outbox.spawn_work(work.map(InternalMsg::HandshakeDone), on_panic);
-                }
-                Next::Dispatch(stream, id) => self.dispatch(&stream, id),
-                Next::Fault(faulted) => {
-                    self.outbox.spawn_side_work(faulted.report(self.services.store.clone(), timeout))
-                }
-                Next::Tell { consumer, info, error } => self.outbox.spawn_side_work(async move {
-                    let _ = tokio::time::timeout(timeout, consumer.on_error(&info, &error)).await;
-                }),
-                Next::RewindLater { stream, id, epoch, after } => {
-                    self.outbox.send_self_after(after, move || InternalMsg::RewindDue { stream, id, epoch })
-                }
-                Next::Unsubscribed(events) => {
+            let cx = StepContext { services: &self.services, stop: &self.stop_retries, queue: self.queue };
+            match self.outbox.start_step(step, &cx) {
+                Some(Next::Dispatch(stream, id)) => self.dispatch(&stream, id),
+                Some(Next::Unsubscribed(events)) => {
                     self.status.events_unsubscribed += events as u64;
                     self.metrics.events_unsubscribed.increment(events as u64);
                 }
-                Next::CacheMiss => self.metrics.cache_misses.increment(1),
-            }
-        }
-    }
-
-    /// Step 1 of the ordered shutdown (see `shutdown.rs`): admission closes
-    /// and retries stop; the rest waits for in-flight work.
-    fn begin_shutdown(&mut self, reply: Option<RpcReplyPort<()>>) {
-        match &mut self.shutdown {
-            Some(shutdown) => shutdown.wait(reply),
-            None => {
-                tracing::info!(node = %self.services.node, queue = %self.queue, "ordered shutdown begins");
-                self.shutdown = Some(Shutdown::new(reply));
-                self.stop_retries.cancel();
+                Some(Next::CacheMiss) => self.metrics.cache_misses.increment(1),
+                _ => {}
             }
         }
     }

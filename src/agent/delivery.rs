@@ -6,6 +6,7 @@
 //! seek, a detach, a park while handing over, or a batch given up (the
 //! failure handler then skips it to the dead-letter sink or faults).
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -16,13 +17,15 @@ use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 
 use super::calls::{Attempted, RetryLimits, Revoke, call_with_retries};
+use super::settings::AgentServices;
+use super::status::AgentMetrics;
 use super::subscription::{Sub, successor};
 use super::worker::panic_text;
 use crate::cache::QueueCache;
 use crate::failure::{DeadLetter, DeadLetterSink, FailureAction, FailureHandler};
 use crate::pubsub::{Delivery, DeliveryOutcome, StreamConsumer, SubscriptionId, SubscriptionInfo};
 use crate::queue::Fence;
-use crate::stream::{BatchContainer, SequenceToken, StreamId};
+use crate::stream::{BatchContainer, QueueId, SequenceToken, StreamId};
 
 /// How a delivery ended.
 pub(crate) type DeliveryReport = Attempted<DeliveryOutcome>;
@@ -83,6 +86,42 @@ pub(crate) enum Settled {
     Parked,
     /// Retries ran out.
     GaveUp(GaveUp),
+}
+
+/// Deliveries that finished as they started, to settle in order (at most
+/// one per subscription). A message settles a bounded number; one
+/// `SettleMore` at a time brings the agent back for the rest.
+#[derive(Default)]
+pub(crate) struct Finished {
+    queue: VecDeque<Delivered>,
+    more_asked: bool,
+}
+
+impl Finished {
+    pub(crate) fn push(&mut self, done: Delivered) {
+        self.queue.push_back(done);
+    }
+
+    pub(crate) fn pop(&mut self) -> Option<Delivered> {
+        self.queue.pop_front()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Whether to send a `SettleMore` now: some are left and none is on
+    /// its way.
+    pub(crate) fn ask_more(&mut self) -> bool {
+        let ask = !self.queue.is_empty() && !self.more_asked;
+        self.more_asked |= ask;
+        ask
+    }
+
+    /// The `SettleMore` arrived.
+    pub(crate) fn more_arrived(&mut self) {
+        self.more_asked = false;
+    }
 }
 
 /// A batch given up after its retries.
@@ -227,7 +266,7 @@ pub(crate) fn settle(sub: &mut Sub, cache: &mut QueueCache, done: Delivered, dra
 
 impl GaveUp {
     /// The failure handler's decision (implicit subscriptions always skip).
-    pub(crate) fn decide(&self, handler: &dyn FailureHandler) -> FailureAction {
+    fn decide(&self, handler: &dyn FailureHandler) -> FailureAction {
         if self.info.id.is_implicit() {
             return FailureAction::Skip;
         }
@@ -235,14 +274,28 @@ impl GaveUp {
         handler.on_delivery_failure(&self.info, first, &self.error)
     }
 
-    /// Containers given up.
-    pub(crate) fn batches(&self) -> usize {
-        self.batches.len()
+    /// What the agent does with a batch given up on `queue`: counts and
+    /// logs it, sends it to the dead-letter sink (the returned side work)
+    /// and says why the subscription faults, if the handler decided so.
+    pub(crate) fn give_up(
+        self,
+        services: &AgentServices,
+        metrics: &AgentMetrics,
+        queue: QueueId,
+    ) -> (impl Future<Output = ()> + Send + 'static, Option<String>) {
+        metrics.delivery_failures.increment(1);
+        let action = self.decide(services.failure.as_ref());
+        let (error, attempts, info) = (&self.error, self.attempts, &self.info);
+        tracing::warn!(%queue, stream = %info.stream, subscription = %info.id, %error, attempts, ?action, "delivery given up");
+        metrics.dead_letters.increment(self.batches.len() as u64);
+        let fault =
+            (action == FailureAction::Fault).then(|| format!("delivery failed after {attempts} attempts: {error}"));
+        (self.dead_letter(services.dead_letters.clone(), services.options.delivery_attempt_timeout), fault)
     }
 
     /// Sends the batches to the dead-letter sink and tells the consumer,
     /// each call bounded by `timeout`.
-    pub(crate) async fn dead_letter(self, sink: Arc<dyn DeadLetterSink>, timeout: Duration) {
+    async fn dead_letter(self, sink: Arc<dyn DeadLetterSink>, timeout: Duration) {
         let Self { error, attempts, info, batches, consumer } = self;
         for batch in batches {
             let letter = DeadLetter {

@@ -13,15 +13,26 @@ use ractor::{ActorRef, RpcReplyPort};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use super::calls::RetryLimits;
 use super::delivery::Delivered;
-use super::lookup::Registered;
+use super::lookup::{self, Registered};
 use super::pump::PumpOutcome;
+use super::settings::AgentServices;
 use super::status::AgentStatus;
+use super::streams::Next;
 use super::subscription::{AttachError, Handshaken};
 use super::worker;
-use crate::pubsub::{StartPosition, Subscription, SubscriptionId};
-use crate::stream::StreamId;
+use crate::pubsub::{Origin, StartPosition, Subscription, SubscriptionId};
+use crate::stream::{QueueId, StreamId};
 use crate::tasks::Tasks;
+
+/// What [`Outbox::start_step`] needs of the agent.
+pub(super) struct StepContext<'a> {
+    pub(super) services: &'a AgentServices,
+    /// Cancelled at shutdown: lookups and handshakes stop retrying.
+    pub(super) stop: &'a Arc<CancellationToken>,
+    pub(super) queue: QueueId,
+}
 
 /// Messages of the pulling agent: the runtime's wiring, not the API (tests
 /// drive an agent through them).
@@ -159,6 +170,35 @@ impl Outbox {
     }
 
     /// Work whose only report is that it finished.
+    /// Starts the work a step of a part asks for: a lookup, a handshake,
+    /// a fault's report, a notice to a consumer, a timer. The steps only
+    /// the agent can carry out (a dispatch, a count) come back.
+    pub(super) fn start_step(&mut self, step: Next, cx: &StepContext<'_>) -> Option<Next> {
+        let (services, timeout) = (cx.services, cx.services.options.delivery_attempt_timeout);
+        match step {
+            Next::LookUp { stream, after } => {
+                let (store, stop) = (services.store.clone(), cx.stop.clone());
+                let (work, panicked) = lookup::look_up(store, stream, after, &services.options, stop);
+                self.spawn_work(work.map(InternalMsg::Registered), move |p| InternalMsg::Registered(panicked(p)));
+            }
+            Next::Handshake(call) => {
+                let limits = RetryLimits::from(&services.options);
+                let origin = Origin { queue: cx.queue, fence: services.lease_token };
+                let (work, panicked) = call.start(services.consumers.clone(), origin, limits, cx.stop.clone());
+                self.spawn_work(work.map(InternalMsg::HandshakeDone), move |p| InternalMsg::HandshakeDone(panicked(p)));
+            }
+            Next::Fault(faulted) => self.spawn_side_work(faulted.report(services.store.clone(), timeout)),
+            Next::Tell { consumer, info, error } => self.spawn_side_work(async move {
+                let _ = tokio::time::timeout(timeout, consumer.on_error(&info, &error)).await;
+            }),
+            Next::RewindLater { stream, id, epoch, after } => {
+                self.send_self_after(after, move || InternalMsg::RewindDue { stream, id, epoch })
+            }
+            own => return Some(own),
+        }
+        None
+    }
+
     pub(super) fn spawn_side_work(&mut self, work: impl Future<Output = ()> + Send + 'static) {
         self.spawn_work(work.map(|()| InternalMsg::SideWorkDone), |_| InternalMsg::SideWorkDone);
     }

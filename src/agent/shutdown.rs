@@ -21,6 +21,7 @@
 use std::time::Duration;
 
 use ractor::RpcReplyPort;
+use tokio_util::sync::CancellationToken;
 
 use super::pump::{Io, commit, flatten};
 use crate::cache::Purged;
@@ -37,13 +38,22 @@ pub(crate) struct Shutdown {
 }
 
 impl Shutdown {
-    pub(crate) fn new(reply: Option<RpcReplyPort<()>>) -> Self {
-        Self { waiters: reply.into_iter().collect(), done: false }
-    }
-
-    /// Another caller waits for the same shutdown.
-    pub(crate) fn wait(&mut self, reply: Option<RpcReplyPort<()>>) {
-        self.waiters.extend(reply);
+    /// Step 1, on every request to stop: the first closes admission and
+    /// stops retries (`stop`); the rest wait for the same shutdown.
+    pub(crate) fn begin(
+        shutdown: &mut Option<Shutdown>,
+        reply: Option<RpcReplyPort<()>>,
+        stop: &CancellationToken,
+        queue: QueueId,
+    ) {
+        match shutdown {
+            Some(shutdown) => shutdown.waiters.extend(reply),
+            None => {
+                tracing::info!(%queue, "ordered shutdown begins");
+                *shutdown = Some(Self { waiters: reply.into_iter().collect(), done: false });
+                stop.cancel();
+            }
+        }
     }
 
     /// Once nothing is in flight: the waiters to answer after the final I/O

@@ -274,6 +274,11 @@ impl Tailer {
             return Pull::Frame(chunk.frame.clone(), chunk.end);
         }
         drop(snapshot);
+        self.pull_from_window(at, replay_until)
+    }
+
+    /// [`Tailer::pull`] from the window itself, under the lock.
+    fn pull_from_window(&self, at: u64, replay_until: u64) -> Pull {
         let state = self.state.lock();
         match state.feed.window.read(at, replay_until) {
             Read::Frame(frame, next) => Pull::Frame(frame, next),

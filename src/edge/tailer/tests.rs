@@ -7,22 +7,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use super::{Phase, Pull, Read, Tailer};
+use super::{Phase, Pull, Tailer};
 use crate::archive::RunKey;
 use crate::config::LogStreamSettings;
 use crate::edge::frames::EndReason;
 use crate::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
-
-/// What a viewer at `at` gets from the window alone, under the lock.
-fn locked(tailer: &Tailer, at: u64, replay_until: u64) -> Pull {
-    let state = tailer.state.lock();
-    match state.feed.window.read(at, replay_until) {
-        Read::Frame(frame, next) => Pull::Frame(frame, next),
-        Read::Behind { until } => Pull::Behind { until },
-        Read::Head if state.phase == Phase::Ended => Pull::End(state.end.terminal.clone()),
-        Read::Head => Pull::Wait,
-    }
-}
 
 fn same(a: &Pull, b: &Pull) -> bool {
     match (a, b) {
@@ -50,7 +39,7 @@ fn check_every_viewer(tailer: &Tailer) -> Result<u64, TestCaseError> {
     let mut checked = 0;
     for replay_until in [0, head / 2, head] {
         for at in 0..=head + 1 {
-            let (fast, slow) = (tailer.pull(at, replay_until), locked(tailer, at, replay_until));
+            let (fast, slow) = (tailer.pull(at, replay_until), tailer.pull_from_window(at, replay_until));
             prop_assert!(
                 same(&fast, &slow),
                 "at {} (replay until {}): snapshot {} but window {}",
