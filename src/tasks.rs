@@ -12,7 +12,9 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -26,6 +28,14 @@ use tokio_util::task::TaskTracker;
 /// short calls (a lease, an unsubscribe) that end within their own
 /// timeouts; a task still running after this bound is logged and left.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Polls `future` once, here and now, with a waker that does nothing, so
+/// that work which finishes without waiting costs no task. A future still
+/// pending has registered that waker: whoever takes it over must poll it
+/// next (a spawned task's first poll does), or its wake-up is lost.
+pub(crate) fn poll_now<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
+    future.poll(&mut Context::from_waker(Waker::noop()))
+}
 
 /// A set of owned tasks; clones share it. See the module documentation.
 #[derive(Clone, Debug)]

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -24,7 +24,7 @@ use super::subscription::{AttachError, Handshaken};
 use super::worker;
 use crate::pubsub::{Origin, StartPosition, Subscription, SubscriptionId};
 use crate::stream::{QueueId, StreamId};
-use crate::tasks::Tasks;
+use crate::tasks::{Tasks, poll_now};
 
 /// What [`Outbox::start_step`] needs of the agent.
 pub(super) struct StepContext<'a> {
@@ -158,7 +158,7 @@ impl Outbox {
         mut work: Pin<Box<dyn Future<Output = T> + Send>>,
         report: fn(T) -> InternalMsg,
     ) -> Option<T> {
-        match work.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        match poll_now(work.as_mut()) {
             Poll::Ready(done) => Some(done),
             Poll::Pending => {
                 self.work += 1;
@@ -169,7 +169,6 @@ impl Outbox {
         }
     }
 
-    /// Work whose only report is that it finished.
     /// Starts the work a step of a part asks for: a lookup, a handshake,
     /// a fault's report, a notice to a consumer, a timer. The steps only
     /// the agent can carry out (a dispatch, a count) come back.
@@ -199,6 +198,7 @@ impl Outbox {
         None
     }
 
+    /// Work whose only report is that it finished.
     pub(super) fn spawn_side_work(&mut self, work: impl Future<Output = ()> + Send + 'static) {
         self.spawn_work(work.map(|()| InternalMsg::SideWorkDone), |_| InternalMsg::SideWorkDone);
     }
@@ -238,7 +238,7 @@ impl Outbox {
         report: fn(T) -> InternalMsg,
     ) -> Option<T> {
         let mut task = Box::pin(task);
-        match task.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        match poll_now(task.as_mut()) {
             Poll::Ready(done) => done,
             Poll::Pending => {
                 self.spawn_reporting(tasks, name, async move { task.await.map(report) });

@@ -3,9 +3,7 @@
 //! its own task (at most `max_inflight` calls at once, more are refused as
 //! busy), so a slow consumer never holds up the others' calls.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Waker};
 
 use parking_lot::Mutex;
 use ractor::message::{BoxedDowncastErr, SerializedMessage};
@@ -14,7 +12,7 @@ use tokio::sync::Semaphore;
 
 use super::Served;
 use crate::cluster::wire::{self, Refusal, Reply, Request};
-use crate::tasks::Tasks;
+use crate::tasks::{Tasks, poll_now};
 
 /// One call: the request's bytes and where its reply's bytes go.
 pub struct GatewayMsg {
@@ -119,9 +117,8 @@ impl Actor for Gateway {
         });
         // Most calls are answered without waiting (a delivery to a tailer
         // publishes and returns): those are answered here, and only one
-        // that waits becomes a task of its own (its latest poll registered
-        // the task's waker, so nothing is missed).
-        if call.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending() {
+        // that waits becomes a task of its own.
+        if poll_now(call.as_mut()).is_pending() {
             state.tasks.spawn("gateway call", call);
         }
         Ok(())
