@@ -73,6 +73,9 @@ pub const EDGE_STORE_READS: &str = "tailrace_edge_store_reads_total";
 pub const TRANSPORT_CALLS: &str = "tailrace_transport_calls_total";
 /// Peers with an authenticated session now.
 pub const TRANSPORT_SESSIONS: &str = "tailrace_transport_sessions";
+/// Peers whose calls take a lane (a direct connection beside the session)
+/// now.
+pub const TRANSPORT_LANES: &str = "tailrace_transport_lanes";
 /// Calls this node refused because they carried a stale lease token.
 pub const FENCED_CALLS: &str = "tailrace_fenced_calls_total";
 /// Deliveries and handshakes of this node's agents that a consumer's node
@@ -135,6 +138,7 @@ pub fn describe() {
         (EDGE_RUNS, "Runs with a tailer on this node (someone watches them)."),
         (EDGE_CONNECTIONS, "SSE viewers connected."),
         (TRANSPORT_SESSIONS, "Other nodes with an authenticated session now."),
+        (TRANSPORT_LANES, "Other nodes whose calls take a lane (a direct connection beside the session) now."),
     ];
     for (name, help) in gauges {
         describe_gauge!(name, Unit::Count, help);
@@ -142,7 +146,7 @@ pub fn describe() {
 }
 
 /// Every name above, for tests that check each one is described.
-pub const ALL: [&str; 33] = [
+pub const ALL: [&str; 34] = [
     AGENT_EVENTS_READ,
     AGENT_EVENTS_DELIVERED,
     AGENT_EVENTS_UNSUBSCRIBED,
@@ -161,6 +165,7 @@ pub const ALL: [&str; 33] = [
     FENCED_WRITES,
     TRANSPORT_CALLS,
     TRANSPORT_SESSIONS,
+    TRANSPORT_LANES,
     FENCED_CALLS,
     FENCED_DELIVERIES,
     PURGED_SUBSCRIPTIONS,

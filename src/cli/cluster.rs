@@ -136,6 +136,7 @@ pub async fn connect(config: &Config, cookie: String, membership: &RedisMembersh
             key: tls.key.clone(),
             ca: tls.ca.clone(),
         }),
+        lane_port: config.cluster.lane_port(),
     };
     let transport = RactorTransport::start(settings, membership.everyone()).await?;
     let peers: Vec<Member> =

@@ -11,9 +11,15 @@
 //! - a dialer that connects to every live member (from Redis membership) and
 //!   re-dials with backoff after a session drops;
 //! - per peer, a bounded number of calls in flight, each with
-//!   `cluster.call_timeout`.
+//!   `cluster.call_timeout`;
+//! - per peer, a [`lane`]: a direct connection, opened with a ticket the
+//!   peer issues over the session, that carries the calls while it is open
+//!   (`cluster.lane`).
 
+mod error;
 mod gateway;
+mod lane;
+mod lanes;
 mod peers;
 mod proxy;
 mod sessions;
@@ -38,8 +44,9 @@ use crate::retry::Backoff;
 use crate::stream::NodeId;
 use crate::tasks::Tasks;
 use crate::telemetry::TRANSPORT_SESSIONS;
+pub use error::TransportError;
 pub use gateway::GatewayMsg;
-use gateway::HandlerSlot;
+use gateway::{HandlerSlot, Serving};
 use sessions::{Link, Sessions};
 use tls::Tls;
 pub use tls::TlsFiles;
@@ -51,99 +58,13 @@ pub trait Served: Send + Sync + 'static {
     async fn serve(&self, request: Request) -> Reply;
 }
 
-/// A call to another node failed.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum TransportError {
-    /// The peer is not a live member (it left, or died and its record lapsed).
-    #[error("node {0} is not a live member of the cluster")]
-    NotMember(NodeId),
-    /// No authenticated session with the peer now (it is being dialed).
-    #[error("no session with node {0} yet (re-dialing)")]
-    NoSession(NodeId),
-    /// The peer did not answer in time.
-    #[error("node {peer} did not answer within {after:?} (cluster.call_timeout)")]
-    Timeout {
-        /// The peer.
-        peer: NodeId,
-        /// How long it waited.
-        after: Duration,
-    },
-    /// The session broke during the call.
-    #[error("the link to node {peer} broke: {message}")]
-    Link {
-        /// The peer.
-        peer: NodeId,
-        /// What broke.
-        message: String,
-    },
-    /// The peer refused the call.
-    #[error("node {peer} refused the call: {refusal}")]
-    Refused {
-        /// The peer.
-        peer: NodeId,
-        /// Why.
-        refusal: Refusal,
-    },
-    /// The message is larger than the peers accept.
-    #[error("a message of {bytes} bytes to node {peer} exceeds cluster.max_message_bytes ({limit})")]
-    TooLarge {
-        /// The peer.
-        peer: NodeId,
-        /// Its size.
-        bytes: usize,
-        /// The limit.
-        limit: usize,
-    },
-    /// The message could not be encoded.
-    #[error("cannot encode a message to node {peer}: {message}")]
-    Encode {
-        /// The peer.
-        peer: NodeId,
-        /// Why.
-        message: String,
-    },
-    /// The node server could not start.
-    #[error("cannot start the cluster listener on {listen} (cluster.listen): {message}")]
-    Start {
-        /// Where it tried.
-        listen: SocketAddr,
-        /// Why.
-        message: String,
-    },
-    /// A live member did not authenticate this node.
-    #[error(
-        "node {peer} at {address} did not accept this node: {reason} (do all nodes share the same cluster cookie, \
-         cluster.cookie, cluster.cookie_file or TAILRACE_COOKIE?)"
-    )]
-    Rejected {
-        /// The peer.
-        peer: NodeId,
-        /// Where it was dialed.
-        address: String,
-        /// What happened.
-        reason: String,
-    },
-}
-
-impl TransportError {
-    /// Whether the peer may answer a retry (it is a member; the link or its
-    /// load was the problem).
-    pub fn is_transient(&self) -> bool {
-        match self {
-            TransportError::NoSession(_) | TransportError::Timeout { .. } | TransportError::Link { .. } => true,
-            TransportError::Refused { refusal, .. } => matches!(refusal, Refusal::NotReady | Refusal::Busy(_)),
-            _ => false,
-        }
-    }
-}
-
 /// Calls to other nodes of the cluster.
 #[async_trait]
 pub trait ClusterTransport: ConsumerResolver {
     /// Sends `request` to `peer` and waits for its reply (a `Refused` reply
-    /// comes back as [`TransportError::Refused`]).
-    async fn call(&self, peer: &NodeId, request: &Request) -> Result<Reply, TransportError>;
+    /// comes back as [`TransportError::Refused`]). The request is dropped
+    /// once encoded, before the reply is awaited.
+    async fn call(&self, peer: &NodeId, request: Request) -> Result<Reply, TransportError>;
 
     /// Whether `peer` is a live member now.
     fn is_live(&self, peer: &NodeId) -> bool;
@@ -168,6 +89,10 @@ pub struct TransportSettings {
     pub redial: Duration,
     /// TLS between nodes, if configured.
     pub tls: Option<TlsFiles>,
+    /// The port of the lane listener, on `listen`'s IP (0: any free port,
+    /// told to peers over the session); `None`: no lanes, every call goes
+    /// over the session.
+    pub lane_port: Option<u16>,
 }
 
 /// The `ractor_cluster` transport. Clones share it.
@@ -182,6 +107,7 @@ struct Inner {
     server: ActorRef<NodeServerMessage>,
     gateway: ActorRef<GatewayMsg>,
     handler: HandlerSlot,
+    max_frame: usize,
     members: watch::Receiver<Vec<Member>>,
     sessions: Arc<Sessions>,
     peers: peers::Peers,
@@ -223,7 +149,24 @@ impl RactorTransport {
         });
         let tasks = Tasks::new(CancellationToken::new());
         let handler = HandlerSlot::default();
-        let spawned = gateway::spawn(handler.clone(), settings.max_inflight, tasks.clone()).await;
+        let serving = Serving::new(handler.clone(), settings.max_inflight);
+        let max_frame = usize::try_from(frame_limit(settings.max_message_bytes)).unwrap_or(usize::MAX);
+        let lanes = match settings.lane_port {
+            None => None,
+            Some(port) => {
+                let limits = lane::Limits { within: settings.call_timeout, max_frame, max_buffered: max_frame };
+                let at = SocketAddr::new(settings.listen.ip(), port);
+                let acceptor = tls.as_ref().map(|tls| tls.acceptor.clone());
+                match lane::Listener::start(at, limits, serving.clone(), acceptor, tasks.clone()).await {
+                    Ok(listener) => Some(listener),
+                    Err(error) => {
+                        server.stop(None);
+                        return Err(start_error(format!("the lane listener on {at} (cluster.lane_port): {error}")));
+                    }
+                }
+            }
+        };
+        let spawned = gateway::spawn(serving, lanes, tasks.clone()).await;
         let started = match subscribed {
             Err(error) => Err(error.to_string()),
             Ok(()) => spawned.map_err(|error| error.to_string()),
@@ -244,6 +187,7 @@ impl RactorTransport {
                 server,
                 gateway,
                 handler,
+                max_frame,
                 members,
                 sessions,
                 tasks,
@@ -251,6 +195,8 @@ impl RactorTransport {
         };
         let dialer = transport.clone();
         transport.inner.tasks.spawn("cluster dialer", async move { dialer.dial_forever().await });
+        let closer = transport.clone();
+        transport.inner.tasks.spawn("lane closer", async move { closer.close_lanes_of_lost_links().await });
         tracing::info!(node = %transport.inner.settings.me, listen = %transport.inner.settings.listen, "cluster transport listening");
         Ok(transport)
     }
@@ -345,6 +291,23 @@ impl RactorTransport {
         self.inner.sessions.ready()
     }
 
+    /// Attempts in a row to open a lane to `peer` that failed (0 after one
+    /// opened).
+    pub fn lane_failures(&self, peer: &NodeId) -> u32 {
+        self.inner.peers.get(peer).lane.failures()
+    }
+
+    /// Peers whose calls take a lane now (a direct connection beside the
+    /// session; see `cluster.lane`).
+    pub fn laned(&self) -> BTreeSet<NodeId> {
+        let members = self.inner.members.borrow().clone();
+        members
+            .into_iter()
+            .map(|m| m.name)
+            .filter(|name| name != &self.inner.settings.me && self.inner.peers.get(name).lane.lane().is_some())
+            .collect()
+    }
+
     /// Connects to every live member without a session, each re-dialed with
     /// backoff while it stays unreachable.
     async fn dial_forever(self) {
@@ -381,6 +344,7 @@ impl RactorTransport {
                     self.inner.sessions.down(&member.name);
                 }
             }
+            self.open_lanes(&members);
             metrics::gauge!(TRANSPORT_SESSIONS).set(self.inner.sessions.ready().len() as f64);
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -409,14 +373,38 @@ impl RactorTransport {
         Some(cell.into())
     }
 
-    async fn call_once(&self, peer: &NodeId, line: &peers::Peer, request: &Request) -> Result<Reply, TransportError> {
+    /// Sends `message` to `peer`'s gateway over the session and waits for
+    /// the reply's bytes (at most `cluster.call_timeout`).
+    async fn call_session(
+        &self,
+        peer: &NodeId,
+        gateway: &ActorRef<GatewayMsg>,
+        message: impl FnOnce(ractor::RpcReplyPort<Vec<u8>>) -> GatewayMsg,
+    ) -> Result<Vec<u8>, TransportError> {
+        let after = self.inner.settings.call_timeout;
+        match gateway.call(message, Some(after)).await {
+            Ok(CallResult::Success(bytes)) => Ok(bytes),
+            Ok(CallResult::Timeout) => Err(TransportError::Timeout { peer: peer.clone(), after }),
+            Ok(CallResult::SenderError) => {
+                Err(TransportError::Link { peer: peer.clone(), message: "the session closed".into() })
+            }
+            Err(error) => Err(TransportError::Link { peer: peer.clone(), message: error.to_string() }),
+        }
+    }
+
+    async fn call_once(&self, peer: &NodeId, line: &peers::Peer, request: Request) -> Result<Reply, TransportError> {
         if !self.is_live(peer) {
             return Err(TransportError::NotMember(peer.clone()));
         }
-        let bytes = wire::encode(request).map_err(|message| TransportError::Encode { peer: peer.clone(), message })?;
+        // Room for a lane's call id before the envelope. The request goes
+        // here, on the worker that made it (freed on another after the
+        // reply, it cost the allocator more than its encoding).
+        let bytes = wire::encode_after(&[0; lane::ID_BYTES], &request)
+            .map_err(|message| TransportError::Encode { peer: peer.clone(), message })?;
+        drop(request);
         let limit = self.inner.settings.max_message_bytes;
-        if bytes.len() > limit {
-            return Err(TransportError::TooLarge { peer: peer.clone(), bytes: bytes.len(), limit });
+        if bytes.len() - lane::ID_BYTES > limit {
+            return Err(TransportError::TooLarge { peer: peer.clone(), bytes: bytes.len() - lane::ID_BYTES, limit });
         }
         let after = self.inner.settings.call_timeout;
         // A free slot is taken at once; only a full peer is waited for.
@@ -433,15 +421,17 @@ impl RactorTransport {
                 refusal: Refusal::Busy(self.inner.settings.max_inflight),
             });
         };
-        let gateway = self.gateway_of(peer).ok_or_else(|| TransportError::NoSession(peer.clone()))?;
-        let answer = gateway.call(|reply| GatewayMsg::new(bytes, reply), Some(after)).await;
-        let bytes = match answer {
-            Ok(CallResult::Success(bytes)) => bytes,
-            Ok(CallResult::Timeout) => return Err(TransportError::Timeout { peer: peer.clone(), after }),
-            Ok(CallResult::SenderError) => {
-                return Err(TransportError::Link { peer: peer.clone(), message: "the session closed".into() });
+        let bytes = match line.lane.lane() {
+            Some(lane) => lane.call(bytes, after).await.map_err(|failure| match failure {
+                lane::Failure::Timeout => TransportError::Timeout { peer: peer.clone(), after },
+                lane::Failure::Closed => TransportError::Link { peer: peer.clone(), message: "the lane closed".into() },
+            })?,
+            None => {
+                let gateway = self.gateway_of(peer).ok_or_else(|| TransportError::NoSession(peer.clone()))?;
+                let mut bytes = bytes;
+                bytes.drain(..lane::ID_BYTES);
+                bytes::Bytes::from(self.call_session(peer, &gateway, |reply| GatewayMsg::new(bytes, reply)).await?)
             }
-            Err(error) => return Err(TransportError::Link { peer: peer.clone(), message: error.to_string() }),
         };
         match wire::decode::<Reply>(&bytes) {
             Ok(Reply::Refused { refusal }) => Err(TransportError::Refused { peer: peer.clone(), refusal }),
@@ -464,7 +454,7 @@ fn dialable(member: &Member) -> bool {
 
 #[async_trait]
 impl ClusterTransport for RactorTransport {
-    async fn call(&self, peer: &NodeId, request: &Request) -> Result<Reply, TransportError> {
+    async fn call(&self, peer: &NodeId, request: Request) -> Result<Reply, TransportError> {
         let line = self.inner.peers.get(peer);
         let result = self.call_once(peer, &line, request).await;
         let outcome = match &result {

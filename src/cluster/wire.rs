@@ -273,7 +273,16 @@ struct EnvelopeIn<T> {
 
 /// `message` in an envelope of this version.
 pub fn encode<T: Serialize>(message: &T) -> Result<Vec<u8>, String> {
-    serde_json::to_vec(&EnvelopeOut { v: WIRE_VERSION, m: message }).map_err(|e| e.to_string())
+    encode_after(&[], message)
+}
+
+/// `message` in an envelope of this version, written after `prefix` (a
+/// lane's call id) in the same buffer.
+pub(crate) fn encode_after<T: Serialize>(prefix: &[u8], message: &T) -> Result<Vec<u8>, String> {
+    let mut bytes = Vec::with_capacity(prefix.len() + 128);
+    bytes.extend_from_slice(prefix);
+    serde_json::to_writer(&mut bytes, &EnvelopeOut { v: WIRE_VERSION, m: message }).map_err(|e| e.to_string())?;
+    Ok(bytes)
 }
 
 /// The message in `bytes`, if its version is this build's.

@@ -47,6 +47,12 @@ pub struct ClusterSection {
     /// its consumers' subscriptions from the store.
     #[serde(with = "humantime_serde")]
     pub purge_after: Duration,
+    /// Calls to a peer take a direct connection (a lane) beside the
+    /// session, opened with a ticket the peer issues over the session.
+    pub lane: bool,
+    /// The port of this node's lane listener, on `listen`'s IP (0: any
+    /// free port; peers learn it over the session).
+    pub lane_port: u16,
 }
 
 impl std::fmt::Debug for ClusterSection {
@@ -61,6 +67,8 @@ impl std::fmt::Debug for ClusterSection {
             .field("max_message_bytes", &self.max_message_bytes)
             .field("max_inflight_calls", &self.max_inflight_calls)
             .field("purge_after", &self.purge_after)
+            .field("lane", &self.lane)
+            .field("lane_port", &self.lane_port)
             .finish()
     }
 }
@@ -77,6 +85,8 @@ impl Default for ClusterSection {
             max_message_bytes: 16 * 1024 * 1024,
             max_inflight_calls: 256,
             purge_after: Duration::from_secs(30),
+            lane: true,
+            lane_port: 0,
         }
     }
 }
@@ -97,6 +107,11 @@ impl ClusterSection {
     /// The address other nodes dial.
     pub fn advertised(&self) -> &str {
         self.advertise.as_deref().unwrap_or(&self.listen)
+    }
+
+    /// The lane listener's port, if lanes are on.
+    pub fn lane_port(&self) -> Option<u16> {
+        self.lane.then_some(self.lane_port)
     }
 
     /// The cookie: `env` (the value of [`COOKIE_ENV`], if set) wins over

@@ -179,7 +179,7 @@ async fn forward(node: &Node, other: NodeId, command: AgentsCommand) -> Result<J
     if !transport.is_live(&other) {
         return Err(problem(StatusCode::NOT_FOUND, format!("node `{other}` is not a live member of the cluster")));
     }
-    match transport.call(&other, &Request::Agents { command }).await {
+    match transport.call(&other, Request::Agents { command }).await {
         Ok(Reply::Agents { result: Ok(report) }) => {
             Ok(Json(AgentsJson { node: other.to_string(), state: report.state, running: report.running }))
         }

@@ -43,7 +43,7 @@ impl Node {
             return None;
         }
         let request = Request::Attach { subscription: subscription.clone() };
-        match transport.call(&holder.holder, &request).await {
+        match transport.call(&holder.holder, request).await {
             Ok(Reply::Attached { result: Ok(start) }) => Some(Ok(start)),
             Ok(Reply::Attached { result: Err(AttachRefusal { retry: false, message }) }) => {
                 Some(Err(SubscribeError::Remote { node: holder.holder, message }))
@@ -67,7 +67,7 @@ impl Node {
             return;
         }
         let request = Request::Detach { stream: stream.clone(), id };
-        if let Err(error) = transport.call(&holder.holder, &request).await {
+        if let Err(error) = transport.call(&holder.holder, request).await {
             tracing::debug!(node = %holder.holder, %error, "detach on the lease holder failed");
         }
     }

@@ -5,9 +5,10 @@
 //! delivery 16 containers of 4 log lines. The baseline sends the same
 //! request bytes over plain TCP (a length prefix, one connection per
 //! caller), and its server decodes them and answers the same reply: what
-//! is measured is what the transport adds to a socket round trip
-//! (ractor_cluster's framing, the session and gateway actors, the reply
-//! routing). Both run the same callers in alternating rounds.
+//! is measured is what the transport adds to a socket round trip (the
+//! lane's connections, call ids and writer tasks, the proxy, the reply
+//! routing). The transport's rounds start once the lane is open. Both run
+//! the same callers in alternating rounds.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -96,6 +97,7 @@ async fn linked(cookie: &str) -> anyhow::Result<(RactorTransport, RactorTranspor
         max_inflight: 256,
         redial: Duration::from_millis(200),
         tls: None,
+        lane_port: Some(0),
     };
     let first = RactorTransport::start(settings("bench-a", a), view.clone()).await?;
     let second = RactorTransport::start(settings("bench-b", b), view).await?;
@@ -103,6 +105,12 @@ async fn linked(cookie: &str) -> anyhow::Result<(RactorTransport, RactorTranspor
     let count = Arc::new(AtomicU64::new(0));
     second.serve_with(Arc::new(Counter(count.clone())));
     first.authenticate(&members[1..], Duration::from_secs(10)).await.context("linking the two transports")?;
+    // The lane opens on the dialer's first round after the session.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !first.laned().contains(&NodeId::new("bench-b")) {
+        anyhow::ensure!(Instant::now() < deadline, "no lane between the two transports within 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     Ok((first, second, count))
 }
 

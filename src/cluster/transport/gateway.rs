@@ -1,28 +1,44 @@
 //! The gateway: the one remotable actor of a node. A call is a wire
 //! envelope and a reply port for bytes; a call that waits is answered on
-//! its own task (at most `max_inflight` calls at once, more are refused as
-//! busy), so a slow consumer never holds up the others' calls.
+//! its own task (at most `max_inflight` calls at once, over the session and
+//! the lanes together; more are refused as busy), so a slow consumer never
+//! holds up the others' calls. It also answers a peer's request for a lane
+//! with the lane listener's offer.
 
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use ractor::message::{BoxedDowncastErr, SerializedMessage};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::Served;
+use super::lane::Listener;
 use crate::cluster::wire::{self, Refusal, Reply, Request};
 use crate::tasks::{Tasks, poll_now};
 
-/// One call: the request's bytes and where its reply's bytes go.
+/// The `ractor` variant of a request for a lane (a call is `"call"`; a
+/// build without lanes reads either as a call, and refuses this one as
+/// unreadable).
+const LANE: &str = "lane";
+
+/// One call (a request's bytes), or a request for a lane; and where the
+/// reply's bytes go.
 pub struct GatewayMsg {
+    lane: bool,
     request: Vec<u8>,
     reply: RpcReplyPort<Vec<u8>>,
 }
 
 impl GatewayMsg {
     pub(super) fn new(request: Vec<u8>, reply: RpcReplyPort<Vec<u8>>) -> Self {
-        Self { request, reply }
+        Self { lane: false, request, reply }
+    }
+
+    /// A request for a lane, answered with an [`super::lane::Offer`] as
+    /// JSON (or nothing: no lane there).
+    pub(super) fn lane(reply: RpcReplyPort<Vec<u8>>) -> Self {
+        Self { lane: true, request: Vec::new(), reply }
     }
 }
 
@@ -32,12 +48,15 @@ impl ractor::Message for GatewayMsg {
     }
 
     fn serialize(self) -> Result<SerializedMessage, BoxedDowncastErr> {
-        Ok(SerializedMessage::Call { variant: "call".into(), args: self.request, reply: self.reply, metadata: None })
+        let variant = if self.lane { LANE } else { "call" };
+        Ok(SerializedMessage::Call { variant: variant.into(), args: self.request, reply: self.reply, metadata: None })
     }
 
     fn deserialize(message: SerializedMessage) -> Result<Self, BoxedDowncastErr> {
         match message {
-            SerializedMessage::Call { args, reply, .. } => Ok(Self { request: args, reply }),
+            SerializedMessage::Call { args, reply, variant, .. } => {
+                Ok(Self { lane: variant == LANE, request: args, reply })
+            }
             _ => Err(BoxedDowncastErr),
         }
     }
@@ -57,29 +76,71 @@ impl HandlerSlot {
     }
 }
 
-struct Gateway;
-
-struct State {
+/// How a node serves calls, from the session or a lane: the handler and
+/// the bound on calls served at once.
+#[derive(Clone)]
+pub(super) struct Serving {
     handler: HandlerSlot,
     limit: Arc<Semaphore>,
     max_inflight: usize,
+}
+
+/// A call admitted: it holds one of the node's call slots until answered.
+pub(super) struct Admitted {
+    handler: Arc<dyn Served>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Serving {
+    pub(super) fn new(handler: HandlerSlot, max_inflight: usize) -> Self {
+        Self { handler, limit: Arc::new(Semaphore::new(max_inflight)), max_inflight }
+    }
+
+    /// Admits a call, or answers it at once (after `prefix`) with a refusal:
+    /// the node is not ready yet, or it has its limit of calls in flight.
+    pub(super) fn admit(&self, prefix: &[u8]) -> Result<Admitted, Vec<u8>> {
+        let Some(handler) = self.handler.get() else {
+            return Err(refused(prefix, Refusal::NotReady));
+        };
+        let Ok(slot) = self.limit.clone().try_acquire_owned() else {
+            return Err(refused(prefix, Refusal::Busy(self.max_inflight)));
+        };
+        Ok(Admitted { handler, _slot: slot })
+    }
+}
+
+impl Admitted {
+    /// The reply's envelope to `request`, after `prefix`.
+    pub(super) async fn answer(self, request: &[u8], prefix: &[u8]) -> Vec<u8> {
+        let answer = match wire::decode::<Request>(request) {
+            Ok(request) => self.handler.serve(request).await,
+            Err(refusal) => Reply::Refused { refusal },
+        };
+        wire::encode_after(prefix, &answer).unwrap_or_else(|e| refused(prefix, Refusal::Unreadable(e)))
+    }
+}
+
+fn refused(prefix: &[u8], refusal: Refusal) -> Vec<u8> {
+    wire::encode_after(prefix, &Reply::Refused { refusal }).unwrap_or_else(|_| prefix.to_vec())
+}
+
+struct Gateway;
+
+struct State {
+    serving: Serving,
+    lanes: Option<Arc<Listener>>,
     tasks: Tasks,
 }
 
 /// Starts a node's gateway. Unnamed: a peer in the same process (tests,
 /// benches) would otherwise register the same name for its remote copy.
 pub(super) async fn spawn(
-    handler: HandlerSlot,
-    max_inflight: usize,
+    serving: Serving,
+    lanes: Option<Arc<Listener>>,
     tasks: Tasks,
 ) -> Result<ActorRef<GatewayMsg>, SpawnErr> {
-    let state = State { handler, limit: Arc::new(Semaphore::new(max_inflight)), max_inflight, tasks };
-    let (gateway, _) = Actor::spawn(None, Gateway, state).await?;
+    let (gateway, _) = Actor::spawn(None, Gateway, State { serving, lanes, tasks }).await?;
     Ok(gateway)
-}
-
-fn refused(refusal: Refusal) -> Vec<u8> {
-    wire::encode(&Reply::Refused { refusal }).unwrap_or_default()
 }
 
 impl Actor for Gateway {
@@ -97,23 +158,21 @@ impl Actor for Gateway {
         msg: GatewayMsg,
         state: &mut State,
     ) -> Result<(), ActorProcessingErr> {
-        let GatewayMsg { request, reply } = msg;
-        let Some(handler) = state.handler.get() else {
-            let _ = reply.send(refused(Refusal::NotReady));
+        let GatewayMsg { lane, request, reply } = msg;
+        if lane {
+            let offer = state.lanes.as_ref().and_then(|lanes| serde_json::to_vec(&lanes.offer()).ok());
+            let _ = reply.send(offer.unwrap_or_default());
             return Ok(());
-        };
-        let Ok(permit) = state.limit.clone().try_acquire_owned() else {
-            let _ = reply.send(refused(Refusal::Busy(state.max_inflight)));
-            return Ok(());
+        }
+        let admitted = match state.serving.admit(&[]) {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
+                let _ = reply.send(refusal);
+                return Ok(());
+            }
         };
         let mut call = Box::pin(async move {
-            let answer = match wire::decode::<Request>(&request) {
-                Ok(request) => handler.serve(request).await,
-                Err(refusal) => Reply::Refused { refusal },
-            };
-            let bytes = wire::encode(&answer).unwrap_or_else(|e| refused(Refusal::Unreadable(e)));
-            let _ = reply.send(bytes);
-            drop(permit);
+            let _ = reply.send(admitted.answer(&request, &[]).await);
         });
         // Most calls are answered without waiting (a delivery to a tailer
         // publishes and returns): those are answered here, and only one

@@ -1,5 +1,5 @@
 //! What the transport keeps for each peer: the bound on calls in flight to
-//! it and its call counter, made once rather than at every call (a call
+//! it, its lane and its call counter, made once rather than at every call (a call
 //! otherwise formatted the peer's name for a metrics label each time).
 
 use std::collections::HashMap;
@@ -15,6 +15,8 @@ use crate::telemetry::TRANSPORT_CALLS;
 pub(super) struct Peer {
     /// Calls in flight to it (`cluster.max_inflight`).
     pub(super) permits: Arc<Semaphore>,
+    /// Its lane.
+    pub(super) lane: super::lane::Slot,
     ok: metrics::Counter,
     name: String,
 }
@@ -48,6 +50,7 @@ impl Peers {
                 let name = peer.to_string();
                 Arc::new(Peer {
                     permits: Arc::new(Semaphore::new(self.max_inflight)),
+                    lane: super::lane::Slot::default(),
                     ok: metrics::counter!(TRANSPORT_CALLS, "peer" => name.clone(), "outcome" => "ok"),
                     name,
                 })

@@ -28,7 +28,7 @@ impl Proxy {
     }
 
     async fn call(&self, request: Request) -> Result<Reply, ConsumerError> {
-        self.transport.call(&self.address.node, &request).await.map_err(consumer_error)
+        self.transport.call(&self.address.node, request).await.map_err(consumer_error)
     }
 
     fn unexpected(&self, reply: &Reply) -> ConsumerError {
@@ -42,7 +42,7 @@ impl Proxy {
             consumer: self.address.name.clone(),
             delivery: WireDelivery::from_delivery(delivery),
         };
-        match self.transport.call(&self.address.node, &request).await {
+        match self.transport.call(&self.address.node, request).await {
             Err(TransportError::TooLarge { .. }) if delivery.batches.len() > 1 => {
                 let half = delivery.batches.len() / 2;
                 let first = Delivery { batches: delivery.batches[..half].to_vec(), ..delivery.clone() };
