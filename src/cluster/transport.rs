@@ -12,9 +12,9 @@
 //!   re-dials with backoff after a session drops;
 //! - per peer, a bounded number of calls in flight, each with
 //!   `cluster.call_timeout`;
-//! - per peer, a [`lane`]: a direct connection, opened with a ticket the
-//!   peer issues over the session, that carries the calls while it is open
-//!   (`cluster.lane`).
+//! - per peer, a lane: direct connections (a strand per core), each opened
+//!   with a ticket the peer issues over the session, that carry the calls
+//!   while they are open (`cluster.lane`; the `lane` module says how).
 
 mod error;
 mod gateway;
