@@ -207,7 +207,6 @@ async fn a_peer_with_lanes_off_is_called_over_the_session() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let (na, nb) = names("off");
     let (a, b) = linked_pair((&na, &nb), true, false, None).await;
-    let _ = na;
     until_answered(&a.transport, &nb).await;
     let before = b.answered.load(Ordering::SeqCst);
     many(&a.transport, &nb, 4, 100).await;
