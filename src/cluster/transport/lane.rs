@@ -27,7 +27,7 @@ mod outbox;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -87,6 +87,9 @@ struct Waiting {
 pub(super) struct Strand {
     outbox: Arc<Outbox>,
     waiting: Arc<Mutex<Waiting>>,
+    /// `false` once the reader ended: read by every call without the lock
+    /// (a call checks `Waiting::closed` again under it).
+    open: Arc<AtomicBool>,
     stop: CancellationToken,
 }
 
@@ -131,13 +134,14 @@ impl Strand {
         let waiting = Arc::new(Mutex::new(Waiting::default()));
         let writer = (outbox.clone(), stop.clone());
         tasks.spawn("lane writer", async move { writer.0.write_to(writes.into_inner(), &writer.1).await });
-        tasks.spawn("lane reader", read_replies(reads, waiting.clone(), stop.clone()));
-        Ok(Self { outbox, waiting, stop })
+        let open = Arc::new(AtomicBool::new(true));
+        tasks.spawn("lane reader", read_replies(reads, waiting.clone(), open.clone(), stop.clone()));
+        Ok(Self { outbox, waiting, open, stop })
     }
 
     /// Whether the strand still carries calls.
     pub(super) fn is_open(&self) -> bool {
-        !self.waiting.lock().closed
+        self.open.load(Ordering::Acquire)
     }
 
     /// Sends `frame` (an envelope after [`ID_BYTES`] bytes that this
@@ -177,6 +181,7 @@ impl Strand {
 async fn read_replies<R: AsyncRead>(
     mut reads: FramedRead<ReadHalf<R>, LengthDelimitedCodec>,
     waiting: Arc<Mutex<Waiting>>,
+    open: Arc<AtomicBool>,
     stop: CancellationToken,
 ) {
     let stopped = stop.cancelled();
@@ -197,6 +202,7 @@ async fn read_replies<R: AsyncRead>(
             let _ = reply.send(frame.freeze());
         }
     }
+    open.store(false, Ordering::Release);
     let failed = {
         let mut waiting = waiting.lock();
         waiting.closed = true;
