@@ -154,7 +154,7 @@ impl RactorTransport {
         let lanes = match settings.lane_port {
             None => None,
             Some(port) => {
-                let limits = lane::Limits { within: settings.call_timeout, max_frame, max_buffered: max_frame };
+                let limits = lane::Limits { within: settings.call_timeout, max_frame };
                 let at = SocketAddr::new(settings.listen.ip(), port);
                 let acceptor = tls.as_ref().map(|tls| tls.acceptor.clone());
                 match lane::Listener::start(at, limits, serving.clone(), acceptor, tasks.clone()).await {

@@ -35,17 +35,14 @@ impl RactorTransport {
             let transport = self.clone();
             let member = member.clone();
             self.inner.tasks.spawn("lane opener", async move {
-                let mut opened = Ok(Vec::new());
-                for _ in 0..Lane::wanted() {
-                    opened = match opened {
-                        Ok(mut strands) => transport.open_strand(&member).await.map(|strand| {
-                            strands.push(strand);
-                            strands
-                        }),
-                        failed => failed,
-                    };
-                }
-                match opened {
+                let opened = async {
+                    let mut strands = Vec::new();
+                    for _ in 0..Lane::wanted() {
+                        strands.push(transport.open_strand(&member).await?);
+                    }
+                    Ok::<_, String>(strands)
+                };
+                match opened.await {
                     Ok(strands) => {
                         line.lane.finish(Some(strands));
                         tracing::info!(peer = %member.name, "lane open: calls to the peer bypass the session");

@@ -35,11 +35,10 @@ pub(in crate::cluster::transport) struct Limits {
     /// How long a ticket stays valid, and a connection may take to
     /// present it (`cluster.call_timeout`).
     pub(in crate::cluster::transport) within: Duration,
-    /// Largest frame (`cluster.max_message_bytes` and the framing).
-    pub(in crate::cluster::transport) max_frame: usize,
-    /// Bytes of replies one lane holds for its writer before it stops
+    /// Largest frame (`cluster.max_message_bytes` and the framing), and
+    /// the bytes of replies one strand holds for its writer before it stops
     /// reading calls.
-    pub(in crate::cluster::transport) max_buffered: usize,
+    pub(in crate::cluster::transport) max_frame: usize,
 }
 
 /// This node's lane listener.
@@ -164,7 +163,7 @@ impl Accepting {
         drop(slot);
         tracing::debug!(%from, "lane accepted");
         let stop = self.tasks.token().child_token();
-        let replies = Arc::new(Outbox::new(limits.max_buffered));
+        let replies = Arc::new(Outbox::new(limits.max_frame));
         let writer = (replies.clone(), stop.clone());
         self.tasks.spawn("lane writer", async move { writer.0.write_to(writes.into_inner(), &writer.1).await });
         let stopped = stop.cancelled();

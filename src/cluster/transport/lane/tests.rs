@@ -33,7 +33,7 @@ impl Served for Answers {
     }
 }
 
-const LIMITS: Limits = Limits { within: Duration::from_secs(5), max_frame: 1 << 20, max_buffered: 1 << 20 };
+const LIMITS: Limits = Limits { within: Duration::from_secs(5), max_frame: 1 << 20 };
 
 async fn listener(tasks: &Tasks) -> (Arc<Listener>, SocketAddr, Arc<Notify>) {
     let release = Arc::new(Notify::new());
