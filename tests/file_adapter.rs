@@ -262,3 +262,38 @@ async fn events_after_a_drained_restart_are_delivered_in_every_life() {
     }
     assert_eq!(expected.len(), 400 + 3 * 50);
 }
+
+/// A read of a drained queue waits for this node's next seal even when an
+/// earlier seal left a wake the reader no longer needs (it used to answer
+/// empty at once, and the agent backed off while writes piled up).
+#[tokio::test]
+async fn a_read_of_a_drained_queue_waits_for_the_next_seal_despite_a_stale_wake() {
+    let dir = tempfile::tempdir().unwrap();
+    let factory =
+        FileAdapterFactory::new(1, FileOptions { read_wait: Duration::from_secs(10), ..options(dir.path()) }).unwrap();
+    let adapter = factory.adapter();
+    let s = stream("f", "stale");
+    let mut receiver =
+        adapter.create_receiver(tailrace::stream::QueueId(0), tailrace::queue::Fence::NONE).await.unwrap();
+    receiver.initialize(Duration::from_secs(1)).await.unwrap();
+    for life in 0..3u64 {
+        // Sealed while nobody reads: the seal leaves a wake behind.
+        adapter.enqueue(&s, events("e", life * 10..life * 10 + 3)).await.unwrap();
+        assert!(eventually(WAIT, || !sealed_files(&dir.path().join("q0")).is_empty()).await);
+        let read = receiver.read(10).await.unwrap();
+        let got: Vec<String> = read.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect();
+        assert_eq!(got, ids("e", life * 10..life * 10 + 3), "life {life}");
+        receiver.delivered(&read.iter().map(|b| b.token).collect::<Vec<_>>()).await.unwrap();
+        let (writer_adapter, s2) = (adapter.clone(), s.clone());
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            writer_adapter.enqueue(&s2, events("late", life..life + 1)).await.unwrap();
+        });
+        let next = receiver.read(10).await.unwrap();
+        writer.await.unwrap();
+        let got: Vec<String> = next.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect();
+        assert_eq!(got, ids("late", life..life + 1), "life {life}: the read answered before the next seal");
+        receiver.delivered(&next.iter().map(|b| b.token).collect::<Vec<_>>()).await.unwrap();
+    }
+    adapter.close().await.unwrap();
+}

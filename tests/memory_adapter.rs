@@ -116,3 +116,40 @@ async fn a_new_receiver_fences_the_old_one_and_rereads_what_was_not_acked() {
     assert_eq!(again.len(), 1, "the unacked container is read again by the new owner");
     assert_ne!(q, QueueId(99));
 }
+
+/// A read of a drained queue waits for the next write, even when an
+/// earlier write left a wake behind that the reader no longer needs: an
+/// empty answer only after `read_wait` passed with nothing written. (It used
+/// to answer empty at once there, and the agent went into its idle backoff
+/// while producers filled the queue.)
+#[tokio::test(start_paused = true)]
+async fn a_read_of_a_drained_queue_waits_for_the_next_write_despite_a_stale_wake() {
+    let read_wait = Duration::from_millis(100);
+    let f = factory(MemoryOptions { read_wait, ..MemoryOptions::default() });
+    let adapter = f.adapter();
+    let s = stream("t", "stale");
+    let q = tailrace::queue::QueueMapper::new(4).queue_for(&s);
+    let mut receiver = adapter.create_receiver(q, Fence::NONE).await.unwrap();
+    receiver.initialize(Duration::from_secs(1)).await.unwrap();
+    for life in 0..3u64 {
+        // Written while the reader is not waiting: the queue stores a wake.
+        adapter.enqueue(&s, events("e", life * 10..life * 10 + 2)).await.unwrap();
+        adapter.enqueue(&s, events("e", life * 10 + 2..life * 10 + 4)).await.unwrap();
+        assert_eq!(receiver.read(10).await.unwrap().len(), 2, "life {life}: both containers");
+        let started = tokio::time::Instant::now();
+        let (adapter, s2) = (adapter.clone(), s.clone());
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            adapter.enqueue(&s2, events("late", life..life + 1)).await.unwrap();
+        });
+        let next = receiver.read(10).await.unwrap();
+        writer.await.unwrap();
+        let got: Vec<String> = next.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect();
+        assert_eq!(got, ids("late", life..life + 1), "life {life}: the read answered before the next write");
+        assert!(started.elapsed() >= Duration::from_millis(40));
+    }
+    // Nothing more written: empty, once `read_wait` has passed.
+    let started = tokio::time::Instant::now();
+    assert!(receiver.read(10).await.unwrap().is_empty());
+    assert!(started.elapsed() >= read_wait);
+}

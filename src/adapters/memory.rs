@@ -347,10 +347,21 @@ impl QueueReceiver for MemoryReceiver {
         if !batch.is_empty() || self.queue.read_wait.is_zero() {
             return Ok(batch);
         }
-        // A permit stored by an earlier enqueue may end the wait at once;
-        // then this read is simply empty.
-        let _ = tokio::time::timeout(self.queue.read_wait, self.queue.data.notified()).await;
-        self.queue.take(self.epoch, max)
+        // The permit an enqueue stored may be stale (what it announced was
+        // read since): a wake that finds nothing waits again, so an empty
+        // answer means `read_wait` passed without a write. (Answering empty
+        // at once sent the agent into its idle backoff while producers
+        // filled the queue: a third of the pipeline's time went there.)
+        let deadline = tokio::time::Instant::now() + self.queue.read_wait;
+        loop {
+            if tokio::time::timeout_at(deadline, self.queue.data.notified()).await.is_err() {
+                return self.queue.take(self.epoch, max);
+            }
+            let batch = self.queue.take(self.epoch, max)?;
+            if !batch.is_empty() {
+                return Ok(batch);
+            }
+        }
     }
 
     async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {

@@ -199,8 +199,20 @@ impl QueueReceiver for FileReceiver {
         }
         // Idle: a good moment to drop what the checkpoint has passed.
         self.delete_consumed().await;
-        let _ = tokio::time::timeout(self.options.read_wait, self.sealed.notified()).await;
-        self.read_once(max).await
+        // A seal's stored permit may be stale (that file was read since): a
+        // wake that finds nothing waits again until `read_wait` has passed,
+        // then reads once more (files another process writes are not
+        // announced, only found).
+        let deadline = tokio::time::Instant::now() + self.options.read_wait;
+        loop {
+            if tokio::time::timeout_at(deadline, self.sealed.notified()).await.is_err() {
+                return self.read_once(max).await;
+            }
+            let batch = self.read_once(max).await?;
+            if !batch.is_empty() {
+                return Ok(batch);
+            }
+        }
     }
 
     /// Completes at this node's writer's next seal (or at once if one came
