@@ -121,6 +121,18 @@ pub(crate) struct StreamIdCache {
     ids: rustc_hash::FxHashMap<u64, StreamId>,
 }
 
+/// For `#[serde(borrow, default, deserialize_with = "...")]` on an
+/// `Option<Cow<str>>` field: a string without escapes is borrowed from the
+/// input. serde borrows a `Cow<str>` field, but copies one inside an
+/// `Option` into a `String` (an allocation per event payload).
+pub(crate) fn borrowed_text<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<std::borrow::Cow<'de, str>>, D::Error> {
+    #[derive(Deserialize)]
+    struct Text<'a>(#[serde(borrow)] std::borrow::Cow<'a, str>);
+    Ok(Option::<Text>::deserialize(deserializer)?.map(|text| text.0))
+}
+
 /// Most ids a [`StreamIdCache`] keeps.
 const STREAM_ID_CACHE: usize = 4096;
 

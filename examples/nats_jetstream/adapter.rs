@@ -196,10 +196,18 @@ struct EventIn<'a> {
     #[serde(borrow)]
     id: Cow<'a, str>,
     ts: u64,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "borrowed")]
     p: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "borrowed")]
     b64: Option<Cow<'a, str>>,
+}
+
+/// A string without escapes borrowed from the message: serde borrows a
+/// `Cow<str>` field, but copies one inside an `Option` into a `String`.
+fn borrowed<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Cow<'de, str>>, D::Error> {
+    #[derive(Deserialize)]
+    struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+    Ok(Option::<Text>::deserialize(deserializer)?.map(|text| text.0))
 }
 
 fn encode(stream: &StreamId, events: &[Event]) -> Result<Bytes, QueueError> {

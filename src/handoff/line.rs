@@ -34,9 +34,9 @@ pub struct LineView<'a> {
     #[serde(borrow)]
     stream: StreamView<'a>,
     ts: u64,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::stream::borrowed_text")]
     payload: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::stream::borrowed_text")]
     payload_b64: Option<Cow<'a, str>>,
     #[serde(default)]
     batch: Option<u32>,
@@ -268,6 +268,14 @@ mod tests {
             "{\"id\":\"e1\",\"stream\":{\"namespace\":\"logs\",\"key\":\"a\"},\"ts\":5,\"payload\":\"hi\"}\n"
         );
         assert!(fast::parse(&out[..out.len() - 1]).is_some(), "the writer's lines take the fast path");
+    }
+
+    #[test]
+    fn the_general_parse_borrows_payloads_without_escapes() {
+        let plain = br#"{"ts":1,"payload":"plain","id":"1","stream":{"namespace":"a","key":"b"}}"#;
+        assert!(matches!(LineView::parse_json(plain).unwrap().payload, Some(Cow::Borrowed("plain"))));
+        let escaped = br#"{"ts":1,"payload":"a\nb","id":"1","stream":{"namespace":"a","key":"b"}}"#;
+        assert!(matches!(LineView::parse_json(escaped).unwrap().payload, Some(Cow::Owned(text)) if text == "a\nb"));
     }
 
     #[test]

@@ -49,9 +49,9 @@ struct EventIn<'a> {
     #[serde(borrow)]
     id: Cow<'a, str>,
     ts: u64,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::stream::borrowed_text")]
     p: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "crate::stream::borrowed_text")]
     b64: Option<Cow<'a, str>>,
 }
 
@@ -118,6 +118,15 @@ mod tests {
         let body = encode_entry(&stream, &events);
         let back = decode_entry("5-1", Some(redis::Value::BulkString(body)), &mut StreamIdCache::default()).unwrap();
         assert_eq!((back.stream, back.token, back.events), (stream, SequenceToken::new(5, 1), events));
+    }
+
+    #[test]
+    fn payloads_without_escapes_are_borrowed_from_the_entry() {
+        let body = br#"{"s":{"namespace":"a","key":"b"},"e":[{"id":"1","ts":1,"p":"plain"},{"id":"2","ts":2,"p":"a\"b"}]}"#;
+        let entry: EntryIn = serde_json::from_slice(body).unwrap();
+        assert!(matches!(entry.e[0].p, Some(Cow::Borrowed("plain"))));
+        assert!(matches!(&entry.e[1].p, Some(Cow::Owned(text)) if text == "a\"b"));
+        assert!(matches!(entry.e[0].id, Cow::Borrowed("1")));
     }
 
     #[test]
