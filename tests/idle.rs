@@ -14,7 +14,7 @@ use common::redis_server::{RedisServer, adapter_options};
 use common::*;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
-use tailrace::queue::QueueAdapterFactory;
+use tailrace::queue::{QueueAdapter, QueueAdapterFactory};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -147,4 +147,57 @@ async fn without_the_client_command_idle_queues_poll_and_miss_nothing() {
         assert!(eventually(WAIT, || recorder.total() == want).await, "round {round}: {} of {want}", recorder.total());
     }
     assert_eq!(recorder.ids(&s), ids("e", 0..15));
+}
+
+/// A busy queue's reader often finds nothing for a moment between writes.
+/// Such a read costs one `XREADGROUP`; the script that also reads the
+/// stream's last id (`XINFO STREAM`: what a wake waits past) runs only from
+/// the second empty read in a row, and then the wake works: life after life, a write
+/// ends it and the entry is read.
+#[tokio::test]
+async fn a_momentary_empty_read_runs_no_script_and_an_idle_reader_still_wakes() {
+    let server = RedisServer::start();
+    // No trims: their script reads the stream's info too.
+    let options = RedisOptions { trim: tailrace::adapters::redis::TrimPolicy::Never, ..adapter_options(&server) };
+    let factory = RedisAdapterFactory::connect(1, options, "n1").await.unwrap();
+    let adapter = factory.adapter();
+    let s = stream("t", "moment");
+    let queue = tailrace::stream::QueueId(0);
+    let mut receiver = adapter.create_receiver(queue, tailrace::queue::Fence::NONE).await.unwrap();
+    receiver.initialize(Duration::from_secs(5)).await.unwrap();
+    let urls = [server.url()];
+    for life in 0..3u64 {
+        adapter.enqueue(&s, events("e", life..life + 1)).await.unwrap();
+        let read = receiver.read(10).await.unwrap();
+        assert_eq!(
+            read.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect::<Vec<_>>(),
+            ids("e", life..life + 1)
+        );
+        let before = calls(&urls).await;
+        assert!(receiver.read(10).await.unwrap().is_empty(), "life {life}");
+        let after = calls(&urls).await;
+        let reads_of_last_id = |from: &std::collections::BTreeMap<String, u64>,
+                                to: &std::collections::BTreeMap<String, u64>| {
+            to.get("xinfo|stream").copied().unwrap_or(0) - from.get("xinfo|stream").copied().unwrap_or(0)
+        };
+        assert_eq!(reads_of_last_id(&before, &after), 0, "life {life}: the first empty read ran the script");
+        assert!(receiver.wake_on_write().is_none(), "life {life}: no last id yet, so no wake");
+        assert!(receiver.read(10).await.unwrap().is_empty(), "life {life}");
+        let last = calls(&urls).await;
+        assert_eq!(reads_of_last_id(&after, &last), 1, "life {life}: the second empty read asks for the last id");
+        let wake = receiver.wake_on_write().expect("an idle reader has a wake");
+        let (writer, s2) = (adapter.clone(), s.clone());
+        let write = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            writer.enqueue(&s2, events("late", life..life + 1)).await.unwrap();
+        });
+        tokio::time::timeout(WAIT, wake).await.expect("the write ends the wait");
+        write.await.unwrap();
+        let read = receiver.read(10).await.unwrap();
+        assert_eq!(
+            read.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect::<Vec<_>>(),
+            ids("late", life..life + 1)
+        );
+        receiver.delivered(&read.iter().map(|b| b.token).collect::<Vec<_>>()).await.unwrap();
+    }
 }

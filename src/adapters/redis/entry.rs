@@ -122,7 +122,8 @@ mod tests {
 
     #[test]
     fn payloads_without_escapes_are_borrowed_from_the_entry() {
-        let body = br#"{"s":{"namespace":"a","key":"b"},"e":[{"id":"1","ts":1,"p":"plain"},{"id":"2","ts":2,"p":"a\"b"}]}"#;
+        let body =
+            br#"{"s":{"namespace":"a","key":"b"},"e":[{"id":"1","ts":1,"p":"plain"},{"id":"2","ts":2,"p":"a\"b"}]}"#;
         let entry: EntryIn = serde_json::from_slice(body).unwrap();
         assert!(matches!(entry.e[0].p, Some(Cow::Borrowed("plain"))));
         assert!(matches!(&entry.e[1].p, Some(Cow::Owned(text)) if text == "a\"b"));

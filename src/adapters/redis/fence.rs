@@ -195,8 +195,9 @@ pub(crate) struct Fence {
 pub(crate) enum NewEntries {
     /// Entries, now in this consumer's pending list.
     Some(Vec<redis::streams::StreamId>),
-    /// Nothing new; the stream's last generated id, to wait for newer.
-    None { last_id: String },
+    /// Nothing new; the stream's last generated id, to wait for newer
+    /// (`None` when it was not asked for).
+    None { last_id: Option<String> },
 }
 
 impl Fence {
@@ -282,14 +283,17 @@ impl Fence {
 
     /// Up to `count` new entries (`XREADGROUP … >`), without waiting.
     /// Without a lease, a plain `XREADGROUP` first: the script (which
-    /// passes the whole reply through Lua) only when it found nothing.
+    /// passes the whole reply through Lua and reads the stream's last id)
+    /// only when it found nothing and `last_id` is wanted. A busy queue's
+    /// reader often finds nothing for a moment between writes; it needs
+    /// the last id only once it is about to wait for a write.
     pub(crate) async fn read_new(
         &self,
         conn: &mut RedisConn,
         stream: &str,
-        group: &str,
-        consumer: &str,
+        (group, consumer): (&str, &str),
         count: usize,
+        last_id: bool,
     ) -> Result<NewEntries, redis::RedisError> {
         if self.token.is_none() {
             let reply: Option<redis::streams::StreamReadReply> = redis::cmd("XREADGROUP")
@@ -307,6 +311,9 @@ impl Fence {
             if !entries.is_empty() {
                 return Ok(NewEntries::Some(entries));
             }
+            if !last_id {
+                return Ok(NewEntries::None { last_id: None });
+            }
         }
         let (reply, last_id): (redis::Value, String) = self
             .read_new
@@ -319,7 +326,7 @@ impl Fence {
             .invoke_async(conn)
             .await?;
         if !last_id.is_empty() {
-            return Ok(NewEntries::None { last_id });
+            return Ok(NewEntries::None { last_id: Some(last_id) });
         }
         let reply: redis::streams::StreamReadReply = redis::from_redis_value(reply)?;
         Ok(NewEntries::Some(reply.keys.into_iter().flat_map(|k| k.ids).collect()))

@@ -59,6 +59,8 @@ pub(crate) struct RedisReceiver {
     wakes: Arc<Wakes>,
     /// The stream's last id at the last read, if it found nothing new.
     idle_at: Option<String>,
+    /// The last read of new entries found none.
+    found_nothing: bool,
 }
 
 /// What every receiver of an adapter shares.
@@ -94,6 +96,7 @@ impl RedisReceiver {
             streams: StreamIdCache::default(),
             wakes,
             idle_at: None,
+            found_nothing: false,
         }
     }
 
@@ -316,14 +319,18 @@ impl RedisReceiver {
         // we saw, so none is stranded.
         self.phase = Phase::Pending(self.last_read.clone().unwrap_or_else(|| "0".into()));
         let (group, consumer, count) = (&self.options.group, &self.consumer, max.max(1));
-        let found = self.fence.read_new(&mut self.conn, &self.key, group, consumer, count).await;
+        // The stream's last id (for the wake) is asked for from the second
+        // empty read in a row: the agent waits for a write only after
+        // several.
+        let found = self.fence.read_new(&mut self.conn, &self.key, (group, consumer), count, self.found_nothing).await;
         let entries = match found.map_err(|error| (error, "reading"))? {
             NewEntries::Some(entries) => entries,
             NewEntries::None { last_id } => {
-                self.idle_at = Some(last_id);
+                self.idle_at = last_id;
                 Vec::new()
             }
         };
+        self.found_nothing = entries.is_empty();
         self.phase = Phase::New;
         if let Some(last) = entries.last() {
             self.last_read = Some(last.id.clone());
