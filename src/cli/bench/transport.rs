@@ -2,7 +2,9 @@
 //! another node. Two cluster transports run in this process on loopback
 //! ports (two node servers, a session between them, the gateway on the
 //! far side); callers deliver through the proxy an agent would use, each
-//! delivery 16 containers of 4 log lines. The baseline sends the same
+//! delivery 16 containers of 4 log lines taken from the caller's cache of
+//! containers, as an agent's cursor takes them (built before the clock
+//! starts; each delivery holds `Arc` clones). The baseline sends the same
 //! request bytes over plain TCP (a length prefix, one connection per
 //! caller), and its server decodes them and answers the same reply: what
 //! is measured is what the transport adds to a socket round trip (the
@@ -56,20 +58,33 @@ fn answer(count: &AtomicU64, request: Request) -> Reply {
     }
 }
 
-fn delivery(n: u64) -> Delivery {
+/// Containers one caller delivers from, as an agent delivers from its
+/// cache: built once, each delivery an `Arc` clone of 16 of them.
+const CACHED: usize = 64 * CONTAINERS;
+
+/// What caller `caller` has cached: `CACHED` containers of 4 log lines.
+fn cache(caller: u64) -> Vec<Arc<BatchContainer>> {
     let stream = StreamId::new("logs", "bench.pipeline/run-1");
-    let batches = (0..CONTAINERS as u64)
+    (0..CACHED as u64)
         .map(|c| {
             let events = (0..EVENTS_PER_CONTAINER)
                 .map(|e| {
-                    let line = format!("2026-11-30T12:00:00Z INFO step {c} of batch {n}: event {e} of a log line..");
-                    Event { id: EventId::new(format!("{n}-{c}-{e}")), timestamp_ms: 0, payload: Bytes::from(line) }
+                    let line = format!("2026-11-30T12:00:00Z INFO step {c} of caller {caller}: event {e} of a log line");
+                    Event { id: EventId::new(format!("{caller}-{c}-{e}")), timestamp_ms: 0, payload: Bytes::from(line) }
                 })
                 .collect();
-            Arc::new(BatchContainer { stream: stream.clone(), token: SequenceToken::new(n, c), events })
+            Arc::new(BatchContainer { stream: stream.clone(), token: SequenceToken::new(caller, c), events })
         })
-        .collect();
-    Delivery::new(SubscriptionId(1), stream, batches).fenced(Fence::lease(1))
+        .collect()
+}
+
+/// Delivery `n` from `cache`: the next 16 containers, as an agent's
+/// cursor takes them (the containers stay cached; the delivery holds
+/// clones).
+fn delivery(cache: &[Arc<BatchContainer>], n: u64) -> Delivery {
+    let first = (n as usize * CONTAINERS) % cache.len();
+    let batches = cache[first..first + CONTAINERS].to_vec();
+    Delivery::new(SubscriptionId(1), cache[first].stream.clone(), batches).fenced(Fence::lease(1))
 }
 
 fn free_addr() -> anyhow::Result<std::net::SocketAddr> {
@@ -118,13 +133,14 @@ async fn linked(cookie: &str) -> anyhow::Result<(RactorTransport, RactorTranspor
 async fn through_transport(transport: &RactorTransport, per_caller: u64) -> anyhow::Result<f64> {
     let address = ConsumerAddress { node: NodeId::new("bench-b"), name: "viewer".into() };
     let origin = Origin { queue: QueueId(0), fence: Some(1) };
+    let caches: Vec<_> = (0..CALLERS as u64).map(cache).collect();
     let started = Instant::now();
     let mut callers = Vec::new();
-    for caller in 0..CALLERS as u64 {
+    for cache in caches {
         let consumer = transport.resolve_from(&address, origin).context("no proxy")?;
         callers.push(tokio::spawn(async move {
             for n in 0..per_caller {
-                let delivery = delivery(caller * per_caller + n);
+                let delivery = delivery(&cache, n);
                 // As an agent does: a link that is down (the two nodes
                 // dialing each other at once at the start) is retried.
                 loop {
@@ -180,9 +196,10 @@ async fn through_sockets(per_caller: u64) -> anyhow::Result<f64> {
             });
         }
     });
+    let caches: Vec<_> = (0..CALLERS as u64).map(cache).collect();
     let started = Instant::now();
     let mut callers = Vec::new();
-    for caller in 0..CALLERS as u64 {
+    for cache in caches {
         callers.push(tokio::spawn(async move {
             let mut socket = TcpStream::connect(at).await?;
             socket.set_nodelay(true)?;
@@ -191,7 +208,7 @@ async fn through_sockets(per_caller: u64) -> anyhow::Result<f64> {
                 let request = Request::Deliver {
                     from: Some(Origin { queue: QueueId(0), fence: Some(1) }),
                     consumer: "viewer".into(),
-                    delivery: WireDelivery::from_delivery(&delivery(caller * per_caller + n)),
+                    delivery: WireDelivery::from_delivery(&delivery(&cache, n)),
                 };
                 socket.write_all(&framed(wire::encode(&request).map_err(anyhow::Error::msg)?)).await?;
                 let len = socket.read_u32().await?;
