@@ -211,7 +211,7 @@ fn borrowed<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<
 }
 
 fn encode(stream: &StreamId, events: &[Event]) -> Result<Bytes, QueueError> {
-    let events = events
+    let events: Vec<EventOut> = events
         .iter()
         .map(|e| match std::str::from_utf8(&e.payload) {
             Ok(text) => EventOut { id: e.id.as_str(), ts: e.timestamp_ms, p: Some(text), b64: None },
@@ -220,8 +220,12 @@ fn encode(stream: &StreamId, events: &[Event]) -> Result<Bytes, QueueError> {
             }
         })
         .collect();
-    serde_json::to_vec(&WireOut { namespace: stream.namespace(), key: stream.key(), events })
-        .map(Bytes::from)
+    // Sized for the usual batch (text without escapes), so that the buffer
+    // is not grown and copied as it fills.
+    let size = 64 + stream.namespace().len() + stream.key().len();
+    let mut body = Vec::with_capacity(events.iter().fold(size, |n, e| n + 40 + e.id.len() + e.p.map_or(0, str::len)));
+    serde_json::to_writer(&mut body, &WireOut { namespace: stream.namespace(), key: stream.key(), events })
+        .map(|()| Bytes::from(body))
         .map_err(|e| QueueError::Config(format!("encoding a batch of {stream}: {e}")))
 }
 

@@ -69,8 +69,16 @@ pub(crate) fn encode_entry(stream: &StreamId, events: &[Event]) -> Vec<u8> {
             },
         })
         .collect();
+    // Sized for the usual entry (text without escapes), so that the
+    // buffer is not grown and copied as it fills.
+    let size = 64 + stream.namespace().len() + stream.key().len();
+    let size = events.iter().fold(size, |n, e| n + 40 + e.id.as_str().len() + e.payload.len());
+    let mut body = Vec::with_capacity(size);
     // Plain strings and numbers always serialise.
-    serde_json::to_vec(&EntryOut { s: stream, e }).unwrap_or_default()
+    match serde_json::to_writer(&mut body, &EntryOut { s: stream, e }) {
+        Ok(()) => body,
+        Err(_) => Vec::new(),
+    }
 }
 
 /// Decodes the entry `id` whose field `b` is `body`. Payloads without

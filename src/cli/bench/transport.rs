@@ -69,7 +69,8 @@ fn cache(caller: u64) -> Vec<Arc<BatchContainer>> {
         .map(|c| {
             let events = (0..EVENTS_PER_CONTAINER)
                 .map(|e| {
-                    let line = format!("2026-11-30T12:00:00Z INFO step {c} of caller {caller}: event {e} of a log line");
+                    let line =
+                        format!("2026-11-30T12:00:00Z INFO step {c} of caller {caller}: event {e} of a log line");
                     Event { id: EventId::new(format!("{caller}-{c}-{e}")), timestamp_ms: 0, payload: Bytes::from(line) }
                 })
                 .collect();
