@@ -281,8 +281,7 @@ async fn a_read_of_a_drained_queue_waits_for_the_next_seal_despite_a_stale_wake(
         adapter.enqueue(&s, events("e", life * 10..life * 10 + 3)).await.unwrap();
         assert!(eventually(WAIT, || !sealed_files(&dir.path().join("q0")).is_empty()).await);
         let read = receiver.read(10).await.unwrap();
-        let got: Vec<String> = read.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect();
-        assert_eq!(got, ids("e", life * 10..life * 10 + 3), "life {life}");
+        assert_eq!(read_ids(&read), ids("e", life * 10..life * 10 + 3), "life {life}");
         receiver.delivered(&read.iter().map(|b| b.token).collect::<Vec<_>>()).await.unwrap();
         let (writer_adapter, s2) = (adapter.clone(), s.clone());
         let writer = tokio::spawn(async move {
@@ -291,8 +290,7 @@ async fn a_read_of_a_drained_queue_waits_for_the_next_seal_despite_a_stale_wake(
         });
         let next = receiver.read(10).await.unwrap();
         writer.await.unwrap();
-        let got: Vec<String> = next.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect();
-        assert_eq!(got, ids("late", life..life + 1), "life {life}: the read answered before the next seal");
+        assert_eq!(read_ids(&next), ids("late", life..life + 1), "life {life}: the read answered before the next seal");
         receiver.delivered(&next.iter().map(|b| b.token).collect::<Vec<_>>()).await.unwrap();
     }
     adapter.close().await.unwrap();

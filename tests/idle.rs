@@ -169,10 +169,7 @@ async fn a_momentary_empty_read_runs_no_script_and_an_idle_reader_still_wakes() 
     for life in 0..3u64 {
         adapter.enqueue(&s, events("e", life..life + 1)).await.unwrap();
         let read = receiver.read(10).await.unwrap();
-        assert_eq!(
-            read.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect::<Vec<_>>(),
-            ids("e", life..life + 1)
-        );
+        assert_eq!(read_ids(&read), ids("e", life..life + 1));
         let before = calls(&urls).await;
         assert!(receiver.read(10).await.unwrap().is_empty(), "life {life}");
         let after = calls(&urls).await;
@@ -194,10 +191,7 @@ async fn a_momentary_empty_read_runs_no_script_and_an_idle_reader_still_wakes() 
         tokio::time::timeout(WAIT, wake).await.expect("the write ends the wait");
         write.await.unwrap();
         let read = receiver.read(10).await.unwrap();
-        assert_eq!(
-            read.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect::<Vec<_>>(),
-            ids("late", life..life + 1)
-        );
+        assert_eq!(read_ids(&read), ids("late", life..life + 1));
         receiver.delivered(&read.iter().map(|b| b.token).collect::<Vec<_>>()).await.unwrap();
     }
 }

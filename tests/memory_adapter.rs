@@ -144,8 +144,11 @@ async fn a_read_of_a_drained_queue_waits_for_the_next_write_despite_a_stale_wake
         });
         let next = receiver.read(10).await.unwrap();
         writer.await.unwrap();
-        let got: Vec<String> = next.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect();
-        assert_eq!(got, ids("late", life..life + 1), "life {life}: the read answered before the next write");
+        assert_eq!(
+            read_ids(&next),
+            ids("late", life..life + 1),
+            "life {life}: the read answered before the next write"
+        );
         assert!(started.elapsed() >= Duration::from_millis(40));
     }
     // Nothing more written: empty, once `read_wait` has passed.

@@ -146,6 +146,11 @@ pub fn ids(prefix: &str, range: std::ops::Range<u64>) -> Vec<String> {
     range.map(|i| format!("{prefix}{i}")).collect()
 }
 
+/// The ids of the events in containers a receiver read, in order.
+pub fn read_ids(batches: &[Arc<tailrace::stream::BatchContainer>]) -> Vec<String> {
+    batches.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect()
+}
+
 pub fn stream(ns: &str, key: &str) -> StreamId {
     StreamId::new(ns, key)
 }
