@@ -42,7 +42,7 @@ async fn colours_render_and_log_text_never_becomes_html() {
     server.state("svc.ansi", "r-1", "running").await;
     let browser = Browser::start(1280, 800).await;
     browser.client.goto(&page(&server, "svc.ansi", "r-1")).await.unwrap();
-    browser.until("six lines", "return document.querySelectorAll('#log .ln').length >= 6").await;
+    browser.until("six lines", "return document.querySelectorAll('#log .ln:not(.gap)').length >= 6").await;
 
     assert_eq!(
         browser.shown_lines().await,
@@ -237,7 +237,7 @@ async fn each_line_shows_when_it_arrived_on_the_clock_or_since_the_start() {
     server.archived("svc.times", "r-1", 3).await;
     let browser = Browser::start(1280, 800).await;
     browser.client.goto(&page(&server, "svc.times", "r-1")).await.unwrap();
-    browser.until("three lines", "return document.querySelectorAll('#log .ln').length >= 3").await;
+    browser.until("three lines", "return document.querySelectorAll('#log .ln:not(.gap)').length >= 3").await;
     let stamps = "const t = [...document.querySelectorAll('#log .ts')].map((s) => s.textContent);
                   return t.length === 3 && t.every((s) => s !== '') ? t : false";
     browser.js("document.getElementById('times').click(); return true").await;
