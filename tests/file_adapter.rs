@@ -283,11 +283,7 @@ async fn a_read_of_a_drained_queue_waits_for_the_next_seal_despite_a_stale_wake(
         let read = receiver.read(10).await.unwrap();
         assert_eq!(read_ids(&read), ids("e", life * 10..life * 10 + 3), "life {life}");
         receiver.delivered(&read.iter().map(|b| b.token).collect::<Vec<_>>()).await.unwrap();
-        let (writer_adapter, s2) = (adapter.clone(), s.clone());
-        let writer = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            writer_adapter.enqueue(&s2, events("late", life..life + 1)).await.unwrap();
-        });
+        let writer = enqueue_after(&adapter, &s, events("late", life..life + 1), Duration::from_millis(200));
         let next = receiver.read(10).await.unwrap();
         writer.await.unwrap();
         assert_eq!(read_ids(&next), ids("late", life..life + 1), "life {life}: the read answered before the next seal");

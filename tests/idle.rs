@@ -183,11 +183,7 @@ async fn a_momentary_empty_read_runs_no_script_and_an_idle_reader_still_wakes() 
         let last = calls(&urls).await;
         assert_eq!(reads_of_last_id(&after, &last), 1, "life {life}: the second empty read asks for the last id");
         let wake = receiver.wake_on_write().expect("an idle reader has a wake");
-        let (writer, s2) = (adapter.clone(), s.clone());
-        let write = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            writer.enqueue(&s2, events("late", life..life + 1)).await.unwrap();
-        });
+        let write = enqueue_after(&adapter, &s, events("late", life..life + 1), Duration::from_millis(100));
         tokio::time::timeout(WAIT, wake).await.expect("the write ends the wait");
         write.await.unwrap();
         let read = receiver.read(10).await.unwrap();

@@ -137,11 +137,7 @@ async fn a_read_of_a_drained_queue_waits_for_the_next_write_despite_a_stale_wake
         adapter.enqueue(&s, events("e", life * 10 + 2..life * 10 + 4)).await.unwrap();
         assert_eq!(receiver.read(10).await.unwrap().len(), 2, "life {life}: both containers");
         let started = tokio::time::Instant::now();
-        let (adapter, s2) = (adapter.clone(), s.clone());
-        let writer = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(40)).await;
-            adapter.enqueue(&s2, events("late", life..life + 1)).await.unwrap();
-        });
+        let writer = enqueue_after(&adapter, &s, events("late", life..life + 1), Duration::from_millis(40));
         let next = receiver.read(10).await.unwrap();
         writer.await.unwrap();
         assert_eq!(

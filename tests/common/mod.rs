@@ -116,6 +116,21 @@ impl ConsumerFactory for RecordingFactory {
 }
 
 /// `n` events with ids `{prefix}{i}` for `i` in `range`.
+/// Enqueues `events` of `stream` after `delay`, in a task (a write that
+/// comes while a reader waits).
+pub fn enqueue_after<A: tailrace::queue::QueueAdapter + ?Sized + 'static>(
+    adapter: &Arc<A>,
+    stream: &StreamId,
+    events: Vec<Event>,
+    delay: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let (adapter, stream) = (adapter.clone(), stream.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        adapter.enqueue(&stream, events).await.unwrap();
+    })
+}
+
 /// Enqueues `events` as a producer does through an outage: a transient
 /// error is retried every 50 ms for at most `within`; any other error, or
 /// an outage longer than that, fails the test.
