@@ -9,17 +9,27 @@
 //!   and the events; a UTF-8 payload as text `p`, any other in base64 as
 //!   `b64`). Its token is the message's stream sequence, `(seq, 0)`. A
 //!   text payload is read back as a slice of the message, not a copy.
-//! - **Receivers**: a durable pull consumer per receiver, with explicit
-//!   acks. `initialize` deletes the queue's previous consumers and creates
-//!   its own just after the stored checkpoint: what the last owner read but
-//!   never acknowledged is delivered again, in order, and the old receiver
-//!   is fenced (its consumer is gone, so its reads fail).
-//! - **Reads** hand messages out strictly in sequence order; a gap (a
-//!   message the server gave to a pull request that had already expired)
-//!   is filled with a direct get, and the late redelivery is skipped.
-//! - **Acks**: `delivered` acks each token's message (flow control for the
-//!   consumer; where a new owner starts is the checkpoint's call). Once the stored checkpoint has passed messages
-//!   they are purged, which gives room back to producers (retention).
+//! - **Connections**: two. Publishes and checkpoints go through one, the
+//!   receivers' consumers through the other: on one shared connection the
+//!   messages flowing to the receivers delayed the publish acks producers
+//!   wait for (measured: a node moved 12-15% fewer events).
+//! - **Receivers**: a durable pull consumer per receiver, acked with
+//!   `AckAll`. `initialize` deletes the queue's previous consumers and
+//!   creates its own just after the stored checkpoint: what the last owner
+//!   read but never acknowledged is delivered again, in order, and the old
+//!   receiver is fenced (its consumer is gone, so its reads fail).
+//! - **Reads** take from a stream of pull requests the client keeps in
+//!   flight (`pull_batch` messages each): a read waits up to `read_wait` for
+//!   the first message and then takes only what has arrived, so a message
+//!   is handed out as soon as it lands. Messages are handed out strictly in
+//!   sequence order; a gap (a message lost in flight, say when a stream was
+//!   made again after an error) is filled with a direct get, and the late
+//!   redelivery is skipped.
+//! - **Acks** are flow control for the consumer (`max_ack_pending`); where a
+//!   new owner starts is the checkpoint's call. So `delivered` sends one
+//!   ack, of the newest token it was given, which releases every older
+//!   message too. Once the stored checkpoint has passed messages they are
+//!   purged, which gives room back to producers (retention).
 //! - **Rewind**: by sequence, with direct gets of the messages still held;
 //!   a sequence already purged is answered with `CannotRewind`.
 //! - **Checkpoints** live in the stream `{prefix}_checkpoints`, which keeps
@@ -54,12 +64,18 @@ pub struct JetStreamOptions {
     pub prefix: String,
     /// Most messages (batches) one queue holds; `None` is unbounded.
     pub max_messages: Option<i64>,
-    /// How long a read with nothing new waits on the server.
+    /// How long a read with nothing new waits for a message.
     pub read_wait: Duration,
+    /// Messages per pull request a receiver keeps in flight (the most it
+    /// holds fetched and not yet read is about one and a half of these).
+    pub pull_batch: usize,
     /// How often a receiver purges what the checkpoint passed.
     pub purge_every: Duration,
     /// Most containers one receiver holds unacknowledged.
     pub max_ack_pending: i64,
+    /// Released containers a receiver acks at once (one `AckAll`); a queue
+    /// that runs dry acks what it released at once.
+    pub ack_every: usize,
 }
 
 impl JetStreamOptions {
@@ -70,8 +86,10 @@ impl JetStreamOptions {
             prefix: "tailrace".into(),
             max_messages: None,
             read_wait: Duration::from_millis(100),
+            pull_batch: 256,
             purge_every: Duration::from_secs(1),
             max_ack_pending: 10_000,
+            ack_every: 100,
         }
     }
 }
@@ -88,13 +106,17 @@ pub struct JetStreamFactory {
 }
 
 impl JetStreamFactory {
-    /// Connects, and creates the queues' streams and the checkpoint bucket
-    /// if they do not exist yet.
+    /// Connects twice (publishes and checkpoints on one connection, the
+    /// receivers on the other), and creates the queues' streams and the
+    /// checkpoint stream if they do not exist yet.
     pub async fn connect(queue_count: u32, options: JetStreamOptions) -> Result<Self, QueueError> {
-        let client = async_nats::connect(&options.url)
-            .await
-            .map_err(|e| backend(&format!("connecting to {}", options.url), e))?;
+        let connect = || async {
+            async_nats::connect(&options.url).await.map_err(|e| backend(&format!("connecting to {}", options.url), e))
+        };
+        let client = connect().await?;
+        let reader = connect().await?;
         let js = jetstream::new(client.clone());
+        let reader_js = jetstream::new(reader.clone());
         let mapper = QueueMapper::new(queue_count);
         let mut streams = Vec::new();
         for queue in mapper.all_queues() {
@@ -107,7 +129,9 @@ impl JetStreamFactory {
                 max_messages: options.max_messages.unwrap_or(-1),
                 ..Default::default()
             };
-            let created = js
+            // Bound to the receivers' connection: their consumers, direct
+            // gets and purges go through it.
+            let created = reader_js
                 .get_or_create_stream(config)
                 .await
                 .map_err(|e| backend(&format!("creating the stream of {queue}"), e))?;
@@ -124,8 +148,14 @@ impl JetStreamFactory {
         let store =
             js.get_or_create_stream(config).await.map_err(|e| backend(&format!("creating the stream {name}"), e))?;
         let checkpoints = Arc::new(StreamCheckpointer { js: js.clone(), store, prefix: options.prefix.clone() });
-        let adapter =
-            Arc::new(JetStreamAdapter { client, js, mapper, streams, options, checkpoints: checkpoints.clone() });
+        let adapter = Arc::new(JetStreamAdapter {
+            clients: [client, reader],
+            js,
+            mapper,
+            streams,
+            options,
+            checkpoints: checkpoints.clone(),
+        });
         Ok(Self { adapter, checkpoints })
     }
 
@@ -255,7 +285,8 @@ pub(crate) fn decode(sequence: u64, data: &Bytes) -> Result<BatchContainer, Stri
 
 /// Writes batches to the queues' streams and hands out receivers.
 pub struct JetStreamAdapter {
-    client: async_nats::Client,
+    /// The publishers' connection and the receivers'.
+    clients: [async_nats::Client; 2],
     js: jetstream::Context,
     mapper: QueueMapper,
     streams: Vec<stream::Stream>,
@@ -312,7 +343,10 @@ impl QueueAdapter for JetStreamAdapter {
     }
 
     async fn close(&self) -> Result<(), QueueError> {
-        self.client.flush().await.map_err(|e| backend("flushing the connection", e))
+        for client in &self.clients {
+            client.flush().await.map_err(|e| backend("flushing a connection", e))?;
+        }
+        Ok(())
     }
 }
 

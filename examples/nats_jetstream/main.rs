@@ -1,12 +1,13 @@
 //! A real broker plugged in from outside the crate: tailrace queues on NATS
 //! JetStream, written only against tailrace's public API.
 //!
-//! `cargo run --release --example nats_jetstream [-- --events N]` starts
+//! `cargo run --release --example nats_jetstream [-- --events N --rounds R]` starts
 //! its own `nats-server` (JetStream on, a free loopback port, a temporary
 //! store), proves the adapter with the conformance kit, then runs a node on
 //! it with concurrent producers and subscribers and prints what flowed,
 //! next to a raw `async-nats` publish/fetch/ack loop moving the same
-//! batches. The last line is a `RESULT …` summary. Without `nats-server` on
+//! batches, R times (medians in the last line, a `RESULT …` summary; the
+//! two sides take turns going first). Without `nats-server` on
 //! the PATH it says how to install it and exits with status 2.
 //!
 //! `docs/adapters.md` walks through writing this adapter step by step.
@@ -68,19 +69,20 @@ impl StreamConsumer for Counter {
     }
 }
 
-fn events_wanted() -> Result<usize, String> {
+/// `--events N` (per round) and `--rounds R`.
+fn arguments() -> Result<(usize, usize), String> {
     let mut args = std::env::args().skip(1);
-    let mut events = 10_000;
+    let (mut events, mut rounds) = (10_000, 1);
     while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--events" => {
-                let value = args.next().ok_or("--events needs a number")?;
-                events = value.parse().map_err(|e| format!("--events {value}: {e}"))?;
-            }
-            other => return Err(format!("unknown argument {other} (try --events N)")),
-        }
+        let slot = match arg.as_str() {
+            "--events" => &mut events,
+            "--rounds" => &mut rounds,
+            other => return Err(format!("unknown argument {other} (try --events N --rounds R)")),
+        };
+        let value = args.next().ok_or(format!("{arg} needs a number"))?;
+        *slot = value.parse().map_err(|e| format!("{arg} {value}: {e}"))?;
     }
-    Ok(events.max(PRODUCERS * STREAMS_PER_PRODUCER * BATCH))
+    Ok((events.max(PRODUCERS * STREAMS_PER_PRODUCER * BATCH), rounds.max(1)))
 }
 
 #[tokio::main]
@@ -103,15 +105,67 @@ fn failed(error: impl std::fmt::Display) -> Failed {
 }
 
 async fn run() -> Result<String, Failed> {
-    let events = events_wanted().map_err(|e| (2, e))?;
+    let (events, rounds) = arguments().map_err(|e| (2, e))?;
+    let streams = PRODUCERS * STREAMS_PER_PRODUCER;
+    let total = events / (streams * BATCH) * streams * BATCH;
     if !server::available() {
         return Err((2, format!("nats-server was not found on the PATH; {}", server::INSTALL_HINT)));
     }
     let server = server::NatsServer::start().map_err(failed)?;
     println!("nats-server with JetStream at {}", server.url());
+    // TAILRACE_BENCH_ONLY=tailrace|baseline runs one side, without the kit
+    // (for profiling).
+    let only = std::env::var("TAILRACE_BENCH_ONLY").unwrap_or_default();
+    let report = if only.is_empty() { kit(&server).await? } else { conformance::Report::default() };
+    let (mut node_rates, mut raw_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let mut delivered = usize::MAX;
+    for round in 0..rounds {
+        // Each round on streams of its own, the two sides taking turns
+        // going first (a warmer server favours whichever goes second).
+        let mut node_rate = f64::NAN;
+        let mut raw_rate = f64::NAN;
+        for side in if round % 2 == 0 { ["tailrace", "baseline"] } else { ["baseline", "tailrace"] } {
+            if !only.is_empty() && only != side {
+                continue;
+            }
+            if side == "tailrace" {
+                let got;
+                (node_rate, got) = node_run(&server, total, &format!("demo{round}")).await?;
+                delivered = delivered.min(got);
+            } else {
+                let took =
+                    raw::run(&server.url(), &format!("raw{round}"), total / BATCH, BATCH).await.map_err(failed)?;
+                raw_rate = total as f64 / took.as_secs_f64();
+                println!(
+                    "raw async-nats publish/fetch/ack loop: {total} events in {took:.2?} ({raw_rate:.0} events/s)"
+                );
+            }
+        }
+        println!("round {}: ratio {:.3}", round + 1, node_rate / raw_rate);
+        node_rates.push(node_rate);
+        raw_rates.push(raw_rate);
+        ratios.push(node_rate / raw_rate);
+    }
+    let delivered = if delivered == usize::MAX { 0 } else { delivered };
+    Ok(format!(
+        "RESULT example=nats_jetstream kit_checks={} kit_failed={} rounds={rounds} events={total} delivered={delivered} node_events_per_s={:.0} raw_events_per_s={:.0} ratio={:.2}",
+        report.checks_run(),
+        report.failed.len(),
+        median(node_rates),
+        median(raw_rates),
+        median(ratios),
+    ))
+}
 
-    // 1. The contract, on a prefix of its own, with every claim this
-    //    adapter makes.
+/// The middle value (the upper one of an even count).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The contract, on a prefix of its own, with every claim this adapter
+/// makes.
+async fn kit(server: &server::NatsServer) -> Result<conformance::Report, Failed> {
     let mut kit_options = JetStreamOptions::new(server.url());
     kit_options.prefix = "kit".into();
     kit_options.max_messages = Some(KIT_MAX_MESSAGES);
@@ -131,10 +185,15 @@ async fn run() -> Result<String, Failed> {
     .await
     .map_err(failed)?;
     println!("conformance: {report}");
+    Ok(report)
+}
 
-    // 2. A node on it: producers and subscribers.
+/// A node on it, producers and subscribers, moving `total` events on
+/// streams named after `prefix`, every event in order: (events/s, events
+/// delivered).
+async fn node_run(server: &server::NatsServer, total: usize, prefix: &str) -> Result<(f64, usize), Failed> {
     let mut options = JetStreamOptions::new(server.url());
-    options.prefix = "demo".into();
+    options.prefix = prefix.into();
     let factory = Arc::new(JetStreamFactory::connect(QUEUES, options).await.map_err(failed)?);
     let adapter = factory.adapter();
     let node = Node::builder(NodeId::new("nats-1"), factory).start().await.map_err(failed)?;
@@ -144,8 +203,7 @@ async fn run() -> Result<String, Failed> {
     for stream in &streams {
         node.subscribe(stream, Arc::new(counter.clone()), StartPosition::Latest).await.map_err(failed)?;
     }
-    let batches_per_stream = events / (streams.len() * BATCH);
-    let total = batches_per_stream * BATCH * streams.len();
+    let batches_per_stream = total / (streams.len() * BATCH);
     let node = Arc::new(node);
     let started = Instant::now();
     let mut producers = Vec::new();
@@ -197,17 +255,5 @@ async fn run() -> Result<String, Failed> {
     if out_of_order > 0 {
         return Err(failed(format!("{out_of_order} events arrived out of order")));
     }
-
-    // 3. The same batches through a raw publish/fetch/ack loop.
-    let raw = raw::run(&server.url(), total / BATCH, BATCH).await.map_err(failed)?;
-    let raw_rate = total as f64 / raw.as_secs_f64();
-    println!("raw async-nats publish/fetch/ack loop: {total} events in {raw:.2?} ({raw_rate:.0} events/s)");
-
-    Ok(format!(
-        "RESULT example=nats_jetstream kit_checks={} kit_failed={} events={total} delivered={} node_events_per_s={node_rate:.0} raw_events_per_s={raw_rate:.0} ratio={:.2}",
-        report.checks_run(),
-        report.failed.len(),
-        counter.total(),
-        node_rate / raw_rate
-    ))
+    Ok((node_rate, counter.total()))
 }

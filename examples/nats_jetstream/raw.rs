@@ -9,22 +9,28 @@ use futures::StreamExt;
 
 use crate::PRODUCERS;
 
-/// Moves `batches` messages of `events_per_batch` small events and
-/// returns how long it took from the first publish to the last ack.
-pub async fn run(url: &str, batches: usize, events_per_batch: usize) -> Result<Duration, async_nats::Error> {
+/// Moves `batches` messages of `events_per_batch` small events through a
+/// stream called `name` and returns how long it took from the first
+/// publish to the last ack.
+pub async fn run(
+    url: &str,
+    name: &str,
+    batches: usize,
+    events_per_batch: usize,
+) -> Result<Duration, async_nats::Error> {
     let client = async_nats::connect(url).await?;
     let js = jetstream::new(client.clone());
     let stream = js
         .get_or_create_stream(stream::Config {
-            name: "raw".into(),
-            subjects: vec!["raw.q0".into()],
+            name: name.into(),
+            subjects: vec![format!("{name}.q0")],
             storage: stream::StorageType::File,
             ..Default::default()
         })
         .await?;
     let consumer = stream
         .create_consumer(consumer::pull::Config {
-            durable_name: Some("raw".into()),
+            durable_name: Some(name.into()),
             ack_policy: consumer::AckPolicy::Explicit,
             ..Default::default()
         })
@@ -34,15 +40,17 @@ pub async fn run(url: &str, batches: usize, events_per_batch: usize) -> Result<D
         .collect::<Vec<_>>()
         .join(",");
     let body = bytes::Bytes::from(format!("{{\"namespace\":\"orders\",\"key\":\"region-0\",\"events\":[{body}]}}"));
+    let subject = format!("{name}.q0");
     let started = Instant::now();
     let mut producers = Vec::new();
     for p in 0..PRODUCERS {
         let js = js.clone();
         let body = body.clone();
+        let subject = subject.clone();
         let mine = batches / PRODUCERS + usize::from(p < batches % PRODUCERS);
         producers.push(tokio::spawn(async move {
             for _ in 0..mine {
-                js.publish("raw.q0", body.clone()).await?.await?;
+                js.publish(subject.clone(), body.clone()).await?.await?;
             }
             Ok::<_, async_nats::Error>(())
         }));

@@ -8,11 +8,15 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer, stream};
 use async_trait::async_trait;
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use tailrace::queue::{Checkpointer, QueueError, QueueReceiver};
 use tailrace::stream::{BatchContainer, QueueId, SequenceToken};
 
 use crate::adapter::{JetStreamOptions, NAME, StreamCheckpointer, backend, decode};
+
+/// How long one of the stream's pull requests waits on the server; the
+/// client makes the next one as the last runs low or ends.
+const PULL_EXPIRES: Duration = Duration::from_secs(10);
 
 /// Reads one queue through its own durable pull consumer.
 pub struct JetStreamReceiver {
@@ -21,9 +25,16 @@ pub struct JetStreamReceiver {
     options: JetStreamOptions,
     checkpoints: Arc<StreamCheckpointer>,
     consumer: Option<consumer::Consumer<consumer::pull::Config>>,
+    /// The consumer's messages: pull requests of `pull_batch` kept in
+    /// flight by the client (made again after an error).
+    messages: Option<consumer::pull::Stream>,
     /// Messages read and not yet acked, by sequence (bounded by the
     /// consumer's `max_ack_pending`).
     held: BTreeMap<u64, jetstream::Message>,
+    /// The newest message released and not acked yet, and how many
+    /// released messages wait for its ack.
+    ack_due: Option<jetstream::Message>,
+    unacked: usize,
     /// Messages fetched and not yet handed out (bounded the same way).
     ahead: BTreeMap<u64, jetstream::Message>,
     /// The sequence to hand out next.
@@ -45,7 +56,10 @@ impl JetStreamReceiver {
             options,
             checkpoints,
             consumer: None,
+            messages: None,
             held: BTreeMap::new(),
+            ack_due: None,
+            unacked: 0,
             ahead: BTreeMap::new(),
             next: 1,
             last_purge: Instant::now(),
@@ -99,30 +113,59 @@ impl JetStreamReceiver {
         }
     }
 
-    /// One pull request: up to `max` messages, waiting about `read_wait`
-    /// (the server ends the request then; the client stops waiting a
-    /// little later in case that answer is lost).
-    async fn fetch(&mut self, max: usize) -> Result<(), QueueError> {
+    /// Takes up to `max` messages from the consumer's stream: waits up to
+    /// `read_wait` for the first, then takes only what has arrived. A
+    /// stream that failed is dropped (and made again by the next read);
+    /// a deleted consumer means a newer receiver fenced this one.
+    async fn pull(&mut self, max: usize) -> Result<(), QueueError> {
         let queue = self.queue;
-        let mut batch = self
-            .consumer()?
-            .batch()
-            .max_messages(max)
-            .expires(self.options.read_wait)
-            .messages()
-            .await
-            .map_err(|e| backend(&format!("reading {queue}"), e))?;
+        if self.messages.is_none() {
+            let stream = self
+                .consumer()?
+                .stream()
+                .max_messages_per_batch(self.options.pull_batch)
+                .expires(PULL_EXPIRES)
+                .messages()
+                .await
+                .map_err(|e| backend(&format!("reading {queue}"), e))?;
+            self.messages = Some(stream);
+        }
+        let Some(stream) = self.messages.as_mut() else { return Ok(()) };
         let mut got = Vec::new();
-        let limit = self.options.read_wait + Duration::from_millis(500);
-        let pulled = tokio::time::timeout(limit, async {
-            while let Some(message) = batch.next().await {
-                got.push(message.map_err(|e| backend(&format!("reading {queue}"), e))?);
+        // With messages already in hand, only what has arrived is taken.
+        let wait = if self.ahead.is_empty() { self.options.read_wait } else { Duration::ZERO };
+        let mut next = match tokio::time::timeout(wait, stream.next()).await {
+            Ok(first) => first,
+            Err(_) => return Ok(()),
+        };
+        let mut failure = None;
+        loop {
+            match next {
+                Some(Ok(message)) => got.push(message),
+                Some(Err(error)) => {
+                    failure = Some(error);
+                    break;
+                }
+                None => {
+                    self.messages = None;
+                    break;
+                }
             }
-            Ok::<_, QueueError>(())
-        })
-        .await;
-        if let Ok(Err(error)) = pulled {
-            return Err(error);
+            if got.len() >= max {
+                break;
+            }
+            match stream.next().now_or_never() {
+                Some(message) => next = message,
+                None => break,
+            }
+        }
+        if let Some(error) = failure {
+            self.messages = None;
+            if error.kind() == consumer::pull::MessagesErrorKind::ConsumerDeleted {
+                return Err(QueueError::Fenced(queue));
+            }
+            // What was taken is handed out; the next read makes a new stream.
+            eprintln!("queue {queue}: reading: {error}; pulling again");
         }
         for message in got {
             let sequence = message.info().map_err(|e| backend(&format!("reading {queue}"), e))?.stream_sequence;
@@ -137,8 +180,8 @@ impl JetStreamReceiver {
     }
 
     /// Hands out up to `max` containers strictly in sequence order. A gap
-    /// (a message the server gave to a pull request that had already
-    /// ended) is filled with a direct get, as is everything up to
+    /// (a message lost in flight, say when the stream was made again
+    /// after an error) is filled with a direct get, as is everything up to
     /// `delivered`; the late redelivery of such a message is skipped.
     async fn hand_out(&mut self, max: usize, delivered: u64) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
         let queue = self.queue;
@@ -175,17 +218,35 @@ impl JetStreamReceiver {
         Ok(out)
     }
 
-    async fn ack(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
-        for token in tokens {
-            // An unknown token (never read here, or acked already) is fine.
-            let Some(message) = self.held.remove(&token.major) else { continue };
-            // Where the next owner starts is the checkpoint's business: a
-            // lost ack only means a redelivery that is acked and skipped.
-            if let Err(error) = message.ack().await {
-                eprintln!("queue {}: acking {token} failed: {error}", self.queue);
-            }
+    /// Acks are flow control (`max_ack_pending`), not where the next owner
+    /// starts (that is the checkpoint's business), so one ack of the
+    /// newest released message releases every older one too (`AckAll`),
+    /// and it is sent once `ack_every` messages wait for it, or when the
+    /// queue runs dry.
+    async fn ack(&mut self, tokens: &[SequenceToken]) {
+        // An unknown token (never read here, or released already) is fine.
+        let Some(top) = tokens.iter().map(|t| t.major).filter(|s| self.held.contains_key(s)).max() else { return };
+        let newer = self.held.split_off(&(top + 1));
+        let mut released = std::mem::replace(&mut self.held, newer);
+        self.unacked += released.len();
+        self.ack_due = released.remove(&top);
+        if self.unacked >= self.options.ack_every {
+            self.send_ack().await;
         }
-        Ok(())
+    }
+
+    /// Sends the ack that is due, if one is.
+    async fn send_ack(&mut self) {
+        let Some(message) = self.ack_due.take() else { return };
+        self.unacked = 0;
+        // A lost ack only means a redelivery, which is acked and skipped.
+        if let Err(error) = message.ack().await {
+            eprintln!(
+                "queue {}: acking up to {:?} failed: {error}",
+                self.queue,
+                message.info().map(|i| i.stream_sequence)
+            );
+        }
     }
 }
 
@@ -211,7 +272,7 @@ impl QueueReceiver for JetStreamReceiver {
             } else {
                 consumer::DeliverPolicy::ByStartSequence { start_sequence: after + 1 }
             },
-            ack_policy: consumer::AckPolicy::Explicit,
+            ack_policy: consumer::AckPolicy::All,
             // Resuming is by checkpoint; a timed redelivery only frees a
             // message lost in flight (it is acked and skipped).
             ack_wait: Duration::from_secs(30),
@@ -221,8 +282,11 @@ impl QueueReceiver for JetStreamReceiver {
         let consumer =
             self.stream.create_consumer(config).await.map_err(|e| backend(&format!("creating consumer {name}"), e))?;
         self.held.clear();
+        self.ack_due = None;
+        self.unacked = 0;
         self.ahead.clear();
         self.next = after + 1;
+        self.messages = None;
         self.consumer = Some(consumer);
         Ok(())
     }
@@ -231,7 +295,7 @@ impl QueueReceiver for JetStreamReceiver {
         let queue = self.queue;
         let max = max.max(1);
         if self.ahead.len() < max {
-            self.fetch(max).await?;
+            self.pull(max - self.ahead.len()).await?;
         }
         let mut out = self.hand_out(max, 0).await?;
         if out.is_empty() {
@@ -246,20 +310,22 @@ impl QueueReceiver for JetStreamReceiver {
             out = self.hand_out(max, info.delivered.stream_sequence).await?;
         }
         if out.is_empty() {
+            self.send_ack().await;
             self.purge().await;
         }
         Ok(out)
     }
 
     async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
-        self.ack(tokens).await?;
+        self.ack(tokens).await;
         self.purge().await;
         Ok(())
     }
 
     /// Dead-lettered containers are released: their copy is in the sink.
     async fn failed(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
-        self.ack(tokens).await
+        self.ack(tokens).await;
+        Ok(())
     }
 
     async fn rewind(&mut self, from: SequenceToken, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
@@ -295,8 +361,11 @@ impl QueueReceiver for JetStreamReceiver {
     }
 
     async fn shutdown(&mut self, _timeout: Duration) -> Result<(), QueueError> {
-        // The consumer stays: the next owner starts from its ack floor.
+        // The consumer stays until the next owner deletes it and starts
+        // after the checkpoint.
+        self.send_ack().await;
         self.shut_down = true;
+        self.messages = None;
         self.held.clear();
         self.ahead.clear();
         Ok(())
