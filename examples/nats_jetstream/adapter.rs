@@ -26,10 +26,11 @@
 //!   made again after an error) is filled with a direct get, and the late
 //!   redelivery is skipped.
 //! - **Acks** are flow control for the consumer (`max_ack_pending`); where a
-//!   new owner starts is the checkpoint's call. So `delivered` sends one
-//!   ack, of the newest token it was given, which releases every older
-//!   message too. Once the stored checkpoint has passed messages they are
-//!   purged, which gives room back to producers (retention).
+//!   new owner starts is the checkpoint's call. So one ack of the newest
+//!   message `delivered` released releases every older one too, and it is
+//!   sent once `ack_every` messages wait for it or a read finds the queue
+//!   dry. Once the stored checkpoint has passed messages they are purged,
+//!   which gives room back to producers (retention).
 //! - **Rewind**: by sequence, with direct gets of the messages still held;
 //!   a sequence already purged is answered with `CannotRewind`.
 //! - **Checkpoints** live in the stream `{prefix}_checkpoints`, which keeps
