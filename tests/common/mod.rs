@@ -115,7 +115,6 @@ impl ConsumerFactory for RecordingFactory {
     }
 }
 
-/// `n` events with ids `{prefix}{i}` for `i` in `range`.
 /// Enqueues `events` of `stream` after `delay`, in a task (a write that
 /// comes while a reader waits).
 pub fn enqueue_after<A: tailrace::queue::QueueAdapter + ?Sized + 'static>(
@@ -152,6 +151,8 @@ pub async fn enqueue_retrying<A: tailrace::queue::QueueAdapter + ?Sized>(
     }
 }
 
+/// Events with ids `{prefix}{i}` and payloads `payload {i}`, for `i` in
+/// `range`.
 pub fn events(prefix: &str, range: std::ops::Range<u64>) -> Vec<Event> {
     range.map(|i| Event::new(EventId::new(format!("{prefix}{i}")), format!("payload {i}"))).collect()
 }
