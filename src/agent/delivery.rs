@@ -176,7 +176,11 @@ pub(crate) fn next_delivery(
         },
     };
     sub.delivering = true;
-    let delivery = Arc::new(Delivery { subscription: id, stream: stream.clone(), batches, fence: Fence::from(fence) });
+    let delivery = Delivery::new(id, stream.clone(), batches).fenced(Fence::from(fence));
+    let delivery = Arc::new(match sub.gap.take() {
+        Some(reason) => delivery.after_gap(reason),
+        None => delivery,
+    });
     Dispatch::Deliver(DeliveryCall {
         id,
         generation: sub.generation,
@@ -257,6 +261,8 @@ pub(crate) fn settle(sub: &mut Sub, cache: &mut QueueCache, done: Delivered, dra
         }
         Attempted::Failed { error, attempts } => {
             moved(true, cache);
+            // Skipped (or faulted, and then gone): the next delivery says so.
+            sub.gap = Some(format!("a batch was given up after {attempts} attempts: {error}"));
             let batches = delivery.batches.clone();
             Settled::GaveUp(GaveUp { error, attempts, info: sub.info.clone(), batches, consumer: sub.consumer.clone() })
         }

@@ -112,6 +112,9 @@ pub(crate) struct Sub {
     /// `Arc` so handing it to a task costs one increment, not a lock.
     pub revoke: Arc<Revoke>,
     pub catch_up: Option<CatchUp>,
+    /// Why events may be missing before its next delivery, which carries
+    /// it ([`crate::pubsub::Delivery::gap`]).
+    pub gap: Option<String>,
     pub attach_replies: Vec<RpcReplyPort<Result<StartPosition, AttachError>>>,
 }
 
@@ -131,6 +134,7 @@ impl Sub {
             parked: false,
             revoke: Arc::new(Revoke::default()),
             catch_up: None,
+            gap: None,
             attach_replies: Vec::new(),
         }
     }
@@ -222,6 +226,7 @@ impl Sub {
                 let reason = format!("events from {} on may be missing: {error}", catch_up.next);
                 tracing::warn!(%stream, subscription = %id, %reason, "catch-up from the queue failed; continuing from the cache");
                 self.catch_up = None;
+                self.gap = Some(reason.clone());
                 Rewound::Lost(reason)
             }
         }

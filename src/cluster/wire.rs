@@ -180,6 +180,10 @@ pub struct WireDelivery {
     pub fence: Option<u64>,
     /// Containers in order.
     pub batches: Vec<WireBatch>,
+    /// Why events may be missing before this delivery ([`Delivery::gap`]);
+    /// absent from the wire when none (older peers neither send nor read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gap: Option<String>,
 }
 
 /// One container on the wire.
@@ -215,6 +219,7 @@ impl WireDelivery {
             stream: delivery.stream.clone(),
             fence: delivery.fence.token(),
             batches,
+            gap: delivery.gap.clone(),
         }
     }
 
@@ -226,7 +231,11 @@ impl WireDelivery {
             let events = batch.events.into_iter().map(Event::try_from).collect::<Result<Vec<_>, _>>()?;
             batches.push(Arc::new(BatchContainer { stream: stream.clone(), token: batch.token, events }));
         }
-        Ok(Delivery::new(self.subscription, stream, batches).fenced(Fence::from(self.fence)))
+        let delivery = Delivery::new(self.subscription, stream, batches).fenced(Fence::from(self.fence));
+        Ok(match self.gap {
+            Some(reason) => delivery.after_gap(reason),
+            None => delivery,
+        })
     }
 }
 
@@ -316,6 +325,7 @@ mod tests {
             stream: stream.clone(),
             batches: vec![Arc::new(BatchContainer { stream, token: SequenceToken::new(4, 1), events: events.clone() })],
             fence: Fence::lease(7),
+            gap: Some("a batch was given up".into()),
         };
         let request = Request::Deliver {
             from: Some(Origin { queue: crate::stream::QueueId(3), fence: Some(7) }),
@@ -330,6 +340,7 @@ mod tests {
         let back = wire.into_delivery().unwrap();
         assert_eq!(back.batches[0].events, events);
         assert_eq!((back.batches[0].token, back.fence), (SequenceToken::new(4, 1), Fence::lease(7)));
+        assert_eq!(back.gap.as_deref(), Some("a batch was given up"), "a gap crosses with its delivery");
     }
 
     #[test]

@@ -51,18 +51,36 @@ pub struct Delivery {
     /// the store refuses a paused old owner's writes (the archiver does,
     /// see `RunLogStore::append` and `Append::fenced`).
     pub fence: Fence,
+    /// Set when events of the stream may be missing between the
+    /// subscription's previous delivery and this one, with why: a batch
+    /// given up after its retries (it went to the dead-letter sink), a
+    /// catch-up the queue could no longer serve (its events were trimmed
+    /// or expired), a start the adapter could not rewind to, a handshake
+    /// that failed. A consumer that numbers what it receives (a line
+    /// offset, a running count) must not carry its numbering across a
+    /// gap: it re-reads its own state first (the edge's tailers re-read
+    /// the run log store). `None` on every delivery that follows the
+    /// previous one without a hole.
+    pub gap: Option<String>,
 }
 
 impl Delivery {
     /// `batches` (consecutive containers of `stream`, in queue order, at
     /// least one) for `subscription`, under no lease.
     pub fn new(subscription: SubscriptionId, stream: StreamId, batches: Vec<Arc<BatchContainer>>) -> Self {
-        Self { subscription, stream, batches, fence: Fence::NONE }
+        Self { subscription, stream, batches, fence: Fence::NONE, gap: None }
     }
 
     /// The same, delivered under `fence`.
     pub fn fenced(mut self, fence: Fence) -> Self {
         self.fence = fence;
+        self
+    }
+
+    /// The same, after a gap in the subscription's deliveries, for
+    /// `reason` (see [`Delivery::gap`]).
+    pub fn after_gap(mut self, reason: impl Into<String>) -> Self {
+        self.gap = Some(reason.into());
         self
     }
 

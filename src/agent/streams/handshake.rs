@@ -73,6 +73,8 @@ impl Streams {
                     return next;
                 }
                 tracing::warn!(%stream, subscription = %id, %error, "handshake failed; starting at the subscription's own position");
+                sub.gap =
+                    Some(format!("the handshake failed ({error}): delivery starts at the subscription's own position"));
                 sub.start
             }
         };
@@ -146,6 +148,10 @@ impl Streams {
                 } else {
                     tracing::warn!(%stream, subscription = %id, requested = %miss.requested, purged_through = %miss.purged_through,
                         "the adapter is not rewindable: resuming at the oldest cached event; events in between may be missed");
+                    sub.gap = Some(format!(
+                        "the adapter is not rewindable: events from {} through {} may be missing",
+                        miss.requested, miss.purged_through
+                    ));
                 }
                 let fallback = if rewindable { CursorStart::After(miss.purged_through) } else { CursorStart::Earliest };
                 let placed = match sub.cursor {

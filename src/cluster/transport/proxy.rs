@@ -50,7 +50,8 @@ impl Proxy {
                 if let DeliveryOutcome::SeekAfter(_) = outcome {
                     return Ok(outcome);
                 }
-                let second = Delivery { batches: delivery.batches[half..].to_vec(), ..delivery.clone() };
+                // A gap lies before the first part only.
+                let second = Delivery { batches: delivery.batches[half..].to_vec(), gap: None, ..delivery.clone() };
                 Box::pin(self.deliver_parts(&second)).await
             }
             answer => match answer.map_err(consumer_error)? {
