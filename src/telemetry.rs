@@ -65,6 +65,10 @@ pub const EDGE_FRAMES: &str = "tailrace_edge_frames_total";
 /// SSE viewers cut because their socket took nothing for
 /// `stall_timeout_seconds` while lines waited.
 pub const EDGE_VIEWERS_DROPPED: &str = "tailrace_edge_viewers_dropped_total";
+/// Tailers re-based on the run log store after a gap in their run's
+/// stream (events their subscription skipped: a batch given up, a
+/// catch-up the queue could no longer serve).
+pub const EDGE_REBASES: &str = "tailrace_edge_rebases_total";
 /// Reads the edge made from the run log store (catch-ups, pages, downloads).
 pub const EDGE_STORE_READS: &str = "tailrace_edge_store_reads_total";
 
@@ -125,6 +129,7 @@ pub fn describe() {
             Unit::Count,
             "SSE viewers cut because their socket took nothing for stall_timeout_seconds.",
         ),
+        (EDGE_REBASES, Unit::Count, "Tailers re-based on the run log store after a gap in their run's stream."),
         (EDGE_STORE_READS, Unit::Count, "Reads the edge made from the run log store."),
     ];
     for (name, unit, help) in counters {
@@ -146,7 +151,7 @@ pub fn describe() {
 }
 
 /// Every name above, for tests that check each one is described.
-pub const ALL: [&str; 34] = [
+pub const ALL: [&str; 35] = [
     AGENT_EVENTS_READ,
     AGENT_EVENTS_DELIVERED,
     AGENT_EVENTS_UNSUBSCRIBED,
@@ -180,6 +185,7 @@ pub const ALL: [&str; 34] = [
     EDGE_CONNECTIONS,
     EDGE_FRAMES,
     EDGE_VIEWERS_DROPPED,
+    EDGE_REBASES,
     EDGE_STORE_READS,
 ];
 

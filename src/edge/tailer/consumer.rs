@@ -1,17 +1,28 @@
 //! The tailer as the run stream's subscriber: deliveries wait until it is
-//! live, then each new container becomes a chunk of its window.
+//! live, then each new container becomes a chunk of its window. A
+//! delivery that follows a gap (events the subscription skipped) first
+//! re-bases the tailer on the run log store, so its offsets stay the
+//! store's whatever the subscription missed.
 
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::{Ending, Known, Phase, Tailer};
-use crate::archive::{Contents, RECENT_BATCHES, batch_fingerprint};
+use crate::archive::{Contents, RECENT_BATCHES, RunLogReader, batch_fingerprint};
 use crate::edge::frames::EndReason;
+use crate::edge::window::Window;
 use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StreamConsumer};
 use crate::stream::{BatchContainer, SequenceToken};
 use crate::telemetry;
+
+/// How long a delivery after a gap waits for the store to hold its first
+/// container before it fails (and is retried by its agent with backoff):
+/// well inside `cluster.call_timeout`, so a remote agent sees the failure
+/// rather than a timeout.
+const REBASE_WAIT: Duration = Duration::from_secs(2);
 
 impl Tailer {
     /// New containers from the subscription: each becomes a chunk of the
@@ -63,9 +74,44 @@ impl Tailer {
     }
 }
 
+impl Tailer {
+    /// The subscription skipped events before `first` (the first container
+    /// of the delivery that says so): what the tailer numbered since may
+    /// not match the store. Once the store holds `first` (so every line
+    /// before it), the window starts again at the store's end, exactly as
+    /// a new tailer would; viewers behind it read the store. Fails while
+    /// the store has not caught up (the agent retries the delivery).
+    async fn rebase(&self, store: &RunLogReader, first: SequenceToken, reason: &str) -> Result<(), ConsumerError> {
+        if !store.wait_stored(&self.key, first, REBASE_WAIT).await {
+            return Err(ConsumerError::Failed(format!(
+                "run {}: after a gap in its stream the tailer waits for the store to hold {first}",
+                self.key
+            )));
+        }
+        let (info, recent) = store.info_and_recent(&self.key).await.map_err(ConsumerError::failed)?.unwrap_or_default();
+        let mut state = self.state.lock();
+        if state.phase == Phase::Ended {
+            return Err(ConsumerError::Unavailable(format!("the tailer of {} ended", self.key)));
+        }
+        let head = state.feed.window.head();
+        tracing::warn!(run = %self.key, %reason, head, store_lines = info.lines, "gap in the run's stream: tailer re-based on the store");
+        metrics::counter!(telemetry::EDGE_REBASES).increment(1);
+        state.feed.window = Window::new(self.key.run(), info.lines, self.settings.max_replay_bytes);
+        state.feed.base_token = info.last_token;
+        state.feed.last_token = info.last_token;
+        state.feed.recent = recent.into();
+        self.publish_snapshot(&state);
+        drop(state);
+        self.version.send_modify(|v| *v += 1);
+        Ok(())
+    }
+}
+
 /// The tailer as the run stream's subscriber.
 pub(super) struct TailerConsumer {
     pub(super) tailer: Weak<Tailer>,
+    /// The run log store, for a re-base after a gap.
+    pub(super) store: RunLogReader,
 }
 
 #[async_trait]
@@ -77,6 +123,9 @@ impl StreamConsumer for TailerConsumer {
         // subscription only).
         if tailer.started().await == Phase::Ended {
             return Err(gone());
+        }
+        if let (Some(reason), Some(first)) = (&delivery.gap, delivery.batches.first()) {
+            tailer.rebase(&self.store, first.token, reason).await?;
         }
         tailer.publish(&delivery.batches)?;
         Ok(DeliveryOutcome::Continue)

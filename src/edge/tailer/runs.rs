@@ -112,7 +112,7 @@ async fn run(runs: Arc<Runs>, tailer: Arc<Tailer>) {
 /// a subscribe the edge's stop overtook, is ending).
 async fn follow(runs: &Runs, tailer: &Arc<Tailer>) {
     let stop = runs.tasks.token().clone();
-    let consumer = Arc::new(TailerConsumer { tailer: Arc::downgrade(tailer) });
+    let consumer = Arc::new(TailerConsumer { tailer: Arc::downgrade(tailer), store: runs.store.clone() });
     let handle = match runs.node.subscribe(&tailer.key.stream(), consumer, StartPosition::EarliestAvailable).await {
         Ok(handle) => handle,
         // Not attached in time says what to check; any other failure may

@@ -102,3 +102,76 @@ proptest! {
         prop_assert!(checked > batches.len() as u64);
     }
 }
+
+/// A delivery after a gap (containers the subscription skipped, which the
+/// store holds) re-bases the tailer on the store: the viewer at the old
+/// head reads the skipped lines from the store at their own offsets, and
+/// what follows lands where the store puts it. Without the re-base the
+/// next container would be numbered right after the old head.
+#[tokio::test]
+async fn a_delivery_after_a_gap_rebases_the_tailer_on_the_store() {
+    use super::consumer::TailerConsumer;
+    use crate::archive::{Append, Archiver, FileRunLogStore, RunLogStore};
+    use crate::node::SubscriptionHandle;
+    use crate::pubsub::{Delivery, StartPosition, StreamConsumer, SubscriptionId};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FileRunLogStore::open(dir.path(), false).unwrap());
+    let key = RunKey::new("svc.etl", "run").unwrap();
+    let stored = |token: u64, lines: usize| {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            let texts: Vec<String> = (0..lines).map(|i| format!("line {i} of batch {token}")).collect();
+            let lines: Vec<&str> = texts.iter().map(String::as_str).collect();
+            store.append(&key, SequenceToken::new(token, 0), &lines, Append::new()).await.unwrap();
+        }
+    };
+    stored(1, 10).await;
+    let tailer = Tailer::new(key.clone(), Arc::new(LogStreamSettings::default()));
+    let handle =
+        SubscriptionHandle { id: SubscriptionId(1), stream: key.stream(), start: StartPosition::EarliestAvailable };
+    assert!(tailer.go_live(handle, 10, Some(SequenceToken::new(1, 0)), Vec::new()));
+    let consumer = TailerConsumer { tailer: Arc::downgrade(&tailer), store: Archiver::new(store.clone()).reader() };
+    let deliver = |token: u64, lines: usize, gap: bool| {
+        let delivery = Delivery::new(SubscriptionId(1), key.stream(), vec![batch(token, lines)]);
+        if gap { delivery.after_gap("a catch-up the queue could no longer serve") } else { delivery }
+    };
+
+    stored(2, 5).await;
+    consumer.deliver(&deliver(2, 5, false)).await.unwrap();
+    assert_eq!(tailer.head(), 15);
+    // Batches 3 and 4 reach the store but not this tailer; 5 comes after the gap.
+    for (token, lines) in [(3, 4), (4, 6), (5, 3)] {
+        stored(token, lines).await;
+    }
+    consumer.deliver(&deliver(5, 3, true)).await.unwrap();
+    assert_eq!(tailer.head(), 28, "the head is the store's end");
+    assert_eq!(tailer.pull(15, 15), Pull::Behind { until: 28 }, "the skipped lines come from the store");
+    consumer.deliver(&deliver(6, 2, false)).await.unwrap();
+    let Pull::Frame(frame, next) = tailer.pull(28, 15) else { panic!("the next chunk follows the store's end") };
+    assert_eq!(next, 30);
+    assert!(String::from_utf8_lossy(&frame).contains("line 0 of batch 6"));
+}
+
+/// After a gap, a delivery whose first container the store does not hold
+/// yet fails (its agent retries it) and changes nothing.
+#[tokio::test(start_paused = true)]
+async fn a_delivery_after_a_gap_waits_for_the_store() {
+    use super::consumer::TailerConsumer;
+    use crate::archive::{Archiver, FileRunLogStore};
+    use crate::node::SubscriptionHandle;
+    use crate::pubsub::{ConsumerError, Delivery, StartPosition, StreamConsumer, SubscriptionId};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FileRunLogStore::open(dir.path(), false).unwrap());
+    let key = RunKey::new("svc.etl", "run").unwrap();
+    let tailer = Tailer::new(key.clone(), Arc::new(LogStreamSettings::default()));
+    let handle =
+        SubscriptionHandle { id: SubscriptionId(1), stream: key.stream(), start: StartPosition::EarliestAvailable };
+    assert!(tailer.go_live(handle, 0, None, Vec::new()));
+    let consumer = TailerConsumer { tailer: Arc::downgrade(&tailer), store: Archiver::new(store).reader() };
+    let delivery = Delivery::new(SubscriptionId(1), key.stream(), vec![batch(7, 3)]).after_gap("a batch was given up");
+    let refused = consumer.deliver(&delivery).await;
+    assert!(matches!(refused, Err(ConsumerError::Failed(_))), "{refused:?}");
+    assert_eq!(tailer.head(), 0, "nothing published before the store caught up");
+}
