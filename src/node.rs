@@ -16,13 +16,16 @@
 //! agent, here or on its lease holder); `commands.rs` is the agent
 //! commands and the node's end (graceful shutdown, crash); `ownership.rs`,
 //! `remote.rs` and `tracked.rs` are the balancer drivers, the other nodes
-//! of a cluster, and an explicit subscription's consumer-side handle.
+//! of a cluster, and an explicit subscription's consumer-side handle;
+//! `rejoin.rs` attaches this node's subscriptions again after its member
+//! record lapsed.
 //!
 //! [`STOP_TIMEOUT`]: crate::tasks::STOP_TIMEOUT
 
 mod builder;
 mod commands;
 mod ownership;
+mod rejoin;
 mod remote;
 mod subscribe;
 mod tracked;

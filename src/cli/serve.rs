@@ -165,6 +165,7 @@ pub(super) async fn run_node(
     if let (Some(transport), Some(membership)) = (&plan.transport, &plan.membership) {
         transport.serve_with(node.remote_calls());
         node.purge_departed(membership.everyone(), config.cluster.purge_after);
+        node.reattach_on_rejoin(membership.rejoins(), 2 * config.membership.heartbeat);
     }
     let view = ClusterView {
         me: me.clone(),

@@ -85,8 +85,10 @@ end
 /// The heartbeat, on KEYS = records, deadlines, version. ARGV: name
 /// (empty: only read), incarnation, agents, advertise, TTL ms, the version
 /// the caller saw. Answers `{'taken', incarnation}`, `{'same', version}` or
-/// `{'view', version, {name, record, …}}`. A record whose deadline is
-/// missing counts as lapsed.
+/// `{'view', version, {name, record, …}}`, each with a fourth element: 1
+/// if the caller's record was not there (it joined, or came back after it
+/// lapsed or was evicted), else 0. A record whose deadline is missing
+/// counts as lapsed.
 const HEARTBEAT: &str = concat!(
     membership_prelude!(),
     r"
@@ -106,13 +108,16 @@ if redis.call('ZCARD', KEYS[2]) ~= redis.call('HLEN', KEYS[1]) then
     end
   end
 end
+local absent = 0
 if ARGV[1] ~= '' then
   local held = redis.call('HGET', KEYS[1], ARGV[1])
   if held then
     local incarnation = string.match(held, '^([^|]*)')
     if incarnation ~= ARGV[2] then
-      return {'taken', incarnation, {}}
+      return {'taken', incarnation, {}, 0}
     end
+  else
+    absent = 1
   end
   local record = ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[4]
   if held ~= record then
@@ -126,9 +131,9 @@ if changed or not version then
   version = bump()
 end
 if version == ARGV[6] then
-  return {'same', version, {}}
+  return {'same', version, {}, absent}
 end
-return {'view', version, redis.call('HGETALL', KEYS[1])}"
+return {'view', version, redis.call('HGETALL', KEYS[1]), absent}"
 );
 
 /// Removes ARGV[1]'s record (KEYS as [`HEARTBEAT`]) if incarnation ARGV[2]
@@ -146,7 +151,13 @@ end
 return 0"
 );
 
-/// What a heartbeat answered.
+/// What a heartbeat answered, and whether this node's record was absent.
+struct Answer {
+    beat: Beat,
+    absent: bool,
+}
+
+/// What a heartbeat found of the records.
 enum Beat {
     /// Another incarnation holds the name.
     Taken(String),
@@ -188,6 +199,13 @@ struct Inner {
     everyone: watch::Sender<Vec<Member>>,
     /// The version of the records the view was last built from.
     seen: Mutex<String>,
+    /// Bumped each time a heartbeat after the first found this node's
+    /// record gone (it lapsed while the node was paused, cut off or Redis
+    /// was down, or it was evicted): the other nodes may have let go of
+    /// this node's subscriptions meanwhile.
+    rejoins: watch::Sender<u64>,
+    /// The first heartbeat (the join) succeeded.
+    joined: AtomicBool,
     heartbeat: redis::Script,
     leave: redis::Script,
 }
@@ -232,6 +250,8 @@ impl RedisMembership {
                 view,
                 everyone: watch::Sender::new(Vec::new()),
                 seen: Mutex::new(String::new()),
+                rejoins: watch::Sender::new(0),
+                joined: AtomicBool::new(false),
                 heartbeat: redis::Script::new(HEARTBEAT),
                 leave: redis::Script::new(LEAVE),
             }),
@@ -245,6 +265,12 @@ impl RedisMembership {
     /// (the cluster transport dials them; their consumers stay reachable).
     pub fn everyone(&self) -> watch::Receiver<Vec<Member>> {
         self.inner.everyone.subscribe()
+    }
+
+    /// Changes each time this node comes back as a member after its
+    /// record was gone (see `Node::reattach_on_rejoin`).
+    pub fn rejoins(&self) -> watch::Receiver<u64> {
+        self.inner.rejoins.subscribe()
     }
 
     /// This process's incarnation.
@@ -336,7 +362,13 @@ impl RedisMembership {
     async fn heartbeat(&self) -> Result<(), MembershipError> {
         let agents = if self.inner.agents_started.load(Ordering::SeqCst) { "started" } else { "stopped" };
         let seen = self.inner.seen.lock().clone();
-        let members = match self.beat(self.inner.me.as_str(), agents, &seen).await? {
+        let answer = self.beat(self.inner.me.as_str(), agents, &seen).await?;
+        let was_member = self.inner.joined.swap(true, Ordering::SeqCst);
+        if answer.absent && was_member {
+            tracing::warn!(node = %self.inner.me, "this node's member record had lapsed; it is a member again");
+            self.inner.rejoins.send_modify(|n| *n += 1);
+        }
+        let members = match answer.beat {
             Beat::Taken(incarnation) => {
                 return Err(MembershipError::NameTaken { name: self.inner.me.to_string(), incarnation });
             }
@@ -359,17 +391,17 @@ impl RedisMembership {
     /// The live members (at most `membership.max_members`, by name), read
     /// now.
     pub async fn members(&self) -> Result<Vec<Member>, MembershipError> {
-        match self.beat("", "", "").await? {
+        match self.beat("", "", "").await?.beat {
             Beat::View(_, members) => Ok(members),
             Beat::Taken(_) | Beat::Same => Ok(self.inner.everyone.borrow().clone()),
         }
     }
 
     /// One [`HEARTBEAT`] call: `name` empty only reads.
-    async fn beat(&self, name: &str, agents: &str, seen: &str) -> Result<Beat, MembershipError> {
+    async fn beat(&self, name: &str, agents: &str, seen: &str) -> Result<Answer, MembershipError> {
         let [records, deadlines, version] = self.keys();
         let ttl = u64::try_from(self.inner.options.ttl.as_millis()).unwrap_or(u64::MAX);
-        let (kind, answer, fields): (String, String, Vec<String>) = self
+        let (kind, answer, fields, absent): (String, String, Vec<String>, i64) = self
             .inner
             .heartbeat
             .key(&records)
@@ -384,11 +416,12 @@ impl RedisMembership {
             .invoke_async(&mut self.inner.conn.clone())
             .await
             .map_err(backend(if name.is_empty() { "reading" } else { "refreshing" }, &records))?;
-        Ok(match kind.as_str() {
+        let beat = match kind.as_str() {
             "taken" => Beat::Taken(answer),
             "same" => Beat::Same,
             _ => Beat::View(answer, self.parse(fields)),
-        })
+        };
+        Ok(Answer { beat, absent: absent == 1 })
     }
 
     /// Members from `HGETALL` of the records, sorted by name, at most

@@ -177,8 +177,12 @@ impl RemoteCalls {
         let timeout = node.config.pubsub.attach_timeout;
         let result = match agent.call(|reply| AgentMsg::Attach { subscription, reply }, Some(timeout)).await {
             Ok(CallResult::Success(Ok(start))) => Ok(start),
+            // The consumer's own node asks: if the agent found it
+            // unavailable, this node's view of it is behind (it was away
+            // and is back). Both are worth another try.
             Ok(CallResult::Success(Err(error))) => {
-                Err(AttachRefusal { retry: matches!(error, AttachError::NotServing(_)), message: error.to_string() })
+                let retry = matches!(error, AttachError::NotServing(_) | AttachError::ConsumerUnavailable { .. });
+                Err(AttachRefusal { retry, message: error.to_string() })
             }
             _ => Err(AttachRefusal { retry: true, message: format!("the agent of queue {queue} did not answer") }),
         };

@@ -91,10 +91,12 @@ impl Node {
         let mut subscription =
             Subscription { id, stream: stream.clone(), consumer: address, start, state: SubscriptionState::Active };
         let outcome = async {
+            tracked.remember(subscription.clone());
             self.store.upsert(subscription.clone()).await?;
             let concrete = self.attach(subscription.clone()).await?;
             if concrete != start {
                 subscription.start = concrete;
+                tracked.remember(subscription.clone());
                 self.store.upsert(subscription.clone()).await?;
             }
             Ok::<_, SubscribeError>(concrete)
@@ -124,7 +126,7 @@ impl Node {
         }
     }
 
-    async fn attach(&self, subscription: Subscription) -> Result<StartPosition, SubscribeError> {
+    pub(super) async fn attach(&self, subscription: Subscription) -> Result<StartPosition, SubscribeError> {
         let queue = self.mapper.queue_for(&subscription.stream);
         let timeout = self.config.pubsub.attach_timeout;
         let deadline = tokio::time::Instant::now() + timeout;

@@ -1,8 +1,9 @@
 //! The consumer-side handle of an explicit subscription: it remembers the
-//! last token its consumer processed, answers handshakes with it, drops
-//! redeliveries of what was already processed (so a graceful handoff, or a
-//! restarted agent, delivers nothing twice to a live consumer), and refuses
-//! deliveries once unsubscribed.
+//! subscription and the last token its consumer processed, answers
+//! handshakes with it (or, before anything was processed, with the
+//! subscription's own start), drops redeliveries of what was already
+//! processed (so a graceful handoff, or a restarted agent, delivers nothing
+//! twice to a live consumer), and refuses deliveries once unsubscribed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,22 +11,39 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
-use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionInfo};
+use crate::pubsub::{
+    ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, Subscription, SubscriptionInfo,
+};
 use crate::stream::SequenceToken;
 
 pub(crate) struct TrackedConsumer {
     inner: Arc<dyn StreamConsumer>,
+    /// The subscription as stored (its start made concrete once attached).
+    record: Mutex<Option<Subscription>>,
     last: Mutex<Option<SequenceToken>>,
     closed: AtomicBool,
 }
 
 impl TrackedConsumer {
     pub(crate) fn new(inner: Arc<dyn StreamConsumer>) -> Self {
-        Self { inner, last: Mutex::new(None), closed: AtomicBool::new(false) }
+        Self { inner, record: Mutex::new(None), last: Mutex::new(None), closed: AtomicBool::new(false) }
     }
 
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Remembers the subscription this handle serves, as stored.
+    pub(crate) fn remember(&self, subscription: Subscription) {
+        *self.record.lock() = Some(subscription);
+    }
+
+    pub(crate) fn record(&self) -> Option<Subscription> {
+        self.record.lock().clone()
     }
 
     fn last(&self) -> Option<SequenceToken> {
@@ -45,7 +63,7 @@ impl StreamConsumer for TrackedConsumer {
         }
         match self.inner.handshake(subscription).await? {
             Some(start) => Ok(Some(start)),
-            None => Ok(self.last().map(StartPosition::After)),
+            None => Ok(self.last().map(StartPosition::After).or_else(|| self.record().map(|r| r.start))),
         }
     }
 
