@@ -185,7 +185,11 @@ impl Proc {
         let path = dir.path().join(format!("{name}.toml"));
         std::fs::write(&path, text).unwrap();
         let log = dir.path().join(format!("{name}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_tailrace"))
+        // TAILRACE_TEST_BIN runs the processes of a test from another
+        // build (an older commit, a mutant): what the test checks then
+        // says whether that build has the bug.
+        let binary = std::env::var_os("TAILRACE_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tailrace").into());
+        let child = Command::new(binary)
             .args(args)
             .arg("--config")
             .arg(&path)
@@ -308,6 +312,20 @@ impl Proc {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until this node's store shows `run` of `fqn` (the archiver of
+    /// the run's owner stored its first container): a stream of a pipeline
+    /// nothing was stored for answers `404` at once on a node that did not
+    /// accept the write itself.
+    pub async fn wait_stored(&self, fqn: &str, run: &str) {
+        let url = self.url(&format!("/api/v1/services/ingestionPipelines/logs/{fqn}/last?runId={run}"));
+        let deadline = std::time::Instant::now() + SETTLE_WITHIN;
+        let client = super::http_client();
+        while !client.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
+            assert!(std::time::Instant::now() < deadline, "{}'s store never showed {fqn}/{run}", self.name);
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

@@ -262,6 +262,12 @@ impl Sse {
         Self::from(client.get(url).send().await.unwrap())
     }
 
+    /// As [`Sse::open`], or the error if the request fails (a node that
+    /// just died, a refused connection).
+    pub async fn try_open(client: &reqwest::Client, url: &str) -> reqwest::Result<Self> {
+        Ok(Self::from(client.get(url).send().await?))
+    }
+
     pub async fn open_with(client: &reqwest::Client, url: &str, token: &str) -> Self {
         Self::from(client.get(url).bearer_auth(token).send().await.unwrap())
     }
