@@ -94,6 +94,7 @@ async fn a_cut_link_heals_and_nothing_is_dead_lettered() {
     let mut viewers = Vec::new();
     for run in &runs {
         let path = format!("/api/v1/services/ingestionPipelines/logs/{FQN}/stream/{run}");
+        nodes[watcher(run)].wait_stored(FQN, run).await;
         let mut sse = Sse::open(&client, &nodes[watcher(run)].url(&path)).await;
         let mut lines = Vec::new();
         read_to(&mut sse, &mut lines, posted[run]).await;
@@ -152,6 +153,7 @@ async fn a_killed_nodes_viewer_subscriptions_are_purged() {
     let answer = client.post(post).header("content-type", "text/plain").body("one\n").send().await.unwrap();
     assert!(answer.status().is_success());
     let path = format!("/api/v1/services/ingestionPipelines/logs/{FQN}/stream/run-1");
+    n2.wait_stored(FQN, "run-1").await;
     let mut sse = Sse::open(&client, &n2.url(&path)).await;
     let mut lines = Vec::new();
     read_to(&mut sse, &mut lines, 1).await;

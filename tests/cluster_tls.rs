@@ -66,6 +66,7 @@ async fn nodes_link_over_tls_and_a_node_of_another_authority_is_refused() {
         client.post(url).header("content-type", "text/plain").body(body).send().await.unwrap().status().is_success()
     );
     let path = format!("/api/v1/services/ingestionPipelines/logs/{FQN}/stream/{run}");
+    watcher.wait_stored(FQN, run).await;
     let mut sse = Sse::open(&client, &watcher.url(&path)).await;
     let mut lines = Vec::new();
     while lines.len() < 50 {

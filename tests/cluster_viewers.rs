@@ -47,6 +47,8 @@ struct Viewer {
 
 impl Viewer {
     async fn open(&mut self, client: &reqwest::Client, node: &Proc) {
+        // A node that did not accept the run's first write knows it once stored.
+        node.wait_stored(FQN, &run_id(self.run)).await;
         let query = self.after.as_ref().map(|a| format!("?after={a}")).unwrap_or_default();
         let path = format!("/api/v1/services/ingestionPipelines/logs/{FQN}/stream/{}{query}", run_id(self.run));
         let sse = Sse::open(client, &node.url(&path)).await;

@@ -499,12 +499,23 @@ async fn frames_carry_type_and_run_and_nothing_else() {
     assert_eq!((event["runId"].as_str(), event["logs"].as_str()), (Some(run), Some("a\nb")));
 }
 
-/// 50: an unknown pipeline is a plain 404, at once.
+/// 50: an unknown pipeline is a plain 404, at once: the resume wait (an
+/// hour here) is for cursors past the head of a run that exists, never for
+/// a name nothing was written to. The stream and the page alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unknown_pipeline_is_404() {
-    let server = LogServer::start(quick_settings()).await;
-    let sse = server.open("non.existent.pipeline", "r-1", None).await;
-    assert_eq!(sse.status, 404);
+async fn an_unknown_pipeline_is_404_without_waiting() {
+    let settings = LogStreamSettings { resume_wait_seconds: 3600.0, ..quick_settings() };
+    let server = LogServer::start(settings).await;
+    server.lines("svc.known", "r-1", "a line").await;
+    server.archived("svc.known", "r-1", 1).await;
+    let within = Duration::from_secs(30);
+    for after in [None, Some("5")] {
+        let sse = tokio::time::timeout(within, server.open("non.existent.pipeline", "r-1", after)).await;
+        assert_eq!(sse.expect("the 404 does not wait").status, 404, "after={after:?}");
+    }
+    let page = server.url("/api/v1/services/ingestionPipelines/logs/non.existent.pipeline/last?runId=r-1");
+    let answer = tokio::time::timeout(within, server.client.get(page).send()).await;
+    assert_eq!(answer.expect("the 404 does not wait").unwrap().status(), 404);
 }
 
 /// 45, 47: the stream commits before any content exists and ends on its

@@ -39,7 +39,6 @@ use super::tailer::{Phase, Pull, StartAt, Tailer};
 use super::viewer::{HEARTBEAT, Viewer};
 use crate::archive::RunKey;
 use crate::config::secs;
-use crate::stream::SequenceToken;
 
 /// How often a session retries when the store has not caught up yet.
 const STORE_LAG_WAIT: Duration = Duration::from_millis(50);
@@ -96,21 +95,11 @@ pub(crate) async fn open(
     // does not have yet.)
     match edge.store.pipeline_exists(key.fqn()).await {
         Ok(true) => {}
-        // A run whose first line was just accepted is stored a moment
-        // later: a viewer may open it that soon. Accepted here, wait for
-        // that write as a page does; elsewhere, for the run's first container.
-        Ok(false) => {
-            let stored = match edge.written.last(&key) {
-                Some(_) => edge.caught_up(&key).await,
-                None => {
-                    let wait = secs(edge.settings.resume_wait_seconds);
-                    edge.store.wait_stored(&key, SequenceToken::new(0, 0), wait).await
-                }
-            };
-            if !stored {
-                return Err(unknown());
-            }
-        }
+        // A run whose first line was just accepted here is stored a moment
+        // later: wait for that write, as a page does. A pipeline nobody
+        // wrote to through this edge is unknown at once.
+        Ok(false) if edge.written.last(&key).is_some() && edge.caught_up(&key).await => {}
+        Ok(false) => return Err(unknown()),
         Err(error) => return Err(store_unavailable(error)),
     }
     let start = match after {
