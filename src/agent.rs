@@ -100,8 +100,6 @@ pub struct Agent {
     delivery_limits: Arc<RetryLimits>,
     /// The node's kill switch (see [`AgentServices::kill`]).
     kill: Arc<CancellationToken>,
-    /// Cancels the wait on the receiver's wake when the agent's state goes.
-    asleep: tokio_util::sync::DropGuard,
     status: AgentStatus,
     metrics: AgentMetrics,
     /// The lifecycle span (`pulling_agent{node, queue}`): every message,
@@ -238,7 +236,6 @@ impl Agent {
             stop_retries: Arc::new(CancellationToken::new()),
             delivery_limits: Arc::new(RetryLimits::from(&services.options)),
             kill,
-            asleep: CancellationToken::new().drop_guard(),
             status: AgentStatus { queue: Some(queue), ..AgentStatus::default() },
             metrics: AgentMetrics::new(queue),
             span: span.clone(),
@@ -299,7 +296,7 @@ impl Agent {
         let (rewinds, read) = match self.pump.finish(outcome, self.queue, &self.services.options)? {
             Pumped::InitFailed { error, wait } => {
                 tracing::warn!(queue = %self.queue, %error, ?wait, "receiver initialize failed; retrying");
-                self.schedule_pump(wait);
+                self.back_off(wait);
                 return Ok(());
             }
             Pumped::Ran { rewinds, read } => (rewinds, read),
@@ -314,7 +311,7 @@ impl Agent {
                 self.metrics.read_errors.increment(1);
                 let wait = self.pump.failed(&self.services.options);
                 tracing::warn!(queue = %self.queue, %error, ?wait, "queue read failed; backing off");
-                self.schedule_pump(wait);
+                self.back_off(wait);
             }
             // Admission is closed: what was read now is left unacknowledged
             // for the next owner.
@@ -338,13 +335,19 @@ impl Agent {
         Ok(())
     }
 
+    /// After a failed read or initialize: pump after `wait`, or once the receiver's probe finds its backend.
+    fn back_off(&mut self, wait: Duration) {
+        self.schedule_pump(wait);
+        if let Some(probe) = self.pump.reachable() {
+            self.outbox.wake_when(&self.services.tasks, probe, "agent backend probe");
+        }
+    }
+
     /// Nothing to read: wait for the receiver's wake, pumping only to write
     /// a throttled checkpoint and to forget idle streams in time.
     fn sleep(&mut self, wake: Option<crate::queue::Wake>) {
         if let Some(wake) = wake {
-            let cancel = self.asleep.token().clone(); // cancelled when the agent's state goes
-            let woken = async move { cancel.run_until_cancelled(wake).await.map(|()| InternalMsg::Woken) };
-            self.outbox.spawn_reporting(&self.services.tasks, "agent wake", woken);
+            self.outbox.wake_when(&self.services.tasks, wake, "agent wake");
         }
         if let Some(due) = self.pump.asleep_due(&self.services, self.streams.len()) {
             self.schedule_pump(due);

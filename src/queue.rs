@@ -281,6 +281,17 @@ pub trait QueueReceiver: Send + 'static {
         None
     }
 
+    /// After a read or an initialize failed: a future that completes once
+    /// the backend answers again (a cheap probe, such as a Redis `PING`
+    /// every few hundred milliseconds), so that the agent retries at once
+    /// instead of waiting out the rest of `agent.reader_backoff`. It may
+    /// complete early (the agent's retry then fails and backs off again);
+    /// it may be dropped unfinished. `None` (the default): the agent waits
+    /// the backoff out.
+    fn reachable(&mut self) -> Option<Wake> {
+        None
+    }
+
     /// Reads up to `max` containers at or after `from`, in queue order,
     /// whether or not the live position passed them, without moving it
     /// (rewindable adapters only). The default refuses.

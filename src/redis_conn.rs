@@ -414,14 +414,21 @@ fn tls_error(error: &redis::RedisError) -> Option<&rustls::Error> {
 }
 
 /// The standard reconnecting connection: every command bounded by
-/// `response_timeout`, reconnects backing off up to 5 s, 6 attempts.
+/// `response_timeout`, reconnects backing off up to [`RECONNECT_MAX_DELAY`],
+/// 6 attempts (then the next command starts again).
 pub fn reconnecting(response_timeout: Duration) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_response_timeout(Some(response_timeout))
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_max_delay(Duration::from_secs(5))
+        .set_max_delay(RECONNECT_MAX_DELAY)
         .set_number_of_retries(6)
 }
+
+/// The longest wait between two reconnect attempts: a Redis that is back
+/// is found within this (a dial a few times a second per connection while
+/// it is down costs nothing; waits of seconds left queues unread that long
+/// after Redis answered again).
+pub const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(500);
 
 /// `url` as it may be printed: its password replaced by `***`
 /// (`redis://user:***@host:6379`). A URL that does not parse is not
@@ -452,6 +459,19 @@ pub fn redact(url: &str) -> String {
         Err(_) if !url.contains('@') => url.to_string(),
         Err(_) => "(a URL that does not parse)".to_string(),
     }
+}
+
+/// Whether a call that failed with `error` may succeed if made again: the
+/// link (refused, dropped, timed out) or a server that is not ready yet
+/// (loading its data after a restart, a cluster failing over, a replica
+/// promoted), as opposed to a refusal that a retry meets again (a script
+/// error, a wrong type, no permission).
+pub(crate) fn is_transient(error: &redis::RedisError) -> bool {
+    error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || !matches!(error.retry_method(), redis::RetryMethod::NoRetry)
 }
 
 #[cfg(test)]

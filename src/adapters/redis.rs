@@ -228,8 +228,7 @@ fn connection_config(options: &RedisOptions) -> redis::aio::ConnectionManagerCon
 
 /// A Redis error as a queue error (transient when a retry may help).
 pub(crate) fn backend(error: &redis::RedisError, doing: &str) -> QueueError {
-    let transient =
-        error.is_io_error() || error.is_timeout() || error.is_connection_dropped() || error.is_connection_refusal();
+    let transient = crate::redis_conn::is_transient(error);
     QueueError::Backend { adapter: NAME.into(), message: format!("{doing}: {error}"), transient }
 }
 

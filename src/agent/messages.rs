@@ -102,6 +102,9 @@ pub(super) struct Outbox {
     lane: UnboundedSender<worker::Job<InternalMsg>>,
     /// Lookups, handshakes, deliveries and side work in flight on the lane.
     work: usize,
+    /// Cancels the waits on the receiver (its wake, its backend probe)
+    /// when the agent's state goes.
+    waits: tokio_util::sync::DropGuard,
 }
 
 impl Outbox {
@@ -116,7 +119,7 @@ impl Outbox {
         let to = myself.clone();
         let report = move |done| to.cast(AgentMsg::Internal(Internal(InternalMsg::Batch(done)))).is_ok();
         let lane = worker::start(tasks, report, kill, span);
-        Self { myself, lane, work: 0 }
+        Self { myself, lane, work: 0, waits: CancellationToken::new().drop_guard() }
     }
 
     /// The agent itself.
@@ -223,6 +226,15 @@ impl Outbox {
                 // Only fails if the agent is gone, and then nobody needs it.
                 let _ = myself.cast(AgentMsg::Internal(Internal(msg)));
             }
+        });
+    }
+
+    /// Tells the agent `Woken` once `ready` (its receiver's wake, or its
+    /// backend probe) completes, unless the agent's state went first.
+    pub(super) fn wake_when(&self, tasks: &Tasks, ready: crate::queue::Wake, name: &'static str) {
+        let cancel = self.waits.token().clone();
+        self.spawn_reporting(tasks, name, async move {
+            cancel.run_until_cancelled(ready).await.map(|()| InternalMsg::Woken)
         });
     }
 

@@ -310,6 +310,12 @@ impl Pump {
         AfterRead::Pump(delay)
     }
 
+    /// After a failed read or initialize (the receiver is home): the
+    /// receiver's probe of its backend, if it has one.
+    pub(crate) fn reachable(&mut self) -> Option<Wake> {
+        self.io.as_mut().and_then(|io| io.receiver.reachable())
+    }
+
     /// Whether the agent sleeps until its receiver's wake.
     pub(crate) fn asleep(&self) -> bool {
         self.armed

@@ -1,6 +1,8 @@
 //! What every refusal of the edge looks like, on either HTTP path: a
 //! status and a JSON body `{"code": …, "message": …}` (a `401` also
-//! carries `WWW-Authenticate: Bearer`).
+//! carries `WWW-Authenticate: Bearer`, a `503` `Retry-After`: it is what a
+//! backend that is down for now, or a full budget, answers, and clients
+//! and proxies retry it).
 
 use axum::Json;
 use axum::http::{StatusCode, header};
@@ -8,6 +10,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::archive::RunKey;
+
+/// What a `503` tells a client to wait before it retries.
+pub(crate) const RETRY_AFTER_SECONDS: &str = "1";
 
 /// A clear 4xx/5xx, answered with a JSON body `{"code": …, "message": …}`.
 #[derive(Debug)]
@@ -21,6 +26,9 @@ impl IntoResponse for ApiError {
         let body = Json(json!({ "code": self.status.as_u16(), "message": self.message }));
         if self.status == StatusCode::UNAUTHORIZED {
             return (self.status, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response();
+        }
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            return (self.status, [(header::RETRY_AFTER, RETRY_AFTER_SECONDS)], body).into_response();
         }
         (self.status, body).into_response()
     }

@@ -146,7 +146,8 @@ impl KeyWaits {
                 Ok(answer) if moved(&answer) => {}
                 // A dropped waiter means the waits were cleared: wake too.
                 Ok(_) => drop(woken.await),
-                Err(error) if is_transient(&error) => {
+                // Redis unreachable or loading (as opposed to refusing tracking).
+                Err(error) if super::is_transient(&error) => {
                     tracing::debug!(%key, %error, "cannot register a wait; looking again soon");
                     tokio::time::sleep(RETRY_AFTER).await;
                 }
@@ -184,12 +185,6 @@ impl KeyWaits {
             redis::RedisError::from((redis::ErrorKind::Io, "connecting the wait connection", e.to_string()))
         })
     }
-}
-
-/// Whether a failed registration may work later (Redis unreachable), as
-/// opposed to a Redis that refuses tracking.
-fn is_transient(error: &redis::RedisError) -> bool {
-    error.is_io_error() || error.is_timeout() || error.is_connection_dropped() || error.is_connection_refusal()
 }
 
 #[cfg(test)]

@@ -243,6 +243,21 @@ impl QueueReceiver for RedisReceiver {
         Ok(self.containers(reply.ids))
     }
 
+    /// After a failure: a `PING` every [`PROBE_EVERY`] until Redis answers
+    /// `PONG` (a Redis still loading its data answers `LOADING`).
+    fn reachable(&mut self) -> Option<Wake> {
+        let mut conn = self.conn.clone();
+        Some(Box::pin(async move {
+            loop {
+                tokio::time::sleep(PROBE_EVERY).await;
+                let pong: Result<String, _> = redis::cmd("PING").query_async(&mut conn).await;
+                if pong.is_ok_and(|p| p == "PONG") {
+                    return;
+                }
+            }
+        }))
+    }
+
     /// After an empty read: until Redis tells of a write to the stream, or
     /// until the next trim is due if entries were read since the last one
     /// (reads trim), so an idle stream does not keep what was consumed.
@@ -445,6 +460,9 @@ async fn claim_attempt(receiver: &mut RedisReceiver) -> (&mut RedisReceiver, Res
     let claimed = receiver.claim_everything().await;
     (receiver, claimed)
 }
+
+/// How often a receiver whose read failed asks Redis whether it is back.
+const PROBE_EVERY: Duration = Duration::from_millis(200);
 
 /// Waits between attempts while Redis is not ready at start.
 const NOT_READY: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1), Duration::from_millis(100));
