@@ -35,7 +35,9 @@ enum Command {
     Node(cli::node::NodeArgs),
     /// Start, stop or read a running node's pulling agents (admin API).
     Agents(cli::agents::AgentsArgs),
-    /// Send log lines from standard input to a run on a running edge.
+    /// Send log lines to a run on a running edge: standard input, or what a
+    /// command run after `--` writes (its exit then sets the run's state
+    /// and this process's exit code).
     Produce(cli::produce::ProduceArgs),
     /// Follow a run's log from the terminal, resuming across disconnects.
     Tail(cli::tail::TailArgs),
@@ -81,7 +83,7 @@ enum HandoffCommand {
     Recover(cli::handoff::RecoverArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<std::process::ExitCode> {
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -95,13 +97,14 @@ fn main() -> anyhow::Result<()> {
     tailrace::tls::use_ring_by_default();
     let runtime =
         tokio::runtime::Builder::new_multi_thread().max_blocking_threads(MAX_BLOCKING_THREADS).enable_all().build()?;
-    runtime.block_on(async move {
-        match args.command {
+    let code = runtime.block_on(async move {
+        let done = match args.command {
+            // A command run by `produce` decides the exit code.
+            Command::Produce(args) => return cli::produce::run(args).await,
             Command::Demo(demo) => cli::demo::run(demo).await,
             Command::Serve(serve) => cli::serve::run(serve).await,
             Command::Node(node) => cli::node::run(node).await,
             Command::Agents(args) => cli::agents::run(args).await,
-            Command::Produce(args) => cli::produce::run(args).await,
             Command::Tail(args) => cli::tail::run(args).await,
             Command::BenchClient(args) => cli::bench::sse_client::run(args).await,
             Command::Handoff { command: HandoffCommand::Recover(args) } => cli::handoff::recover(args),
@@ -109,6 +112,8 @@ fn main() -> anyhow::Result<()> {
                 let flags = cli::bench::BenchFlags { quick, graceful, queues, redis_url, cluster };
                 cli::bench::run(&scenario, flags).await
             }
-        }
-    })
+        };
+        done.map(|()| 0)
+    })?;
+    Ok(std::process::ExitCode::from(code))
 }
