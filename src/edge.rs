@@ -1,5 +1,5 @@
 //! The HTTP edge of a node: `GET /metrics` (Prometheus text format),
-//! `GET /healthz`, and the log path: ingest, the SSE live tail (one tailer
+//! `GET /healthz` (live), `GET /readyz` (ready: `edge/health.rs`), and the log path: ingest, the SSE live tail (one tailer
 //! per watched run, shared by its viewers), the paginated and download
 //! endpoints, listings and the viewer page at `/`; the admin API
 //! ([`admin_router`]). `docs/sse.md` is the protocol. With `[edge.tls]`
@@ -15,6 +15,7 @@ mod auth;
 mod body;
 mod direct;
 mod frames;
+mod health;
 mod https;
 mod incident;
 mod ingest;
@@ -103,7 +104,8 @@ fn metrics_upkeep() {
 
 /// The edge's routes.
 pub fn router(metrics: PrometheusHandle) -> Router {
-    Router::new().route("/metrics", get(render_metrics)).route("/healthz", get(|| async { "ok\n" })).with_state(metrics)
+    let live = || async { axum::Json(serde_json::json!({ "live": true })) };
+    Router::new().route("/metrics", get(render_metrics)).route("/healthz", get(live)).with_state(metrics)
 }
 
 async fn render_metrics(State(metrics): State<PrometheusHandle>) -> impl IntoResponse {
@@ -132,6 +134,9 @@ pub struct LogEdge {
     bodies: body::Budget,
     /// The last container this edge wrote to each run, for its own reads.
     written: written::Written,
+    /// The run log store's one writer (its health, for `/readyz`).
+    archiver: Arc<Archiver>,
+    readiness: health::Readiness,
 }
 
 impl LogEdge {
@@ -163,6 +168,8 @@ impl LogEdge {
             auth,
             bodies,
             written,
+            archiver,
+            readiness: health::Readiness::default(),
         })
     }
 
@@ -244,7 +251,8 @@ impl LogEdge {
             .layer(DefaultBodyLimit::max(self.options.max_body_bytes))
             .layer(axum::middleware::from_fn_with_state(auth, auth::require))
             .with_state(self.clone());
-        api.route("/", get(|| async { Html(viewer_page()) }))
+        let probes = Router::new().route("/readyz", get(health::ready)).with_state(self.clone());
+        api.route("/", get(|| async { Html(viewer_page()) })).merge(probes)
     }
 }
 

@@ -234,6 +234,12 @@ pub trait QueueAdapter: Send + Sync + 'static {
     /// ignores it.
     async fn create_receiver(&self, queue: QueueId, fence: Fence) -> Result<Box<dyn QueueReceiver>, QueueError>;
 
+    /// Whether the backend answers now (a cheap probe: a Redis `PING`), for
+    /// `GET /readyz`. The default answers yes.
+    async fn health(&self) -> Result<(), QueueError> {
+        Ok(())
+    }
+
     /// Flushes and releases what the adapter holds (writers, connections)
     /// once nothing enqueues any more. The default has nothing to do.
     async fn close(&self) -> Result<(), QueueError> {

@@ -36,7 +36,7 @@ async fn metrics_are_scrapeable_and_count_what_the_runtime_did() {
     node.node.produce(&s, events("e", 0..7)).await.unwrap();
     assert!(eventually(Duration::from_secs(10), || recorder.total() == 7).await);
     let health = get(addr, "/healthz").await;
-    assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"), "{health}");
+    assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("{\"live\":true}"), "{health}");
     let mut metrics = String::new();
     for _ in 0..100 {
         metrics = get(addr, "/metrics").await;

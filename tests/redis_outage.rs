@@ -3,7 +3,9 @@
 //! down for now is not a bug), saying the batch may have been stored and
 //! that a retry with the same ids stores it once, which it does. Once Redis
 //! answers again, the node reads its queues at once, not after the rest of
-//! its read backoff (10–20 s).
+//! its read backoff (10–20 s). `/readyz` says the node is not ready, and
+//! why, while Redis is down, and ready again once it is back; `/healthz`
+//! (live) answers throughout.
 
 mod common;
 
@@ -103,4 +105,42 @@ async fn once_redis_answers_again_the_node_reads_within_a_second() {
     assert_eq!(event["logs"], "after");
     eprintln!("first delivery {took:?} after Redis answered PING");
     assert!(took < Duration::from_secs(1), "the node read {took:?} after Redis was back");
+}
+
+async fn readyz(client: &reqwest::Client, node: &Proc) -> (u16, serde_json::Value) {
+    let answer = client.get(node.url("/readyz")).send().await.unwrap();
+    (answer.status().as_u16(), answer.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_redis_while_it_is_down_and_is_ready_again_after() {
+    let client = common::http().timeout(Duration::from_secs(30)).build().unwrap();
+    let mut server = RedisServer::start();
+    let node = Proc::node(&server, "n1");
+    let (status, body) = readyz(&client, &node).await;
+    assert_eq!((status, &body["ready"]), (200, &serde_json::json!(true)), "{body}");
+    for check in ["stopping", "run log store", "queues", "archiver", "membership"] {
+        assert_eq!(body["checks"][check], "ok", "{check}: {body}");
+    }
+    server.stop();
+    let (status, body) = readyz(&client, &node).await;
+    assert_eq!((status, &body["ready"]), (503, &serde_json::json!(false)), "{body}");
+    let store = body["checks"]["run log store"].as_str().unwrap();
+    let queues = body["checks"]["queues"].as_str().unwrap();
+    assert!(store.starts_with("the run log store") && store != "ok", "{body}");
+    assert!(queues.starts_with("the queues' backend") && queues != "ok", "{body}");
+    let live = client.get(node.url("/healthz")).send().await.unwrap();
+    assert_eq!(live.status(), 200, "alive while not ready");
+
+    tokio::task::block_in_place(|| server.restart());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = readyz(&client, &node).await;
+        if status == 200 {
+            assert_eq!(body["ready"], true);
+            break;
+        }
+        assert!(Instant::now() < deadline, "not ready again after Redis came back: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -315,6 +315,19 @@ impl QueueAdapter for RedisAdapter {
         NAME
     }
 
+    async fn health(&self) -> Result<(), QueueError> {
+        let pong: String =
+            redis::cmd("PING").query_async(&mut self.conn.clone()).await.map_err(|e| backend(&e, "PING"))?;
+        match pong.as_str() {
+            "PONG" => Ok(()),
+            other => Err(QueueError::Backend {
+                adapter: NAME.into(),
+                message: format!("PING answered {other}"),
+                transient: true,
+            }),
+        }
+    }
+
     fn direction(&self) -> Direction {
         Direction::ReadWrite
     }

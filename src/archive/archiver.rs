@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
+use tokio::time::Instant;
 
 use super::run_stream::{Contents, batch_fingerprint};
 use super::{Append, InvalidName, RunInfo, RunKey, RunLogStore, RunSummary, StoreError};
@@ -105,17 +107,49 @@ impl RunLogReader {
 /// ```
 pub struct Archiver {
     store: Arc<dyn RunLogStore>,
+    health: Arc<Health>,
+}
+
+/// How long the archiver's writes may keep failing before it counts as
+/// stuck (`GET /readyz`): longer than a Redis restart or failover.
+pub const STUCK_AFTER: Duration = Duration::from_secs(30);
+
+/// Since when the archiver's writes have failed without one succeeding.
+#[derive(Default)]
+struct Health {
+    failing_since: Mutex<Option<(Instant, String)>>,
 }
 
 impl Archiver {
     /// Archives into `store`.
     pub fn new(store: Arc<dyn RunLogStore>) -> Arc<Self> {
-        Arc::new(Self { store })
+        Arc::new(Self { store, health: Arc::default() })
     }
 
     /// A read-only view of the store.
     pub fn reader(&self) -> RunLogReader {
         RunLogReader { store: self.store.clone() }
+    }
+
+    /// Why the archiver counts as stuck: its writes have failed for
+    /// [`STUCK_AFTER`] or longer without one succeeding (the first failure's
+    /// error, as logged). `None` while it stores, or fails only briefly.
+    pub fn stuck(&self) -> Option<(Duration, String)> {
+        let failing = self.health.failing_since.lock();
+        let (since, error) = failing.as_ref()?;
+        (since.elapsed() >= STUCK_AFTER).then(|| (since.elapsed(), error.clone()))
+    }
+}
+
+impl Health {
+    fn note<T, E: std::fmt::Display>(&self, outcome: &Result<T, E>) {
+        let mut failing = self.failing_since.lock();
+        match outcome {
+            Ok(_) => *failing = None,
+            Err(error) => {
+                failing.get_or_insert_with(|| (Instant::now(), error.to_string()));
+            }
+        }
     }
 }
 
@@ -125,13 +159,15 @@ impl ConsumerFactory for Archiver {
     }
 
     fn create(&self, stream: &StreamId) -> Arc<dyn StreamConsumer> {
-        Arc::new(ArchiverConsumer { run: RunKey::from_stream(stream), store: self.store.clone() })
+        let (store, health) = (self.store.clone(), self.health.clone());
+        Arc::new(ArchiverConsumer { run: RunKey::from_stream(stream), store, health })
     }
 }
 
 struct ArchiverConsumer {
     run: Result<RunKey, InvalidName>,
     store: Arc<dyn RunLogStore>,
+    health: Arc<Health>,
 }
 
 impl ArchiverConsumer {
@@ -149,6 +185,14 @@ impl StreamConsumer for ArchiverConsumer {
     }
 
     async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        let stored = self.store_all(delivery).await;
+        self.health.note(&stored);
+        stored
+    }
+}
+
+impl ArchiverConsumer {
+    async fn store_all(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
         let run = self.run()?;
         for batch in &delivery.batches {
             let contents = Contents::of(&batch.events);

@@ -178,6 +178,9 @@ pub(super) async fn run_node(
     let stop = CancellationToken::new();
     let retention = tailrace::archive::Retention::spawn(store.clone(), config.archive.retention.clone(), stop.clone());
     let logs = LogEdge::new(node.clone(), archiver, config.edge.clone(), stop.clone());
+    if let Some(membership) = plan.membership.clone() {
+        logs.ready_also("membership", move || membership.stale());
+    }
     let routes = tailrace::edge::router(metrics).merge(tailrace::edge::admin_router(&config.edge.auth, view));
     let listen = config.edge.listen;
     let (bound, server) = match logs.serve(listen, routes, stop.clone()).await {

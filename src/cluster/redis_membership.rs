@@ -206,6 +206,8 @@ struct Inner {
     rejoins: watch::Sender<u64>,
     /// The first heartbeat (the join) succeeded.
     joined: AtomicBool,
+    /// When a heartbeat last refreshed this node's record.
+    refreshed: Mutex<Option<tokio::time::Instant>>,
     heartbeat: redis::Script,
     leave: redis::Script,
 }
@@ -252,6 +254,7 @@ impl RedisMembership {
                 seen: Mutex::new(String::new()),
                 rejoins: watch::Sender::new(0),
                 joined: AtomicBool::new(false),
+                refreshed: Mutex::new(None),
                 heartbeat: redis::Script::new(HEARTBEAT),
                 leave: redis::Script::new(LEAVE),
             }),
@@ -271,6 +274,21 @@ impl RedisMembership {
     /// record was gone (see `Node::reattach_on_rejoin`).
     pub fn rejoins(&self) -> watch::Receiver<u64> {
         self.inner.rejoins.subscribe()
+    }
+
+    /// Why this node's membership is not fresh: no heartbeat refreshed its
+    /// record for `membership.ttl` (the other nodes may count it gone).
+    /// `None` while it is fresh.
+    pub fn stale(&self) -> Option<String> {
+        let ttl = self.inner.options.ttl;
+        match *self.inner.refreshed.lock() {
+            Some(at) if at.elapsed() < ttl => None,
+            Some(at) => Some(format!(
+                "no membership heartbeat succeeded for {:.1} s (membership.ttl {ttl:?})",
+                at.elapsed().as_secs_f64()
+            )),
+            None => Some("not a member yet".into()),
+        }
     }
 
     /// This process's incarnation.
@@ -363,6 +381,9 @@ impl RedisMembership {
         let agents = if self.inner.agents_started.load(Ordering::SeqCst) { "started" } else { "stopped" };
         let seen = self.inner.seen.lock().clone();
         let answer = self.beat(self.inner.me.as_str(), agents, &seen).await?;
+        if !matches!(answer.beat, Beat::Taken(_)) {
+            *self.inner.refreshed.lock() = Some(tokio::time::Instant::now());
+        }
         let was_member = self.inner.joined.swap(true, Ordering::SeqCst);
         if answer.absent && was_member {
             tracing::warn!(node = %self.inner.me, "this node's member record had lapsed; it is a member again");
