@@ -8,14 +8,20 @@
 #                                     leave) and the redis-server it started
 #
 # Pids and logs go to $TAILRACE_RUN_DIR (default: run/local-3). The binary is
-# $TAILRACE_BIN, else `tailrace` on the PATH, else target/debug/tailrace.
+# $TAILRACE_BIN, else `tailrace` on the PATH, else the newer of
+# target/release/tailrace (what the README's `cargo run --release` builds)
+# and target/debug/tailrace.
 # The nodes authenticate each other with $TAILRACE_COOKIE; without it, a
 # random cookie is made once and kept in $TAILRACE_RUN_DIR/cookie.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 run="${TAILRACE_RUN_DIR:-run/local-3}"
-bin="${TAILRACE_BIN:-$(command -v tailrace || echo "$here/../target/debug/tailrace")}"
+built() {
+    local release="$here/../target/release/tailrace" debug="$here/../target/debug/tailrace"
+    if [ -x "$release" ] && { [ ! -x "$debug" ] || [ "$release" -nt "$debug" ]; }; then echo "$release"; else echo "$debug"; fi
+}
+bin="${TAILRACE_BIN:-$(command -v tailrace || built)}"
 mkdir -p "$run"
 
 redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; }

@@ -27,7 +27,7 @@ pub use lease::{LeasePlanner, responsibility};
 
 /// Which balancer a node runs (every node of a cluster must run the same).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", tag = "kind")]
+#[serde(rename_all = "kebab-case", tag = "kind", try_from = "BalancerSection")]
 pub enum BalancerKind {
     /// Perfect balance; reshuffles more on membership changes.
     #[default]
@@ -41,6 +41,33 @@ pub enum BalancerKind {
     /// first `Q mod N` nodes) and gives up its oldest extras (Orleans'
     /// `LeaseBasedQueueBalancer`); rounds every `lease.acquire`.
     Lease,
+}
+
+/// `[balancer]` as written: every key known (serde lets an internally
+/// tagged unit variant, `kind = "lease"`, take any other key silently).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BalancerSection {
+    kind: String,
+    virtual_nodes: Option<u32>,
+}
+
+impl TryFrom<BalancerSection> for BalancerKind {
+    type Error = String;
+
+    fn try_from(section: BalancerSection) -> Result<Self, String> {
+        match (section.kind.as_str(), section.virtual_nodes) {
+            ("best-fit", None) => Ok(BalancerKind::BestFit),
+            ("lease", None) => Ok(BalancerKind::Lease),
+            ("ring", Some(virtual_nodes)) => Ok(BalancerKind::Ring { virtual_nodes }),
+            ("ring", None) => Err("balancer kind \"ring\" needs virtual_nodes (64 or more)".into()),
+            ("best-fit" | "lease", Some(_)) => Err(format!(
+                "unknown field `virtual_nodes` for balancer kind \"{}\" (only \"ring\" has it)",
+                section.kind
+            )),
+            (kind, _) => Err(format!("unknown balancer kind `{kind}`, expected `best-fit`, `ring` or `lease`")),
+        }
+    }
 }
 
 /// The minimum virtual nodes per node on the ring (fewer balance poorly).

@@ -249,6 +249,11 @@ mod tests {
         let err =
             Config::from_toml("[balancer]\nkind = \"ring\"\nvirtual_nodes = 3\n", "x.toml").unwrap_err().to_string();
         assert!(err.contains("at least 64"), "{err}");
+        // [balancer] refuses what it does not know, like every section.
+        for text in ["kind = \"lease\"\nvirtual_node = 64\n", "kind = \"ring\"\nvirtual_nodes = 64\nvnodes = 1\n"] {
+            let err = Config::from_toml(&format!("[balancer]\n{text}"), "x.toml").unwrap_err().to_string();
+            assert!(err.contains("x.toml") && err.contains("unknown field"), "{text}: {err}");
+        }
         let err = Config::from_toml("[agent]\npoll_period = \"soon\"\n", "x.toml").unwrap_err().to_string();
         assert!(err.contains("poll_period"), "{err}");
         let err = Config::from_toml("[edge]\nbody_timeout_seconds = 0\n", "x.toml").unwrap_err().to_string();

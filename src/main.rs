@@ -117,3 +117,42 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
     })?;
     Ok(std::process::ExitCode::from(code))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every flag of every command, as `command --flag`.
+    fn flags(command: &clap::Command, path: &str, out: &mut Vec<(String, String)>) {
+        for arg in command.get_arguments() {
+            if let Some(long) = arg.get_long()
+                && !arg.is_hide_set()
+                && !["help", "version"].contains(&long)
+            {
+                out.push((path.to_string(), format!("--{long}")));
+            }
+        }
+        for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
+            flags(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    /// A user finds every flag in the README or `docs/`.
+    #[test]
+    fn every_flag_is_documented() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut docs = std::fs::read_to_string(root.join("README.md")).unwrap();
+        for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "md") {
+                docs.push_str(&std::fs::read_to_string(path).unwrap());
+            }
+        }
+        let mut all = Vec::new();
+        flags(&super::Args::command(), "tailrace", &mut all);
+        let missing: Vec<String> =
+            all.iter().filter(|(_, flag)| !docs.contains(flag.as_str())).map(|(c, f)| format!("{c} {f}")).collect();
+        assert!(all.len() > 20, "the flags were found: {all:?}");
+        assert!(missing.is_empty(), "flags no doc mentions: {missing:?}");
+    }
+}

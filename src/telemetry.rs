@@ -193,6 +193,14 @@ pub const ALL: [&str; 35] = [
 mod tests {
     use super::*;
 
+    /// The metrics table of `docs/operations.md` names every metric.
+    #[test]
+    fn every_metric_is_in_the_operations_doc() {
+        let doc = include_str!("../docs/operations.md");
+        let missing: Vec<&str> = ALL.iter().copied().filter(|name| !doc.contains(&format!("`{name}`"))).collect();
+        assert!(missing.is_empty(), "docs/operations.md does not list {missing:?}");
+    }
+
     #[test]
     fn every_metric_has_help_text_in_the_exposition() {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();

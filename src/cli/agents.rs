@@ -28,7 +28,8 @@ pub struct AgentsArgs {
     /// (a private CA; only it is then trusted).
     #[arg(long, env = "TAILRACE_CA_FILE")]
     ca_file: Option<std::path::PathBuf>,
-    /// The node the edge must be (refused if it is another one).
+    /// The node whose agents to switch or read; another node than the
+    /// edge's own is reached over the cluster transport.
     #[arg(long)]
     node: Option<String>,
     /// A bearer token with the `admin` scope.
