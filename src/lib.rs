@@ -43,6 +43,7 @@ pub mod queue;
 pub mod redis_conn;
 #[doc(hidden)]
 pub mod retry;
+pub mod server;
 pub mod stream;
 #[doc(hidden)]
 pub mod tasks;

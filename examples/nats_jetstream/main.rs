@@ -10,6 +10,12 @@
 //! two sides take turns going first). Without `nats-server` on
 //! the PATH it says how to install it and exits with status 2.
 //!
+//! `cargo run --example nats_jetstream -- --node --config FILE --nats URL` runs a
+//! whole cluster node on it instead: `tailrace node`'s server (the HTTP
+//! edge with SSE viewers, the archiver, leases, membership and
+//! subscriptions in the config's Redis) with its queues on the JetStream at
+//! `URL`, until SIGTERM or Ctrl-C.
+//!
 //! `docs/adapters.md` walks through writing this adapter step by step.
 
 mod adapter;
@@ -89,6 +95,14 @@ fn arguments() -> Result<(usize, usize), String> {
 async fn main() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let ["--node", "--config", config, "--nats", url] = args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        if let Err(error) = serve_node(config, url).await {
+            eprintln!("nats_jetstream: {error}");
+            std::process::exit(1);
+        }
+        return;
+    }
     match run().await {
         Ok(summary) => println!("{summary}"),
         Err((code, message)) => {
@@ -96,6 +110,26 @@ async fn main() {
             std::process::exit(code);
         }
     }
+}
+
+/// One node of a cluster on JetStream: the library's server with this
+/// adapter (see the module documentation).
+async fn serve_node(config: &str, url: &str) -> Result<(), String> {
+    let chain = |error: &dyn std::error::Error| {
+        let mut text = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            text.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        text
+    };
+    let config = tailrace::Config::load(std::path::Path::new(config)).map_err(|e| chain(&e))?;
+    let factory = JetStreamFactory::connect(config.queues.count, JetStreamOptions::new(url.to_string()))
+        .await
+        .map_err(|e| chain(&e))?;
+    let server = tailrace::server::Server::builder(config).adapter(Arc::new(factory), None).member();
+    server.run().await.map_err(|e| chain(&e))
 }
 
 type Failed = (i32, String);

@@ -112,7 +112,7 @@ pub struct Archiver {
 
 /// How long the archiver's writes may keep failing before it counts as
 /// stuck (`GET /readyz`): longer than a Redis restart or failover.
-pub const STUCK_AFTER: Duration = Duration::from_secs(30);
+pub(crate) const STUCK_AFTER: Duration = Duration::from_secs(30);
 
 /// Since when the archiver's writes have failed without one succeeding.
 #[derive(Default)]
@@ -132,7 +132,7 @@ impl Archiver {
     }
 
     /// Why the archiver counts as stuck: its writes have failed for
-    /// [`STUCK_AFTER`] or longer without one succeeding (the first failure's
+    /// `STUCK_AFTER` (30 s) or longer without one succeeding (the first failure's
     /// error, as logged). `None` while it stores, or fails only briefly.
     pub fn stuck(&self) -> Option<(Duration, String)> {
         let failing = self.health.failing_since.lock();

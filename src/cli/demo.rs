@@ -83,7 +83,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         let endpoint = redis.endpoint();
         let reconnecting = tailrace::redis_conn::reconnecting(redis.response_timeout);
         let mut conn = endpoint.connect_any(reconnecting, redis.response_timeout).await?;
-        super::cluster::check_persistence(&config, &mut conn, false).await?;
+        tailrace::server::check_persistence(&config, &mut conn, false).await?;
     }
     let metrics = tailrace::edge::install_metrics()?;
     let stop = CancellationToken::new();

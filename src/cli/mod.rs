@@ -2,7 +2,6 @@
 
 pub mod agents;
 pub mod bench;
-pub mod cluster;
 pub mod demo;
 pub mod handoff;
 pub mod node;
@@ -79,5 +78,10 @@ impl StopSignal {
             _ = self.interrupt.recv() => "SIGINT",
             _ = self.terminate.recv() => "SIGTERM",
         }
+    }
+
+    /// The first of them, as what stops a server.
+    pub fn into_future(mut self) -> tailrace::server::StopOn {
+        Box::pin(async move { self.recv().await.to_string() })
     }
 }

@@ -27,7 +27,7 @@ impl Node {
     /// Until the node shuts down: after each rejoin `rejoins` tells of,
     /// waits `settle` (so every other node has seen this one's record
     /// again: at least one of their heartbeats) and attaches every
-    /// subscription of this node again, each up to [`ATTEMPTS`] times,
+    /// subscription of this node again, each up to five times,
     /// `settle` apart.
     pub fn reattach_on_rejoin(self: &Arc<Self>, mut rejoins: watch::Receiver<u64>, settle: Duration) {
         let node = Arc::downgrade(self);

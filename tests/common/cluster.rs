@@ -181,15 +181,29 @@ impl Proc {
         extra: &[String],
         env: &[(&str, &str)],
     ) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(format!("{name}.toml"));
-        std::fs::write(&path, text).unwrap();
-        let log = dir.path().join(format!("{name}.log"));
         // TAILRACE_TEST_BIN runs the processes of a test from another
         // build (an older commit, a mutant): what the test checks then
         // says whether that build has the bug.
         let binary = std::env::var_os("TAILRACE_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tailrace").into());
-        let child = Command::new(binary)
+        Self::spawn_program(std::path::Path::new(&binary), name, port, text, args, extra, env)
+    }
+
+    /// `program <args> --config <config> <extra>` (an example built beside
+    /// `tailrace`, say), with `env`.
+    pub fn spawn_program(
+        program: &std::path::Path,
+        name: &str,
+        port: u16,
+        text: &str,
+        args: &[&str],
+        extra: &[String],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let log = dir.path().join(format!("{name}.log"));
+        let child = Command::new(program)
             .args(args)
             .arg("--config")
             .arg(&path)

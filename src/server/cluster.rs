@@ -1,25 +1,21 @@
-//! Joining the Redis membership from a process: `tailrace node` joins to
-//! share the queues with the other nodes; `tailrace serve` on Redis joins
+//! Joining the Redis membership from a process: a member joins to share
+//! the queues with the other nodes; a server alone on Redis queues joins
 //! only to make sure it is alone (it pulls every queue).
 
 use std::time::Duration;
 
-use anyhow::Context;
-use tailrace::cluster::{
+use super::{SERVE_ADVERTISE, ServerError, failed};
+use crate::cluster::{
     Member, Membership, MembershipError, RactorTransport, RedisLeases, RedisMembership, TlsFiles, TransportSettings,
 };
-use tailrace::config::Config;
-use tailrace::redis_conn::durability::Persistence;
-use tailrace::stream::NodeId;
-
-/// What a `serve` process advertises: it accepts no node connections, and
-/// `tailrace node` refuses to join next to it.
-pub const SERVE_ADVERTISE: &str = "serve";
+use crate::config::Config;
+use crate::redis_conn::durability::Persistence;
+use crate::stream::NodeId;
 
 /// The leases and membership of a process on the Redis of `[adapters.redis]`
 /// (same server and key prefix as the queues, so the lease tokens fence
 /// the queues' writes).
-pub struct RedisCluster {
+pub(super) struct RedisCluster {
     /// The queue leases.
     pub leases: RedisLeases,
     /// This process's member record.
@@ -32,17 +28,17 @@ pub struct RedisCluster {
 /// another incarnation is waited for up to one `membership.ttl` (a process
 /// killed with `kill -9` holds it until its record lapses); still held after
 /// that, it is refused: another live process runs under that name.
-pub async fn join(
+pub(super) async fn join(
     config: &Config,
     advertise: &str,
     view: Membership,
     agents_started: bool,
-) -> anyhow::Result<RedisCluster> {
+) -> Result<RedisCluster, ServerError> {
     let redis = &config.adapters.redis;
     let endpoint = redis.endpoint();
     let leases = RedisLeases::connect_to(&endpoint, &redis.key_prefix, redis.response_timeout)
         .await
-        .with_context(|| format!("connecting to Redis at {} for leases and membership", endpoint.shown()))?;
+        .map_err(failed(format!("connecting to Redis at {} for leases and membership", endpoint.shown())))?;
     let leases = leases.with_wait_replicas(redis.wait());
     // Before the member record: a node refused here takes no lease.
     check_persistence(config, &mut leases.connection(), advertise != SERVE_ADVERTISE).await?;
@@ -66,7 +62,7 @@ pub async fn join(
                 tracing::warn!(node = %me, "node name held by another process; waiting for its record to lapse");
                 tokio::time::sleep(options.heartbeat).await;
             }
-            Err(error) => return Err(error.into()),
+            Err(error) => return Err(failed("joining the cluster membership")(error)),
         }
     }
 }
@@ -78,17 +74,20 @@ pub async fn join(
 /// appends.
 pub async fn check_persistence(
     config: &Config,
-    conn: &mut tailrace::redis_conn::RedisConn,
+    conn: &mut crate::redis_conn::RedisConn,
     cluster: bool,
-) -> anyhow::Result<()> {
+) -> Result<(), ServerError> {
     let persistence = Persistence::read(conn).await;
     let line = persistence.describe();
     match (persistence.survives_restart(), persistence.loses_on_crash()) {
-        (Some(false), _) if cluster && !config.lease.allow_volatile_redis => anyhow::bail!(
-            "{line}. `tailrace node` refuses such a Redis: after its restart the queues' lease tokens would go back \
-             and the run log store would refuse the new owners' appends. Run Redis with appendonly yes (appendfsync \
-             always to lose no acknowledged write), or set [lease] allow_volatile_redis = true to run anyway"
-        ),
+        (Some(false), _) if cluster && !config.lease.allow_volatile_redis => {
+            return Err(ServerError::Refused(format!(
+                "{line}. `tailrace node` refuses such a Redis: after its restart the queues' lease tokens would go \
+                 back and the run log store would refuse the new owners' appends. Run Redis with appendonly yes \
+                 (appendfsync always to lose no acknowledged write), or set [lease] allow_volatile_redis = true to \
+                 run anyway"
+            )));
+        }
         (Some(false), _) | (None, _) | (_, Some(true)) => tracing::warn!("{line}"),
         _ => tracing::info!("{line}"),
     }
@@ -97,16 +96,16 @@ pub async fn check_persistence(
 
 /// The live members other than `me` that `refuse` picks, waited for up to
 /// one `membership.ttl` to go (a killed process's key lapses by then).
-pub async fn others_after_ttl(
+pub(super) async fn others_after_ttl(
     config: &Config,
     membership: &RedisMembership,
     refuse: impl Fn(&Member) -> bool,
-) -> anyhow::Result<Vec<Member>> {
+) -> Result<Vec<Member>, ServerError> {
     let me = NodeId::new(config.node.name.clone());
     let deadline = tokio::time::Instant::now() + config.membership.ttl + config.membership.heartbeat;
     loop {
-        let others: Vec<Member> =
-            membership.members().await?.into_iter().filter(|m| m.name != me && refuse(m)).collect();
+        let members = membership.members().await.map_err(failed("reading the cluster's members"))?;
+        let others: Vec<Member> = members.into_iter().filter(|m| m.name != me && refuse(m)).collect();
         if others.is_empty() || tokio::time::Instant::now() >= deadline {
             return Ok(others);
         }
@@ -117,12 +116,14 @@ pub async fn others_after_ttl(
 /// Starts this node's cluster transport on `cluster.listen` and
 /// authenticates with every live member that accepts node connections;
 /// refuses (naming the peer) if one does not accept this node.
-pub async fn connect(config: &Config, cookie: String, membership: &RedisMembership) -> anyhow::Result<RactorTransport> {
-    let listen: std::net::SocketAddr = config
-        .cluster
-        .listen
-        .parse()
-        .with_context(|| format!("cluster.listen must be ip:port (got `{}`)", config.cluster.listen))?;
+pub(super) async fn connect(
+    config: &Config,
+    cookie: String,
+    membership: &RedisMembership,
+) -> Result<RactorTransport, ServerError> {
+    let listen: std::net::SocketAddr = config.cluster.listen.parse().map_err(|_| {
+        ServerError::Refused(format!("cluster.listen must be ip:port (got `{}`)", config.cluster.listen))
+    })?;
     let settings = TransportSettings {
         me: NodeId::new(config.node.name.clone()),
         listen,
@@ -138,12 +139,14 @@ pub async fn connect(config: &Config, cookie: String, membership: &RedisMembersh
         }),
         lane_port: config.cluster.lane_port(),
     };
-    let transport = RactorTransport::start(settings, membership.everyone()).await?;
-    let peers: Vec<Member> =
-        membership.members().await?.into_iter().filter(|m| m.advertise != SERVE_ADVERTISE).collect();
+    let transport = RactorTransport::start(settings, membership.everyone())
+        .await
+        .map_err(failed("starting the cluster transport"))?;
+    let members = membership.members().await.map_err(failed("reading the cluster's members"))?;
+    let peers: Vec<Member> = members.into_iter().filter(|m| m.advertise != SERVE_ADVERTISE).collect();
     if let Err(error) = transport.authenticate(&peers, config.cluster.call_timeout * 2).await {
         transport.shutdown().await;
-        return Err(anyhow::Error::new(error).context("joining the cluster"));
+        return Err(failed("joining the cluster")(error));
     }
     Ok(transport)
 }
@@ -152,7 +155,7 @@ pub async fn connect(config: &Config, cookie: String, membership: &RedisMembersh
 /// cut by a Redis restart is re-made on the next command). Best effort: a
 /// key left behind lapses within `membership.ttl`, so a failure is logged,
 /// not returned.
-pub async fn leave(membership: &RedisMembership) {
+pub(super) async fn leave(membership: &RedisMembership) {
     const ATTEMPTS: u32 = 3;
     for attempt in 1..=ATTEMPTS {
         match membership.leave().await {
@@ -166,6 +169,6 @@ pub async fn leave(membership: &RedisMembership) {
 }
 
 /// `a`, `b` (advertising …): for a refusal's message.
-pub fn names(members: &[Member]) -> String {
+pub(super) fn names(members: &[Member]) -> String {
     members.iter().map(|m| format!("`{}` (advertising {})", m.name, m.advertise)).collect::<Vec<_>>().join(", ")
 }
