@@ -129,6 +129,21 @@ pub enum HandoffError {
 }
 
 impl HandoffError {
+    /// The same error again, for a second caller (an I/O error keeps its
+    /// kind and OS code: a full disk stays a full disk).
+    pub(crate) fn copy(&self) -> HandoffError {
+        match self {
+            HandoffError::Io { context, source } => {
+                let source = match source.raw_os_error() {
+                    Some(code) => std::io::Error::from_raw_os_error(code),
+                    None => std::io::Error::new(source.kind(), source.to_string()),
+                };
+                HandoffError::Io { context: context.clone(), source }
+            }
+            other => HandoffError::Failed(other.to_string()),
+        }
+    }
+
     pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> HandoffError {
         let context = context.into();
         move |source| HandoffError::Io { context, source }

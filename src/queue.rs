@@ -121,6 +121,15 @@ pub enum QueueError {
         /// The limit that passed.
         after: Duration,
     },
+    /// The disk holding the queue's files is full: nothing of the batch was
+    /// kept; appends succeed again once there is room, without a restart.
+    #[error("the disk holding queue {queue}'s files is full ({}); nothing was written", shown_free(*.free_bytes))]
+    DiskFull {
+        /// The queue.
+        queue: QueueId,
+        /// Free bytes on that disk, if it could be read.
+        free_bytes: Option<u64>,
+    },
     /// A file-system error, with what was being done.
     #[error("{context}: {source}")]
     Io {
@@ -145,6 +154,15 @@ pub enum QueueError {
     Config(String),
 }
 
+/// Free bytes as a message says them.
+fn shown_free(free: Option<u64>) -> String {
+    match free {
+        Some(bytes) if bytes >= 1 << 20 => format!("{:.1} MiB free", bytes as f64 / (1 << 20) as f64),
+        Some(bytes) => format!("{bytes} bytes free"),
+        None => "free space unknown".into(),
+    }
+}
+
 impl QueueError {
     /// Whether retrying the same call later may succeed.
     pub fn is_transient(&self) -> bool {
@@ -152,6 +170,7 @@ impl QueueError {
             QueueError::Full { .. }
             | QueueError::Refused { .. }
             | QueueError::Timeout { .. }
+            | QueueError::DiskFull { .. }
             | QueueError::Io { .. } => true,
             QueueError::Backend { transient, .. } => *transient,
             _ => false,

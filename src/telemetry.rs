@@ -65,6 +65,9 @@ pub const EDGE_FRAMES: &str = "tailrace_edge_frames_total";
 /// SSE viewers cut because their socket took nothing for
 /// `stall_timeout_seconds` while lines waited.
 pub const EDGE_VIEWERS_DROPPED: &str = "tailrace_edge_viewers_dropped_total";
+/// 1 while a queue's writer finds its disk full (its appends are refused),
+/// by queue.
+pub const QUEUE_DISK_FULL: &str = "tailrace_queue_disk_full";
 /// Tailers re-based on the run log store after a gap in their run's
 /// stream (events their subscription skipped: a batch given up, a
 /// catch-up the queue could no longer serve).
@@ -144,6 +147,7 @@ pub fn describe() {
         (EDGE_CONNECTIONS, "SSE viewers connected."),
         (TRANSPORT_SESSIONS, "Other nodes with an authenticated session now."),
         (TRANSPORT_LANES, "Other nodes whose calls take a lane (a direct connection beside the session) now."),
+        (QUEUE_DISK_FULL, "1 while a queue's writer finds its disk full and refuses appends."),
     ];
     for (name, help) in gauges {
         describe_gauge!(name, Unit::Count, help);
@@ -151,7 +155,7 @@ pub fn describe() {
 }
 
 /// Every name above, for tests that check each one is described.
-pub const ALL: [&str; 35] = [
+pub const ALL: [&str; 36] = [
     AGENT_EVENTS_READ,
     AGENT_EVENTS_DELIVERED,
     AGENT_EVENTS_UNSUBSCRIBED,
@@ -187,6 +191,7 @@ pub const ALL: [&str; 35] = [
     EDGE_VIEWERS_DROPPED,
     EDGE_REBASES,
     EDGE_STORE_READS,
+    QUEUE_DISK_FULL,
 ];
 
 #[cfg(test)]

@@ -145,19 +145,20 @@ impl FileAdapterFactory {
                 let first_file = stored.map_or(1, |t| t.major.saturating_add(1));
                 if let Some(owner) = owner {
                     let report =
-                        owner.recover(&dir, &options.prefix, first_file).map_err(|e| handoff_error(queue, e))?;
+                        owner.recover(&dir, &options.prefix, first_file).map_err(|e| handoff_error(queue, &dir, e))?;
                     if !report.is_empty() {
                         log_recovery(queue, &report);
                     }
                 }
                 Some(
                     writer::QueueWriter::start(queue, &dir, &options, first_file, sealed.clone())
-                        .map_err(|e| handoff_error(queue, e))?,
+                        .map_err(|e| handoff_error(queue, &dir, e))?,
                 )
             } else {
                 None
             };
-            queues.push(QueueFiles { id: queue, dir, sealed, acked: Arc::default(), writer });
+            let disk_full = Default::default();
+            queues.push(QueueFiles { id: queue, dir, sealed, acked: Arc::default(), writer, disk_full });
         }
         let adapter = Arc::new(FileAdapter {
             mapper,
@@ -186,6 +187,8 @@ pub(crate) struct QueueFiles {
     /// everything before it.
     acked: Arc<Mutex<Option<SequenceToken>>>,
     writer: Option<writer::QueueWriter>,
+    /// Its last append found the disk full (logged once, and in `/metrics`).
+    disk_full: std::sync::atomic::AtomicBool,
 }
 
 impl MappedAdapter for FileAdapter {
@@ -220,7 +223,7 @@ impl FileAdapter {
     pub async fn close(&self) -> Result<(), QueueError> {
         for queue in &self.queues {
             if let Some(writer) = &queue.writer {
-                writer.close().await.map_err(|e| handoff_error(queue.id, e))?;
+                writer.close().await.map_err(|e| handoff_error(queue.id, &queue.dir, e))?;
             }
         }
         Ok(())
@@ -255,12 +258,14 @@ impl QueueAdapter for FileAdapter {
         }
         let events = Arc::new(events);
         // Room comes back as readers delete consumed files: wait for it.
-        (|| writer.append(stream.clone(), events.clone()))
+        let appended = (|| writer.append(stream.clone(), events.clone()))
             .retry(BUDGET_WAIT.within(self.options.enqueue_timeout))
             .when(|error| matches!(error, HandoffError::BudgetExceeded { .. }))
             .await
             .map(|position| SequenceToken::new(position.file, position.line))
-            .map_err(|error| handoff_error(queue.id, error))
+            .map_err(|error| handoff_error(queue.id, &queue.dir, error));
+        queue.note_disk(&appended);
+        appended
     }
 
     async fn create_receiver(&self, queue: QueueId, _fence: Fence) -> Result<Box<dyn QueueReceiver>, QueueError> {
@@ -303,10 +308,43 @@ fn log_recovery(queue: QueueId, report: &RecoveryReport) {
     metrics::counter!(telemetry::RECOVERED_TAIL_BYTES).increment(report.truncated_tail_bytes());
 }
 
+impl QueueFiles {
+    /// Says when the disk fills and when it takes writes again: a line in
+    /// the log and `tailrace_queue_disk_full{queue}`.
+    fn note_disk(&self, appended: &Result<SequenceToken, QueueError>) {
+        use std::sync::atomic::Ordering;
+        let full = matches!(appended, Err(QueueError::DiskFull { .. }));
+        if self.disk_full.swap(full, Ordering::Relaxed) == full {
+            return;
+        }
+        let queue = self.id.to_string();
+        metrics::gauge!(telemetry::QUEUE_DISK_FULL, "queue" => queue.clone()).set(if full { 1.0 } else { 0.0 });
+        match appended {
+            Err(error) => {
+                tracing::error!(%queue, dir = %self.dir.display(), %error, "the disk is full: the queue takes no writes until there is room")
+            }
+            Ok(_) => tracing::warn!(%queue, "the disk takes the queue's writes again"),
+        }
+    }
+}
+
+/// Free bytes on the file system holding `dir`, for an unprivileged writer.
+fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statvfs for the call to fill.
+    let done = unsafe { libc::statvfs(path.as_ptr(), &mut stats) };
+    (done == 0).then(|| u64::from(stats.f_bavail).saturating_mul(u64::from(stats.f_frsize)))
+}
+
 /// A handoff error as a queue error.
-fn handoff_error(queue: QueueId, error: HandoffError) -> QueueError {
+fn handoff_error(queue: QueueId, dir: &std::path::Path, error: HandoffError) -> QueueError {
     match error {
         HandoffError::BudgetExceeded { .. } => QueueError::Refused { queue, reason: error.to_string() },
+        HandoffError::Io { source, .. } if source.kind() == std::io::ErrorKind::StorageFull => {
+            QueueError::DiskFull { queue, free_bytes: free_bytes(dir) }
+        }
         HandoffError::Io { context, source } => QueueError::Io { context, source },
         other => QueueError::Backend { adapter: NAME.into(), message: other.to_string(), transient: false },
     }

@@ -170,6 +170,20 @@ struct ArchiverConsumer {
     health: Arc<Health>,
 }
 
+/// A store that cannot take a write now (its disk full or failing, Redis
+/// down) is waited for, without a time limit: the archiver is the run
+/// log's one writer, and a batch it gave up on would be missing from the
+/// log for good. What a retry cannot mend (a fenced append, corrupt data)
+/// goes to the failure handler.
+fn store_failed(error: StoreError) -> ConsumerError {
+    match error {
+        StoreError::Io { .. } | StoreError::Backend(_) | StoreError::Task(_) => {
+            ConsumerError::Unreachable(error.to_string())
+        }
+        other => ConsumerError::failed(other),
+    }
+}
+
 impl ArchiverConsumer {
     fn run(&self) -> Result<&RunKey, ConsumerError> {
         self.run.as_ref().map_err(ConsumerError::failed)
@@ -199,9 +213,9 @@ impl ArchiverConsumer {
             if let Some(state) = contents.status {
                 // Set before the token moves past the container: a crash in
                 // between repeats the (idempotent) change, never loses it.
-                let info = self.store.info(run).await.map_err(ConsumerError::failed)?;
+                let info = self.store.info(run).await.map_err(store_failed)?;
                 if info.and_then(|i| i.last_token).is_none_or(|last| last < batch.token) {
-                    self.store.set_state(run, state).await.map_err(ConsumerError::failed)?;
+                    self.store.set_state(run, state).await.map_err(store_failed)?;
                 }
             }
             let lines: Vec<&str> = contents.lines().collect();
@@ -215,7 +229,7 @@ impl ArchiverConsumer {
             let arrived = batch.events.iter().map(|e| e.timestamp_ms).find(|&ms| ms > 0);
             let how = arrived.map_or(how, |ms| how.arrived(ms));
             let appended = store.append(run, batch.token, &lines, how).await;
-            if appended.map_err(ConsumerError::failed)? {
+            if appended.map_err(store_failed)? {
                 metrics::counter!(telemetry::ARCHIVE_LINES).increment(lines.len() as u64);
             }
         }

@@ -147,9 +147,10 @@ fn not_accepted(error: QueueError) -> ApiError {
     // Capacity refusals say what was refused; any other failure may carry
     // paths or OS errors: the client gets an incident id instead.
     let told = match &error {
-        QueueError::BatchTooLarge { .. } | QueueError::Refused { .. } | QueueError::Full { .. } => {
-            format!("{error}; nothing was accepted")
-        }
+        QueueError::BatchTooLarge { .. }
+        | QueueError::Refused { .. }
+        | QueueError::Full { .. }
+        | QueueError::DiskFull { .. } => format!("{error}; nothing was accepted"),
         _ => format!(
             "{}; the batch may have been stored: a retry with the same event ids (NDJSON `id`) stores it once",
             incident::report("the queue failed", &error)

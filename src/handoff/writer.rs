@@ -2,14 +2,13 @@
 //! `.open` file, seals it into `.jsonl`, and keeps the prefix's byte budget.
 //! Blocking I/O: call it from a thread or `spawn_blocking`.
 
+mod options;
+
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::{Duration, Instant};
-
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::HandoffError;
 use super::files::{file_path, list_prefix_files, lock_path, sync_dir, validate_prefix};
@@ -17,99 +16,7 @@ use super::line::encode_batch;
 use super::lock::{Acquired, PrefixLock};
 use super::state::{RESERVE, read_next_file, write_next_file};
 use crate::stream::{Event, StreamId};
-
-/// When written bytes are forced to disk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum FsyncPolicy {
-    /// Only when a file is sealed (`"never"`): fastest; a crash may lose what
-    /// the active file held.
-    Never,
-    /// On every `flush` (`"every-flush"`): an event is durable once the flush
-    /// after it returned.
-    #[default]
-    EveryFlush,
-    /// At most one fsync per interval, covering every flush before it
-    /// (`"group:10ms"`): an event is durable once a group sync covered it.
-    Group(Duration),
-}
-
-impl fmt::Display for FsyncPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FsyncPolicy::Never => f.write_str("never"),
-            FsyncPolicy::EveryFlush => f.write_str("every-flush"),
-            FsyncPolicy::Group(every) => write!(f, "group:{}", humantime::format_duration(*every)),
-        }
-    }
-}
-
-impl FromStr for FsyncPolicy {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "never" => Ok(FsyncPolicy::Never),
-            "every-flush" => Ok(FsyncPolicy::EveryFlush),
-            other => match other.strip_prefix("group:") {
-                Some(every) => {
-                    humantime::parse_duration(every).map(FsyncPolicy::Group).map_err(|e| format!("`{other}`: {e}"))
-                }
-                None => Err(format!("`{other}` is not an fsync policy (never, every-flush, group:<duration>)")),
-            },
-        }
-    }
-}
-
-impl Serialize for FsyncPolicy {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for FsyncPolicy {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        String::deserialize(deserializer)?.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-/// Where a line is: the file's number and the 1-based line in it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct LinePosition {
-    /// `{prefix}-{file}.open|jsonl`.
-    pub file: u64,
-    /// 1-based.
-    pub line: u64,
-}
-
-/// A writer's settings.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct WriterOptions {
-    /// A file is sealed once it would grow past this.
-    pub max_file_bytes: u64,
-    /// The prefix's budget: `.open` and `.jsonl` files together.
-    pub max_total_bytes: u64,
-    /// A non-empty active file older than this is sealed (so a quiet writer
-    /// still hands its lines over); none: only size and `close` seal.
-    #[serde(with = "humantime_serde")]
-    pub max_file_age: Option<Duration>,
-    /// When bytes are forced to disk.
-    pub fsync: FsyncPolicy,
-    /// Lines are buffered up to this many bytes before being written.
-    pub buffer_bytes: usize,
-}
-
-impl Default for WriterOptions {
-    fn default() -> Self {
-        Self {
-            max_file_bytes: 64 * 1024 * 1024,
-            max_total_bytes: 1024 * 1024 * 1024,
-            max_file_age: None,
-            fsync: FsyncPolicy::EveryFlush,
-            buffer_bytes: 64 * 1024,
-        }
-    }
-}
+pub use options::{FsyncPolicy, LinePosition, WriterOptions};
 
 struct Active {
     n: u64,
@@ -119,6 +26,18 @@ struct Active {
     bytes: u64,
     lines: u64,
     opened: Instant,
+    /// Bytes and lines at the last successful flush: what was answered.
+    kept_bytes: u64,
+    kept_lines: u64,
+}
+
+/// Why the writer stopped taking appends.
+struct Failure {
+    reason: String,
+    /// An I/O failure (a full disk, `EIO`): the next call cuts off what was
+    /// not answered, seals what was and goes on once the disk takes writes
+    /// again. A lost lock is for good.
+    recoverable: bool,
 }
 
 /// Writes one prefix of one directory. See the module documentation.
@@ -133,9 +52,11 @@ pub struct LoggingConsumer {
     /// Numbers below this are recorded in the state file as possibly used.
     reserved: u64,
     sealed_bytes: u64,
-    failed: Option<String>,
+    failed: Option<Failure>,
     last_sync: Instant,
     accepted: u64,
+    /// `accepted` at the last successful flush.
+    kept_accepted: u64,
     durable: u64,
     /// Events written to the OS (not only buffered).
     written: u64,
@@ -202,6 +123,7 @@ impl LoggingConsumer {
             failed: None,
             last_sync: Instant::now(),
             accepted: 0,
+            kept_accepted: 0,
             durable: 0,
             written: 0,
             sealed: 0,
@@ -228,9 +150,10 @@ impl LoggingConsumer {
         self.durable
     }
 
-    /// Why the writer stopped for good, if it did.
+    /// Why the writer stopped taking appends, if it did (an I/O failure
+    /// lasts until a call finds the disk taking writes again).
     pub fn failure(&self) -> Option<&str> {
-        self.failed.as_deref()
+        self.failed.as_ref().map(|f| f.reason.as_str())
     }
 
     /// Files sealed by this writer so far.
@@ -324,6 +247,11 @@ impl LoggingConsumer {
         if sync {
             self.sync_active()?;
         }
+        // Everything appended so far is answered now.
+        if let Some(active) = self.active.as_mut() {
+            (active.kept_bytes, active.kept_lines) = (active.bytes, active.lines);
+        }
+        self.kept_accepted = self.accepted;
         Ok(())
     }
 
@@ -374,7 +302,9 @@ impl LoggingConsumer {
         self.usable()?;
         self.write_buffer()?;
         // The final sync happens only while the lock is still ours.
-        self.lock.verify().inspect_err(|_| self.failed = Some("lock lost before close".into()))?;
+        self.lock.verify().inspect_err(|_| {
+            self.failed = Some(Failure { reason: "lock lost before close".into(), recoverable: false })
+        })?;
         match self.active.as_ref().map(|a| a.lines) {
             Some(0) => {
                 if let Some(active) = self.active.take() {
@@ -389,10 +319,57 @@ impl LoggingConsumer {
     }
 
     fn usable(&mut self) -> Result<(), HandoffError> {
-        if let Some(reason) = &self.failed {
-            return Err(HandoffError::Failed(reason.clone()));
+        match &self.failed {
+            Some(Failure { reason, recoverable: false }) => return Err(HandoffError::Failed(reason.clone())),
+            Some(_) => self.recover()?,
+            None => {}
         }
-        self.lock.verify().inspect_err(|e| self.failed = Some(e.to_string()))
+        self.lock.verify().inspect_err(|e| self.failed = Some(Failure { reason: e.to_string(), recoverable: false }))
+    }
+
+    /// After a failed write, sync or seal. What was not answered yet (the
+    /// buffer, and the active file past its last successful flush) is cut
+    /// off: after a failed `fsync` the page cache may have dropped it, and
+    /// a later `fsync` that succeeds would not bring it back, so that file
+    /// takes no more writes. What was answered is sealed (synced again,
+    /// renamed, the directory synced), and the next append opens a new
+    /// file. While the disk still fails this fails, and the next call tries
+    /// again.
+    fn recover(&mut self) -> Result<(), HandoffError> {
+        self.buffer.clear();
+        self.accepted = self.kept_accepted;
+        self.written = self.written.min(self.kept_accepted);
+        self.durable = self.durable.min(self.kept_accepted);
+        if let Some(active) = self.active.as_mut() {
+            if let Err(e) = active.file.set_len(active.kept_bytes) {
+                let context = format!("cutting {} back to what was acknowledged", active.path.display());
+                return Err(self.fail(context, e));
+            }
+            (active.bytes, active.lines) = (active.kept_bytes, active.kept_lines);
+        }
+        match self.active.as_ref().map(|a| a.lines) {
+            Some(0) => {
+                if let Some(active) = self.active.take()
+                    && let Err(e) = std::fs::remove_file(&active.path)
+                {
+                    let context = format!("removing {}", active.path.display());
+                    self.active = Some(active);
+                    return Err(self.fail(context, e));
+                }
+                self.sync_dir_or_fail()?;
+            }
+            Some(_) => self.seal_active()?,
+            None => self.sync_dir_or_fail()?,
+        }
+        if let Some(failure) = self.failed.take() {
+            tracing::warn!(dir = %self.dir.display(), prefix = %self.prefix, was = %failure.reason,
+                "the writer takes appends again: what was not acknowledged was cut off, the rest sealed");
+        }
+        Ok(())
+    }
+
+    fn sync_dir_or_fail(&mut self) -> Result<(), HandoffError> {
+        sync_dir(&self.dir).inspect_err(|e| self.failed = Some(Failure { reason: e.to_string(), recoverable: true }))
     }
 
     fn ensure_active(&mut self) -> Result<(), HandoffError> {
@@ -403,7 +380,8 @@ impl LoggingConsumer {
         if n >= self.reserved {
             // Record the numbers before using them, so a later writer never
             // reuses one after readers deleted the files.
-            write_next_file(&self.dir, &self.prefix, n + RESERVE).inspect_err(|e| self.failed = Some(e.to_string()))?;
+            write_next_file(&self.dir, &self.prefix, n + RESERVE)
+                .inspect_err(|e| self.failed = Some(Failure { reason: e.to_string(), recoverable: true }))?;
             self.reserved = n + RESERVE;
         }
         let path = file_path(&self.dir, &self.prefix, n, true);
@@ -412,9 +390,10 @@ impl LoggingConsumer {
             .create_new(true)
             .open(&path)
             .map_err(|e| self.fail(format!("creating {}", path.display()), e))?;
-        sync_dir(&self.dir)?;
         self.next_n += 1;
-        self.active = Some(Active { n, path, file, bytes: 0, lines: 0, opened: Instant::now() });
+        let active = Active { n, path, file, bytes: 0, lines: 0, opened: Instant::now(), kept_bytes: 0, kept_lines: 0 };
+        self.active = Some(active);
+        self.sync_dir_or_fail()?;
         Ok(())
     }
 
@@ -446,30 +425,37 @@ impl LoggingConsumer {
         Ok(())
     }
 
-    /// fsync, rename `.open` to `.jsonl`, fsync the directory.
+    /// fsync, rename `.open` to `.jsonl`, fsync the directory. The file
+    /// stays the active one until it is renamed: a failed sync or rename
+    /// leaves it for [`LoggingConsumer::recover`] to seal again, never
+    /// behind as an `.open` file nobody reads.
     fn seal_active(&mut self) -> Result<(), HandoffError> {
         self.write_buffer()?;
-        let Some(active) = self.active.take() else { return Ok(()) };
+        let Some(active) = self.active.as_ref() else { return Ok(()) };
         let sealed = file_path(&self.dir, &self.prefix, active.n, false);
         if let Err(e) = active.file.sync_all() {
-            return Err(self.fail(format!("syncing {}", active.path.display()), e));
+            let context = format!("syncing {}", active.path.display());
+            return Err(self.fail(context, e));
         }
-        drop(active.file);
         if let Err(e) = std::fs::rename(&active.path, &sealed) {
-            return Err(self.fail(format!("sealing {} as {}", active.path.display(), sealed.display()), e));
+            let context = format!("sealing {} as {}", active.path.display(), sealed.display());
+            return Err(self.fail(context, e));
         }
-        sync_dir(&self.dir).inspect_err(|e| self.failed = Some(e.to_string()))?;
+        let Some(active) = self.active.take() else { return Ok(()) };
+        drop(active.file);
         self.sealed_bytes += active.bytes;
         self.sealed += 1;
         self.last_sync = Instant::now();
         self.durable = self.accepted;
         self.written = self.accepted;
-        Ok(())
+        self.kept_accepted = self.accepted;
+        self.sync_dir_or_fail()
     }
 
-    /// An I/O failure mid-write leaves a file we cannot trust: stop for good.
+    /// An I/O failure mid-write leaves a file we cannot trust: no append is
+    /// taken until [`LoggingConsumer::recover`] dealt with it.
     fn fail(&mut self, context: String, source: std::io::Error) -> HandoffError {
-        self.failed = Some(format!("{context}: {source}"));
+        self.failed = Some(Failure { reason: format!("{context}: {source}"), recoverable: true });
         HandoffError::Io { context, source }
     }
 }
@@ -482,7 +468,7 @@ impl fmt::Debug for LoggingConsumer {
             .field("active", &self.active.as_ref().map(|a| a.n))
             .field("accepted", &self.accepted)
             .field("durable", &self.durable)
-            .field("failed", &self.failed)
+            .field("failed", &self.failure())
             .finish()
     }
 }

@@ -123,9 +123,12 @@ pub enum ConsumerError {
     /// It is gone (its node left, it unsubscribed); no retry.
     #[error("consumer unavailable: {0}")]
     Unavailable(String),
-    /// Its node is a live member but cannot be reached now (a link down,
-    /// a peer busy): the agent retries without a time limit and never
-    /// dead-letters for it, until the node answers or leaves the cluster.
+    /// It cannot take the batch now through no fault of the batch: its
+    /// node is a live member that cannot be reached (a link down, a peer
+    /// busy), or what it writes to is unavailable (the archiver's store on
+    /// a full disk or a Redis that is down). The agent retries without a
+    /// time limit and never dead-letters for it, until it answers, leaves
+    /// the cluster, or the queue moves.
     #[error("consumer unreachable: {0}")]
     Unreachable(String),
     /// Its node refused the delivering agent's lease token: a newer owner

@@ -11,7 +11,9 @@
 //! prefix of each file's unsynced appends reaches the disk (a torn last
 //! write), and each directory's unsynced entries survive or not at random
 //! (metadata written back before the data it names). `fail_fsync` makes
-//! every sync answer `EIO`.
+//! every sync answer `EIO`; `fail_writes` makes every write (and every new
+//! file) answer an error, `ENOSPC` for a full disk (its `statfs` then shows
+//! no free block) or `EIO`.
 //!
 //! Mounting needs `/dev/fuse` and the right to mount (root, or
 //! `fusermount3`); [`PowerCutFs::mount`] says why it cannot, and the tests
@@ -95,6 +97,8 @@ pub struct Counts {
 struct Shared {
     state: Mutex<State>,
     fail_fsync: AtomicBool,
+    /// The errno every write answers now (0: writes work).
+    fail_writes: std::sync::atomic::AtomicI32,
     counts: Counts,
 }
 
@@ -119,6 +123,7 @@ impl PowerCutFs {
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             fail_fsync: AtomicBool::new(false),
+            fail_writes: std::sync::atomic::AtomicI32::new(0),
             counts: Counts::default(),
         });
         let mut fs = Self { shared, mountpoint: mountpoint.to_path_buf(), session: None };
@@ -162,6 +167,12 @@ impl PowerCutFs {
     /// Makes every sync fail with `EIO` (or stop failing).
     pub fn fail_fsync(&self, fail: bool) {
         self.shared.fail_fsync.store(fail, Ordering::SeqCst);
+    }
+
+    /// Makes every write and every new file fail with `errno`
+    /// (`libc::ENOSPC`, `libc::EIO`), or work again (`None`).
+    pub fn fail_writes(&self, errno: Option<i32>) {
+        self.shared.fail_writes.store(errno.unwrap_or(0), Ordering::SeqCst);
     }
 
     /// The power cut. Every process using the mount must be dead first
@@ -411,6 +422,14 @@ fn dirty(dirty_from: &mut Option<usize>, at: usize) {
 struct Volatile(Arc<Shared>);
 
 impl Volatile {
+    /// The error writes answer now, if they fail.
+    fn write_failure(&self) -> Option<Errno> {
+        match self.0.fail_writes.load(Ordering::SeqCst) {
+            0 => None,
+            errno => Some(Errno::from_i32(errno)),
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         lock(&self.0)
     }
@@ -581,6 +600,9 @@ impl Filesystem for Volatile {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        if let Some(errno) = self.write_failure() {
+            return reply.error(errno);
+        }
         let mut state = self.state();
         let file = Kind::File { data: Vec::new(), dirty_from: None };
         match state.make(parent.0, name, file, (mode & 0o7777) as u16) {
@@ -628,6 +650,9 @@ impl Filesystem for Volatile {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if let Some(errno) = self.write_failure() {
+            return reply.error(errno);
+        }
         let mut state = self.state();
         match state.file(ino.0) {
             Ok((data, dirty_from)) => {
@@ -710,7 +735,8 @@ impl Filesystem for Volatile {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        reply.statfs(1 << 24, 1 << 23, 1 << 23, 1 << 20, 1 << 19, 4096, 255, 4096);
+        let free = if self.0.fail_writes.load(Ordering::SeqCst) == libc::ENOSPC { 0 } else { 1 << 23 };
+        reply.statfs(1 << 24, free, free, 1 << 20, 1 << 19, 4096, 255, 4096);
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {

@@ -152,11 +152,12 @@ async fn write_group(
         }
         // One flush (and fsync, per the policy) for the whole group: an
         // append is answered once it is as durable as the policy promises.
+        // A failed flush refuses the whole group (the writer cuts it off
+        // at its next call), each caller with the error as it was.
         if let Err(error) = writer.flush() {
-            let text = error.to_string();
             for (answer, _) in &mut answers {
                 if answer.is_ok() {
-                    *answer = Err(HandoffError::Failed(text.clone()));
+                    *answer = Err(error.copy());
                 }
             }
         }
