@@ -335,7 +335,10 @@ fn free_bytes(dir: &std::path::Path) -> Option<u64> {
     let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: a NUL-terminated path and a statvfs for the call to fill.
     let done = unsafe { libc::statvfs(path.as_ptr(), &mut stats) };
-    (done == 0).then(|| u64::from(stats.f_bavail).saturating_mul(u64::from(stats.f_frsize)))
+    // (`c_ulong`: 64 bits here, 32 on other targets.)
+    #[allow(clippy::unnecessary_cast)]
+    let (blocks, size) = (stats.f_bavail as u64, stats.f_frsize as u64);
+    (done == 0).then(|| blocks.saturating_mul(size))
 }
 
 /// A handoff error as a queue error.
