@@ -60,6 +60,19 @@ async fn refused_then_mended(node: &ServeNode, model: &mut Model, fail: impl Fn(
     batch
 }
 
+/// `tailrace serve` with its data directory on the test file system (one
+/// queue: every batch goes through the same writer); `None` where FUSE
+/// cannot be mounted (the test then skips, saying why).
+fn serving_on_the_test_disk() -> Option<(tempfile::TempDir, std::path::PathBuf, PowerCutFs, ServeNode)> {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let fs = PowerCutFs::mount_or_skip(&mnt)?;
+    let mut node = ServeNode::with_data_dir("[queues]\ncount = 1\n", mnt.join("data"));
+    node.start();
+    Some((dir, mnt, fs, node))
+}
+
 async fn metric(node: &ServeNode, name: &str) -> f64 {
     let text = common::http_client().get(node.url("/metrics")).send().await.unwrap().text().await.unwrap();
     text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
@@ -67,13 +80,7 @@ async fn metric(node: &ServeNode, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_or_failing_disk_refuses_clearly_keeps_what_was_acknowledged_and_recovers_without_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let Some(fs) = PowerCutFs::mount_or_skip(&mnt) else { return };
-    // One queue: every run's batches go through the same writer.
-    let mut node = ServeNode::with_data_dir("[queues]\ncount = 1\n", mnt.join("data"));
-    node.start();
+    let Some((_dir, mnt, fs, mut node)) = serving_on_the_test_disk() else { return };
     let mut model = Model::default();
     accepted(&node, &mut model, 0, 5).await;
     // Stored before the disk fails: there is something to read meanwhile.
@@ -118,12 +125,7 @@ async fn a_full_or_failing_disk_refuses_clearly_keeps_what_was_acknowledged_and_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_shows_in_the_metrics_while_it_lasts() {
-    let dir = tempfile::tempdir().unwrap();
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let Some(fs) = PowerCutFs::mount_or_skip(&mnt) else { return };
-    let mut node = ServeNode::with_data_dir("[queues]\ncount = 1\n", mnt.join("data"));
-    node.start();
+    let Some((_dir, _mnt, fs, mut node)) = serving_on_the_test_disk() else { return };
     let mut model = Model::default();
     accepted(&node, &mut model, 0, 1).await;
     fs.fail_writes(Some(libc::ENOSPC));
