@@ -164,7 +164,7 @@ async fn an_https_edge_serves_both_paths_and_refuses_what_does_not_trust_it() {
     let mut kept = tls_connect(&ca, serve.port).await;
     let mut seen = Vec::new();
     kept.write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").await.unwrap();
-    read_until(&mut kept, &mut seen, "\r\n\r\nok\n").await;
+    read_until(&mut kept, &mut seen, "\r\n\r\n{\"live\":true}").await;
     let request = format!("GET {} HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n", stream_path("r-1"));
     kept.write_all(request.as_bytes()).await.unwrap();
     let healthz = seen.len();
