@@ -428,7 +428,7 @@ pub fn reconnecting(response_timeout: Duration) -> ConnectionManagerConfig {
 /// is found within this (a dial a few times a second per connection while
 /// it is down costs nothing; waits of seconds left queues unread that long
 /// after Redis answered again).
-pub const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(500);
+pub const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(200);
 
 /// `url` as it may be printed: its password replaced by `***`
 /// (`redis://user:***@host:6379`). A URL that does not parse is not

@@ -52,8 +52,16 @@ impl Node {
     }
 
     async fn reattach_all(&self, settle: Duration) {
-        let records: Vec<Subscription> =
-            self.tracked.lock().values().filter(|t| !t.is_closed()).filter_map(|t| t.record()).collect();
+        // A subscription whose queue this node pulls was never let go: its
+        // agent delivers here without the transport.
+        let records: Vec<Subscription> = self
+            .tracked
+            .lock()
+            .values()
+            .filter(|t| !t.is_closed())
+            .filter_map(|t| t.record())
+            .filter(|record| self.agents.get(self.mapper.queue_for(&record.stream)).is_none())
+            .collect();
         tracing::info!(node = %self.id, subscriptions = records.len(), "attaching this node's subscriptions again");
         futures::stream::iter(records)
             .for_each_concurrent(AT_ONCE, |record| async move {

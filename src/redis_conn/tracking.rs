@@ -39,8 +39,10 @@ use tokio::sync::{OnceCell, oneshot};
 use super::{RedisConn, RedisEndpoint};
 
 /// How long a wait whose registration failed (Redis unreachable) lasts
-/// before the waiter looks again.
-const RETRY_AFTER: Duration = Duration::from_millis(500);
+/// before the waiter looks again: an idle queue finds a Redis that came
+/// back within this (its read then fails fast while Redis is still down,
+/// and the agent backs off behind its probe).
+const RETRY_AFTER: Duration = Duration::from_millis(100);
 
 /// Limit of one registration on a Redis Cluster (one server's connection
 /// has `config`'s).

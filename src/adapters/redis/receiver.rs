@@ -462,7 +462,7 @@ async fn claim_attempt(receiver: &mut RedisReceiver) -> (&mut RedisReceiver, Res
 }
 
 /// How often a receiver whose read failed asks Redis whether it is back.
-const PROBE_EVERY: Duration = Duration::from_millis(200);
+const PROBE_EVERY: Duration = Duration::from_millis(100);
 
 /// Waits between attempts while Redis is not ready at start.
 const NOT_READY: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1), Duration::from_millis(100));
