@@ -262,39 +262,13 @@ async fn stored(client: &reqwest::Client, live: &Live, run: usize, lines: usize)
     }
 }
 
-/// Node `name`'s config: the defaults (leases, membership, purges, the
-/// agents' backoffs: what a new user runs) but for where things listen,
-/// Redis, and two end rules: a run without a status stays open (chaos may
-/// hold a run's lines back for long), and a finished run completes soon.
-fn config(server: &RedisServer, name: &str, port: u16) -> String {
-    let redis = server.url();
-    let cluster = common::free_port();
-    format!(
-        r#"[node]
-name = "{name}"
-[queues]
-adapter = "redis"
-[adapters.redis]
-url = "{redis}"
-[archive]
-store = "redis"
-redis_url = "{redis}"
-[cluster]
-listen = "127.0.0.1:{cluster}"
-[edge]
-listen = "127.0.0.1:{port}"
-[edge.log_stream]
-unknown_run_grace_seconds = 600.0
-finish_grace_seconds = 2.0
-"#
-    )
-}
+/// Two end rules beside the defaults: a run without a status stays open
+/// (chaos may hold a run's lines back for long), and a finished run
+/// completes soon.
+const END_RULES: &str = "[edge.log_stream]\nunknown_run_grace_seconds = 600.0\nfinish_grace_seconds = 2.0\n";
 
 fn start(server: &RedisServer, name: &str) -> Proc {
-    let port = common::free_port();
-    let mut node = Proc::spawn(name, port, &config(server, name, port), &["node"], &[]);
-    tokio::task::block_in_place(|| node.wait_serving());
-    node
+    tokio::task::block_in_place(|| common::cluster::node_on_defaults(&server.url(), name, END_RULES))
 }
 
 /// Redis, three nodes, and what the clients of a life share.

@@ -25,11 +25,14 @@ use tokio::time::Instant;
 const WAIT: Duration = Duration::from_secs(30);
 const Q: QueueId = QueueId(0);
 
-/// Memory leases whose store can be switched off: every call fails.
+/// Memory leases whose store can be switched off (every call fails) or
+/// slowed down (every renewal answers `slow` after it was sent, and counts
+/// its expiry from the send, as a store on its own clock does).
 #[derive(Default)]
 struct SwitchedLeases {
     inner: MemoryLeases,
     down: AtomicBool,
+    slow: std::sync::Mutex<Duration>,
 }
 
 impl SwitchedLeases {
@@ -50,7 +53,10 @@ impl QueueLeases for SwitchedLeases {
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Option<Lease>, LeaseError> {
         self.check("renew", lease.queue)?;
-        self.inner.renew(lease, ttl).await
+        let (sent, slow) = (Instant::now(), *self.slow.lock().unwrap());
+        tokio::time::sleep(slow).await;
+        let renewed = self.inner.renew(lease, ttl).await?;
+        Ok(renewed.map(|lease| Lease { expires_at: sent + ttl, ..lease }))
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LeaseError> {
@@ -102,6 +108,23 @@ async fn the_keeper_renews_a_held_lease_past_its_ttl() {
     assert!(now.expires_at > first.expires_at);
     assert!(running(&node.node.status().await.unwrap()));
     assert_eq!(factory.script.receivers.load(Ordering::SeqCst), 1);
+}
+
+/// A renewal that takes a little longer than the renew period (a 2 s round
+/// trip on the defaults) still fits the TTL: renewals go out every period
+/// counted from the send, not from the answer (which would land each answer
+/// past its deadline).
+#[tokio::test(start_paused = true)]
+async fn a_store_answering_slower_than_the_renew_period_loses_no_lease() {
+    let leases = Arc::new(SwitchedLeases::default());
+    let (node, factory) = start(leases.clone()).await;
+    let first = leases.inner.holder(Q).await.unwrap().unwrap();
+    *leases.slow.lock().unwrap() = tailrace::cluster::LeaseOptions::default().renew + Duration::from_millis(250);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let now = leases.inner.holder(Q).await.unwrap().expect("still held");
+    assert_eq!(now.token, first.token, "never lost and granted again");
+    assert!(running(&node.node.status().await.unwrap()));
+    assert_eq!(factory.script.receivers.load(Ordering::SeqCst), 1, "its agent was never stopped");
 }
 
 #[tokio::test(start_paused = true)]

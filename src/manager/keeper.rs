@@ -130,8 +130,12 @@ impl Keeper {
                 _ = tokio::time::sleep_until(wake) => {}
             }
             if Instant::now() >= next_renewal {
-                self.renew_all().await;
+                // The period counts from the send, not the answer: on a
+                // link with a round trip of `rtt` renewals still go out
+                // every `renew`, not every `renew + rtt` (which at a 2 s
+                // round trip lands the answer on the deadline).
                 next_renewal = Instant::now() + self.options.renew;
+                self.renew_all().await;
             }
             let now = Instant::now();
             for lease in self.held.snapshot() {

@@ -148,6 +148,38 @@ listen = "127.0.0.1:{port}"
     )
 }
 
+/// Node `name`'s config on the defaults (leases, membership, purges, the
+/// agents' backoffs: what a new user runs) but for where things listen and
+/// the Redis at `redis` (a URL: a proxy's, say), plus `extra` sections.
+pub fn config_on_defaults(redis: &str, name: &str, port: u16, extra: &str) -> String {
+    let cluster = free_port();
+    format!(
+        r#"[node]
+name = "{name}"
+[queues]
+adapter = "redis"
+[adapters.redis]
+url = "{redis}"
+[archive]
+store = "redis"
+redis_url = "{redis}"
+[cluster]
+listen = "127.0.0.1:{cluster}"
+[edge]
+listen = "127.0.0.1:{port}"
+{extra}"#
+    )
+}
+
+/// `tailrace node` under `name` on [`config_on_defaults`], waited for until
+/// it serves.
+pub fn node_on_defaults(redis: &str, name: &str, extra: &str) -> Proc {
+    let port = free_port();
+    let mut node = Proc::spawn(name, port, &config_on_defaults(redis, name, port, extra), &["node"], &[]);
+    node.wait_serving();
+    node
+}
+
 /// The cookie every node of these tests shares.
 pub const COOKIE: &str = "a-test-cookie-of-at-least-32-characters";
 
@@ -370,7 +402,8 @@ pub fn holders(cluster: &Value) -> Option<BTreeMap<u64, (String, u64)>> {
         let holder = queue["holder"].as_str()?.to_string();
         held.insert(queue["queue"].as_u64()?, (holder, queue["token"].as_u64()?));
     }
-    (held.len() == QUEUES as usize).then_some(held)
+    // Every queue the node counts (`[queues] count`, whatever the test's).
+    (held.len() as u64 == cluster["summary"]["queues"].as_u64()?).then_some(held)
 }
 
 pub fn counts(held: &BTreeMap<u64, (String, u64)>) -> BTreeMap<String, usize> {

@@ -1,16 +1,68 @@
-//! A TCP proxy a test can cut: every connection through it is closed at
-//! once, and new ones are refused until it is mended. Nodes that advertise
-//! a proxy's address lose their link when it is cut.
+//! A TCP proxy a test controls, the fault layer between a node and Redis
+//! or between nodes (their advertised addresses point at it). It passes
+//! bytes on ([`Fault::Pass`]), late ([`Fault::Delay`]: each chunk leaves
+//! this long after it came, so a pipelined connection keeps its throughput
+//! and only its latency grows), not at all while connections stay open
+//! ([`Fault::Drop`]: packets dropped by a firewall, nobody told; the bytes
+//! move on once it is lifted, as TCP sends them again), or it refuses new
+//! connections ([`Fault::Refuse`]). [`TcpProxy::cut`] closes every
+//! connection at once and refuses new ones until [`TcpProxy::mend`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
+
+/// What the proxy does to the traffic now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Passes every byte on at once.
+    Pass,
+    /// Passes every byte on this long after it came.
+    Delay(Duration),
+    /// Keeps connections open and accepts new ones, but passes nothing
+    /// (until the fault is lifted: TCP would send the packets again).
+    Drop,
+    /// Keeps the open connections as they are; closes new ones at once.
+    Refuse,
+}
+
+/// The fault, shared by the proxy's tasks: `u64::MAX` drop, `u64::MAX - 1`
+/// refuse, otherwise a delay in milliseconds (0: pass).
+#[derive(Default)]
+struct Mode(AtomicU64);
+
+const DROP: u64 = u64::MAX;
+const REFUSE: u64 = u64::MAX - 1;
+
+impl Mode {
+    fn set(&self, fault: Fault) {
+        let raw = match fault {
+            Fault::Pass => 0,
+            Fault::Delay(by) => (by.as_millis() as u64).min(REFUSE - 1),
+            Fault::Drop => DROP,
+            Fault::Refuse => REFUSE,
+        };
+        self.0.store(raw, Ordering::SeqCst);
+    }
+
+    fn get(&self) -> Fault {
+        match self.0.load(Ordering::SeqCst) {
+            0 => Fault::Pass,
+            DROP => Fault::Drop,
+            REFUSE => Fault::Refuse,
+            ms => Fault::Delay(Duration::from_millis(ms)),
+        }
+    }
+}
 
 pub struct TcpProxy {
     pub port: u16,
     open: Arc<AtomicBool>,
+    mode: Arc<Mode>,
     links: Arc<tokio::sync::Mutex<JoinSet<()>>>,
     accept: tokio::task::JoinHandle<()>,
 }
@@ -21,23 +73,30 @@ impl TcpProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let open = Arc::new(AtomicBool::new(true));
+        let mode = Arc::new(Mode::default());
         let links = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
         let accept = tokio::spawn({
-            let (open, links) = (open.clone(), links.clone());
+            let (open, mode, links) = (open.clone(), mode.clone(), links.clone());
             async move {
-                while let Ok((mut inbound, _)) = listener.accept().await {
-                    if !open.load(Ordering::SeqCst) {
+                while let Ok((inbound, _)) = listener.accept().await {
+                    if !open.load(Ordering::SeqCst) || mode.get() == Fault::Refuse {
                         continue;
                     }
+                    let mode = mode.clone();
                     links.lock().await.spawn(async move {
-                        if let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", target)).await {
-                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        if let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)).await {
+                            link(inbound, outbound, mode).await;
                         }
                     });
                 }
             }
         });
-        Self { port, open, links, accept }
+        Self { port, open, mode, links, accept }
+    }
+
+    /// From now on, `fault`.
+    pub fn set(&self, fault: Fault) {
+        self.mode.set(fault);
     }
 
     /// Closes every connection and refuses new ones; how many it closed.
@@ -50,10 +109,63 @@ impl TcpProxy {
         cut
     }
 
-    /// Accepts connections again.
+    /// Accepts connections again, and passes bytes on at once.
     pub fn mend(&self) {
+        self.mode.set(Fault::Pass);
         self.open.store(true, Ordering::SeqCst);
     }
+}
+
+/// Both directions of one connection, until either side closes.
+async fn link(inbound: TcpStream, outbound: TcpStream, mode: Arc<Mode>) {
+    let (client_read, client_write) = inbound.into_split();
+    let (server_read, server_write) = outbound.into_split();
+    tokio::select! {
+        () = pipe(client_read, server_write, mode.clone()) => {}
+        () = pipe(server_read, client_write, mode) => {}
+    }
+}
+
+/// One direction: each chunk read goes out when the fault says (a delay
+/// line, so chunks keep their order and a delay is latency, not
+/// throughput); while dropping, nothing moves, and what waits moves on once
+/// the path heals.
+async fn pipe(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, mode: Arc<Mode>) {
+    // Unbounded: what is in flight is what arrives within one delay (a
+    // test's traffic), and a bounded line would slow the reader down.
+    let (line, mut out) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let writer = async move {
+        while let Some((due, chunk)) = out.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    };
+    let reader = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            // Dropped packets are sent again by TCP once the path heals: a
+            // stream stalls, it does not lose bytes in its middle.
+            while mode.get() == Fault::Drop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let due = match mode.get() {
+                Fault::Delay(by) => tokio::time::Instant::now() + by,
+                _ => tokio::time::Instant::now(),
+            };
+            if line.send((due, buf[..n].to_vec())).is_err() {
+                return;
+            }
+        }
+    };
+    // The reader's end (EOF) drops the line: the writer sends what is in
+    // it, then ends.
+    tokio::join!(writer, reader);
 }
 
 impl Drop for TcpProxy {
