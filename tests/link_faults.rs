@@ -28,18 +28,20 @@ const QUEUES: u32 = 8;
 const OPEN_RUNS: &str = "[edge.log_stream]\nunknown_run_grace_seconds = 600.0\nfinish_grace_seconds = 1.0\n";
 
 /// Posts lines `from..from + LINES` of `run` through `node`, retrying what
-/// is refused for now (the ids store a retry once); how long it took.
-async fn post(node: &Proc, run: &str, from: usize) -> Duration {
+/// is refused for now (the ids store a retry once); how long it took and
+/// how many times it was refused.
+async fn post(node: &Proc, run: &str, from: usize) -> (Duration, usize) {
     let body: String = (from..from + LINES)
         .map(|i| format!("{}\n", serde_json::json!({ "line": format!("line {i}"), "id": format!("l-{i}") })))
         .collect();
     let url = node.url(&format!("/api/v1/logs/{FQN}/runs/{run}/lines"));
     let client = common::http().timeout(Duration::from_secs(30)).build().unwrap();
     let (started, deadline) = (Instant::now(), Instant::now() + Duration::from_secs(90));
+    let mut refused = 0;
     loop {
         let sent = client.post(&url).header("content-type", "application/x-ndjson").body(body.clone()).send().await;
         match sent {
-            Ok(answer) if answer.status() == 202 => return started.elapsed(),
+            Ok(answer) if answer.status() == 202 => return (started.elapsed(), refused),
             Ok(answer) => {
                 let status = answer.status();
                 let text = answer.text().await.unwrap_or_default();
@@ -47,6 +49,7 @@ async fn post(node: &Proc, run: &str, from: usize) -> Duration {
             }
             Err(error) => assert!(error.is_timeout() || error.is_connect(), "{error}"),
         }
+        refused += 1;
         assert!(Instant::now() < deadline, "no post of {run} was accepted");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -88,13 +91,15 @@ async fn a_slow_redis_slows_producers_down_but_loses_no_lease_and_no_line() {
     proxy.set(Fault::Delay(Duration::from_secs(1)));
     // Past a whole lease TTL (8 s) of renewals through the slow link.
     let slow_until = Instant::now() + Duration::from_secs(12);
-    let mut slowest = Duration::ZERO;
+    let (mut slowest, mut refusals) = (Duration::ZERO, 0);
     while Instant::now() < slow_until {
-        slowest = slowest.max(post(&node, "slow", posted).await);
+        let (took, refused) = post(&node, "slow", posted).await;
+        (slowest, refusals) = (slowest.max(took), refusals + refused);
         posted += LINES;
     }
     proxy.set(Fault::Pass);
     assert!(slowest >= Duration::from_secs(2), "the producers waited for the slow Redis ({slowest:?})");
+    assert_eq!(refusals, 0, "a slow Redis is back-pressure, not an error");
     for _ in 0..2 {
         post(&node, "slow", posted).await;
         posted += LINES;
