@@ -9,15 +9,25 @@
 //!   Redis): its queues move to the others once its leases lapse, viewers
 //!   elsewhere keep every line, and once the path heals it takes its share
 //!   back without a restart.
+//! - Nodes whose links to each other drop every packet while Redis is
+//!   reachable: nobody is evicted, no queue moves, and the viewers whose
+//!   lines crossed the links get every line once, in order, once they heal.
+//! - A live node whose peer port is refused (a firewall that rejects it):
+//!   the others take it for dead and evict it (a false positive); it gives
+//!   its queues up, joins again and takes its share back without a restart,
+//!   and no viewer misses or repeats a line. Ignored for now: it fails (a
+//!   viewer on that node stalls; see the CHANGELOG's known problems).
 
 mod common;
 
 use std::time::Duration;
 
-use common::cluster::{Proc, fences, node_on_defaults, redis, settle};
+use std::collections::BTreeMap;
+
+use common::cluster::{Proc, fences, node_on_defaults, node_on_defaults_linked, redis, settle};
 use common::logs::Sse;
 use common::redis_server::RedisServer;
-use common::tcp_proxy::{Fault, TcpProxy};
+use common::tcp_proxy::{Fault, PeerLink, TcpProxy};
 use tokio::time::Instant;
 
 const FQN: &str = "svc.links";
@@ -169,4 +179,151 @@ async fn a_node_cut_from_redis_gives_its_queues_up_and_takes_its_share_back_when
     read_to(&mut seen, posted).await;
     assert_eq!(seen, expected(posted), "the viewer saw every line once, in order, through the cut");
     assert_eq!(stored(&other, &run, posted).await, expected(posted), "the store holds every line once");
+}
+
+/// A run whose queue `node` holds in `held`.
+fn run_pulled_by(held: &BTreeMap<u64, (String, u64)>, node: &str) -> String {
+    let mapper = tailrace::QueueMapper::new(QUEUES);
+    (0..1000)
+        .map(|i| format!("run-{i}"))
+        .find(|run| {
+            let queue = mapper.queue_for(&tailrace::RunKey::new(FQN, run).unwrap().stream());
+            held[&u64::from(queue.0)].0 == node
+        })
+        .unwrap()
+}
+
+/// One viewer of one run and the lines it saw.
+struct Viewer {
+    run: String,
+    sse: Sse,
+    seen: Vec<String>,
+}
+
+impl Viewer {
+    async fn open(node: &Proc, run: &str) -> Self {
+        node.wait_stored(FQN, run).await;
+        let stream = node.url(&format!("/api/v1/services/ingestionPipelines/logs/{FQN}/stream/{run}"));
+        Self { run: run.to_string(), sse: Sse::open(&common::http_client(), &stream).await, seen: Vec::new() }
+    }
+
+    /// Reads until it saw `total` lines; none may be skipped.
+    async fn read_to(&mut self, total: usize) {
+        while self.seen.len() < total {
+            let event = self.sse.event_within(Duration::from_secs(90)).await.expect("the stream goes on");
+            assert_eq!(event["eventType"], "logs", "{}: {event}", self.run);
+            assert_eq!(event["truncated"], false, "{}: {event}", self.run);
+            let text = event["logs"].as_str().unwrap();
+            self.seen.extend(text.split('\n').filter(|l| !l.is_empty()).map(str::to_string));
+        }
+        assert_eq!(self.seen, expected(total), "{}: every line once, in order", self.run);
+    }
+}
+
+/// Two nodes on the defaults, each dialed by the other through `links`,
+/// settled half and half; a run pulled by each, watched (and written) on
+/// the other node, so that its lines cross the links.
+async fn two_linked_nodes(server: &RedisServer, links: &[PeerLink; 2]) -> ([Proc; 2], Vec<(usize, Viewer)>) {
+    let url = server.url();
+    let nodes = tokio::task::block_in_place(|| {
+        [
+            node_on_defaults_linked(&url, "n1", &links[0].cluster, OPEN_RUNS),
+            node_on_defaults_linked(&url, "n2", &links[1].cluster, OPEN_RUNS),
+        ]
+    });
+    let half = QUEUES as usize / 2;
+    let held = settle(&nodes[0], &[("n1", half), ("n2", half)]).await;
+    let mut viewers = Vec::new();
+    for (puller, watcher) in [(0, 1), (1, 0)] {
+        let run = run_pulled_by(&held, &nodes[puller].name);
+        post(&nodes[watcher], &run, 0).await;
+        let mut viewer = Viewer::open(&nodes[watcher], &run).await;
+        viewer.read_to(LINES).await;
+        viewers.push((watcher, viewer));
+    }
+    (nodes, viewers)
+}
+
+/// Posts the next batch of every viewer's run through its watching node.
+async fn post_all(nodes: &[Proc; 2], viewers: &[(usize, Viewer)], posted: &mut usize) {
+    for (watcher, viewer) in viewers {
+        post(&nodes[*watcher], &viewer.run, *posted).await;
+    }
+    *posted += LINES;
+}
+
+async fn evictions(nodes: &[Proc; 2]) -> f64 {
+    let mut evicted = 0.0;
+    for node in nodes {
+        evicted += node.metric_sum("tailrace_nodes_evicted_total", None).await.expect("the node answers /metrics");
+    }
+    evicted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_cut_from_each_other_but_not_from_redis_keep_their_queues_and_every_viewer_stays_exact() {
+    let server = RedisServer::start();
+    let links = [PeerLink::start().await, PeerLink::start().await];
+    let (nodes, mut viewers) = two_linked_nodes(&server, &links).await;
+    let held = settle(&nodes[0], &[("n1", QUEUES as usize / 2), ("n2", QUEUES as usize / 2)]).await;
+    let mut posted = LINES;
+    for link in &links {
+        link.set(Fault::Drop);
+    }
+    // Past a whole lease TTL (8 s) without a byte between the nodes.
+    let cut_until = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < cut_until {
+        post_all(&nodes, &viewers, &mut posted).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for link in &links {
+        link.mend();
+    }
+    post_all(&nodes, &viewers, &mut posted).await;
+    for (_, viewer) in &mut viewers {
+        viewer.read_to(posted).await;
+    }
+    assert_eq!(evictions(&nodes).await, 0.0, "a silent link proves nobody dead");
+    let after = settle(&nodes[0], &[("n1", QUEUES as usize / 2), ("n2", QUEUES as usize / 2)]).await;
+    assert_eq!(after, held, "no queue moved: both nodes kept their leases through Redis");
+    for (watcher, viewer) in &viewers {
+        assert_eq!(stored(&nodes[*watcher], &viewer.run, posted).await, expected(posted), "{}", viewer.run);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails today: the evicted node's viewer of a run that queue moved back to it stalls (see CHANGELOG, Known problems)"]
+async fn a_live_node_whose_peer_port_is_refused_is_evicted_and_comes_back_without_a_lost_or_doubled_line() {
+    let server = RedisServer::start();
+    let links = [PeerLink::start().await, PeerLink::start().await];
+    let (nodes, mut viewers) = two_linked_nodes(&server, &links).await;
+    let mut posted = LINES;
+    // n1's peer port now refuses every dial; n2's takes them again at once,
+    // but what was open between them closes (as a firewall's reset does).
+    assert!(links[0].reject().await + links[1].reset().await > 0, "the nodes were linked through the proxies");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while evictions(&nodes).await == 0.0 {
+        assert!(Instant::now() < deadline, "a refused dial evicts the peer");
+        post_all(&nodes, &viewers, &mut posted).await;
+    }
+    for _ in 0..10 {
+        post_all(&nodes, &viewers, &mut posted).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    links[0].mend();
+    let half = QUEUES as usize / 2;
+    settle(&nodes[0], &[("n1", half), ("n2", half)]).await;
+    for node in &nodes {
+        let live = common::http_client().get(node.url("/healthz")).send().await.unwrap();
+        assert_eq!(live.status(), 200, "{} kept running", node.name);
+    }
+    for _ in 0..3 {
+        post_all(&nodes, &viewers, &mut posted).await;
+    }
+    for (_, viewer) in &mut viewers {
+        viewer.read_to(posted).await;
+    }
+    for (watcher, viewer) in &viewers {
+        assert_eq!(stored(&nodes[*watcher], &viewer.run, posted).await, expected(posted), "{}", viewer.run);
+    }
 }

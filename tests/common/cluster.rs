@@ -152,7 +152,12 @@ listen = "127.0.0.1:{port}"
 /// agents' backoffs: what a new user runs) but for where things listen and
 /// the Redis at `redis` (a URL: a proxy's, say), plus `extra` sections.
 pub fn config_on_defaults(redis: &str, name: &str, port: u16, extra: &str) -> String {
-    let cluster = free_port();
+    config_on_defaults_linked(redis, name, port, &format!("listen = \"127.0.0.1:{}\"\n", free_port()), extra)
+}
+
+/// [`config_on_defaults`] with `cluster` as the body of its `[cluster]`
+/// section (where it listens, what it advertises, its lane port).
+pub fn config_on_defaults_linked(redis: &str, name: &str, port: u16, cluster: &str, extra: &str) -> String {
     format!(
         r#"[node]
 name = "{name}"
@@ -164,8 +169,7 @@ url = "{redis}"
 store = "redis"
 redis_url = "{redis}"
 [cluster]
-listen = "127.0.0.1:{cluster}"
-[edge]
+{cluster}[edge]
 listen = "127.0.0.1:{port}"
 {extra}"#
     )
@@ -176,6 +180,16 @@ listen = "127.0.0.1:{port}"
 pub fn node_on_defaults(redis: &str, name: &str, extra: &str) -> Proc {
     let port = free_port();
     let mut node = Proc::spawn(name, port, &config_on_defaults(redis, name, port, extra), &["node"], &[]);
+    node.wait_serving();
+    node
+}
+
+/// `tailrace node` under `name` on [`config_on_defaults_linked`], waited for
+/// until it serves.
+pub fn node_on_defaults_linked(redis: &str, name: &str, cluster: &str, extra: &str) -> Proc {
+    let port = free_port();
+    let text = config_on_defaults_linked(redis, name, port, cluster, extra);
+    let mut node = Proc::spawn(name, port, &text, &["node"], &[]);
     node.wait_serving();
     node
 }
@@ -203,7 +217,8 @@ impl Proc {
         Self::spawn_with_env(name, port, text, args, extra, &[("TAILRACE_COOKIE", cookie)])
     }
 
-    /// As [`Proc::spawn`], with `env` set (after `RUST_LOG=warn` and the
+    /// As [`Proc::spawn`], with `env` set (after `RUST_LOG=warn`, or what
+    /// `TAILRACE_TEST_NODE_LOG` says, and the
     /// test cookie, which it may override).
     pub fn spawn_with_env(
         name: &str,
@@ -240,7 +255,7 @@ impl Proc {
             .arg("--config")
             .arg(&path)
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", std::env::var("TAILRACE_TEST_NODE_LOG").unwrap_or_else(|_| "warn".into()))
             .env("TAILRACE_COOKIE", COOKIE)
             .envs(env.iter().copied())
             .stdout(Stdio::piped())

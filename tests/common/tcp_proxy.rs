@@ -5,9 +5,13 @@
 //! and only its latency grows), not at all while connections stay open
 //! ([`Fault::Drop`]: packets dropped by a firewall, nobody told; the bytes
 //! move on once it is lifted, as TCP sends them again), or it refuses new
-//! connections ([`Fault::Refuse`]). [`TcpProxy::cut`] closes every
-//! connection at once and refuses new ones until [`TcpProxy::mend`].
+//! connections ([`Fault::Refuse`]: each is accepted, then closed).
+//! [`TcpProxy::cut`] closes every connection at once and keeps closing new
+//! ones until [`TcpProxy::mend`]; [`TcpProxy::reject`] closes them and
+//! stops listening, so that a dial is refused by the kernel, as a firewall
+//! that rejects the port answers (until [`TcpProxy::mend`]).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -61,37 +65,65 @@ impl Mode {
 
 pub struct TcpProxy {
     pub port: u16,
+    at: SocketAddr,
+    target: u16,
     open: Arc<AtomicBool>,
     mode: Arc<Mode>,
     links: Arc<tokio::sync::Mutex<JoinSet<()>>>,
-    accept: tokio::task::JoinHandle<()>,
+    /// The accepting task, `None` while rejecting (nothing listens).
+    accept: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// A listener on `at` (port 0: a free one) that may take a port whose
+/// connections just closed (they linger in TIME_WAIT).
+fn listen(at: SocketAddr) -> TcpListener {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_reuseaddr(true).unwrap();
+    socket.bind(at).unwrap();
+    socket.listen(1024).unwrap()
 }
 
 impl TcpProxy {
     /// Forwards a free loopback port to `127.0.0.1:target`.
     pub async fn start(target: u16) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let open = Arc::new(AtomicBool::new(true));
-        let mode = Arc::new(Mode::default());
-        let links = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
-        let accept = tokio::spawn({
-            let (open, mode, links) = (open.clone(), mode.clone(), links.clone());
-            async move {
-                while let Ok((inbound, _)) = listener.accept().await {
-                    if !open.load(Ordering::SeqCst) || mode.get() == Fault::Refuse {
-                        continue;
-                    }
-                    let mode = mode.clone();
-                    links.lock().await.spawn(async move {
-                        if let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)).await {
-                            link(inbound, outbound, mode).await;
-                        }
-                    });
+        Self::start_at(([127, 0, 0, 1], 0).into(), target).await
+    }
+
+    /// Forwards `at` (another loopback address, say, with the target's
+    /// port) to `127.0.0.1:target`.
+    pub async fn start_at(at: SocketAddr, target: u16) -> Self {
+        let listener = listen(at);
+        let at = listener.local_addr().unwrap();
+        let proxy = Self {
+            port: at.port(),
+            at,
+            target,
+            open: Arc::new(AtomicBool::new(true)),
+            mode: Arc::new(Mode::default()),
+            links: Arc::default(),
+            accept: std::sync::Mutex::new(None),
+        };
+        proxy.serve(listener);
+        proxy
+    }
+
+    /// Accepts on `listener` and links each connection to the target.
+    fn serve(&self, listener: TcpListener) {
+        let (open, mode, links, target) = (self.open.clone(), self.mode.clone(), self.links.clone(), self.target);
+        let accept = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                if !open.load(Ordering::SeqCst) || mode.get() == Fault::Refuse {
+                    continue;
                 }
+                let mode = mode.clone();
+                links.lock().await.spawn(async move {
+                    if let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)).await {
+                        link(inbound, outbound, mode).await;
+                    }
+                });
             }
         });
-        Self { port, open, mode, links, accept }
+        *self.accept.lock().unwrap() = Some(accept);
     }
 
     /// From now on, `fault`.
@@ -109,10 +141,26 @@ impl TcpProxy {
         cut
     }
 
-    /// Accepts connections again, and passes bytes on at once.
+    /// Closes every connection and stops listening: a dial is refused
+    /// until [`TcpProxy::mend`]. How many connections it closed.
+    pub async fn reject(&self) -> usize {
+        let accept = self.accept.lock().unwrap().take();
+        if let Some(accept) = accept {
+            accept.abort();
+            // Ends once the task, and with it the listener, was dropped.
+            let _ = accept.await;
+        }
+        self.cut().await
+    }
+
+    /// Accepts connections again (listening again after a
+    /// [`TcpProxy::reject`]), and passes bytes on at once.
     pub fn mend(&self) {
         self.mode.set(Fault::Pass);
         self.open.store(true, Ordering::SeqCst);
+        if self.accept.lock().unwrap().is_none() {
+            self.serve(listen(self.at));
+        }
     }
 }
 
@@ -170,6 +218,57 @@ async fn pipe(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp:
 
 impl Drop for TcpProxy {
     fn drop(&mut self) {
-        self.accept.abort();
+        if let Some(accept) = self.accept.lock().unwrap().take() {
+            accept.abort();
+        }
+    }
+}
+
+/// A node's cluster addresses behind proxies: the peers dial its session
+/// port and its lane port on `127.0.0.2` (what it advertises), and the
+/// proxies pass that on to where it listens on `127.0.0.1`, so that a
+/// fault set here holds every byte between it and its peers that it was
+/// dialed for.
+pub struct PeerLink {
+    /// The body of the node's `[cluster]` section.
+    pub cluster: String,
+    session: TcpProxy,
+    lane: TcpProxy,
+}
+
+impl PeerLink {
+    pub async fn start() -> Self {
+        let (listen, lane) = (super::free_port(), super::free_port());
+        let behind = |port: u16| SocketAddr::from(([127, 0, 0, 2], port));
+        let cluster =
+            format!("listen = \"127.0.0.1:{listen}\"\nadvertise = \"127.0.0.2:{listen}\"\nlane_port = {lane}\n");
+        let session = TcpProxy::start_at(behind(listen), listen).await;
+        let lane = TcpProxy::start_at(behind(lane), lane).await;
+        Self { cluster, session, lane }
+    }
+
+    /// From now on, `fault` on both.
+    pub fn set(&self, fault: Fault) {
+        self.session.set(fault);
+        self.lane.set(fault);
+    }
+
+    /// Closes every connection, and keeps accepting new ones.
+    pub async fn reset(&self) -> usize {
+        let closed = self.session.cut().await + self.lane.cut().await;
+        self.mend();
+        closed
+    }
+
+    /// Closes every connection and refuses every dial (see
+    /// [`TcpProxy::reject`]).
+    pub async fn reject(&self) -> usize {
+        self.session.reject().await + self.lane.reject().await
+    }
+
+    /// Passes everything again.
+    pub fn mend(&self) {
+        self.session.mend();
+        self.lane.mend();
     }
 }
