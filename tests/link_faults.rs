@@ -83,12 +83,17 @@ fn expected(lines: usize) -> Vec<String> {
     (0..lines).map(|i| format!("line {i}")).collect()
 }
 
+/// Node `name` on the defaults, reaching its Redis through `proxy`.
+fn node_behind(proxy: &TcpProxy, name: &str) -> Proc {
+    let redis = format!("redis://127.0.0.1:{}", proxy.port);
+    tokio::task::block_in_place(|| node_on_defaults(&redis, name, OPEN_RUNS))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_redis_slows_producers_down_but_loses_no_lease_and_no_line() {
     let server = RedisServer::start();
     let proxy = TcpProxy::start(server.port).await;
-    let node =
-        tokio::task::block_in_place(|| node_on_defaults(&format!("redis://127.0.0.1:{}", proxy.port), "n1", OPEN_RUNS));
+    let node = node_behind(&proxy, "n1");
     settle(&node, &[("n1", QUEUES as usize)]).await;
     let mut conn = redis(&server).await;
     let before = fences(&mut conn).await;
@@ -126,8 +131,7 @@ async fn a_slow_redis_slows_producers_down_but_loses_no_lease_and_no_line() {
 async fn a_node_cut_from_redis_gives_its_queues_up_and_takes_its_share_back_when_the_path_heals() {
     let server = RedisServer::start();
     let proxy = TcpProxy::start(server.port).await;
-    let cut_off =
-        tokio::task::block_in_place(|| node_on_defaults(&format!("redis://127.0.0.1:{}", proxy.port), "n1", OPEN_RUNS));
+    let cut_off = node_behind(&proxy, "n1");
     let other = tokio::task::block_in_place(|| node_on_defaults(&server.url(), "n2", OPEN_RUNS));
     let half = QUEUES as usize / 2;
     let held = settle(&other, &[("n1", half), ("n2", half)]).await;
