@@ -20,30 +20,58 @@ pub(super) fn free_port() -> anyhow::Result<u16> {
 
 /// Starts a `redis-server` on a free loopback port with no persistence,
 /// in `dir`; its URL once it answers. `bench` names the caller in errors.
+///
+/// A free port can be taken by another process between the probe and the
+/// server's bind; the server then exits, and whatever holds the port could
+/// pass for it. So the server counts as up only when the Redis answering
+/// on the port has the child's process id, and one that exited is started
+/// again on a fresh port.
 pub(super) async fn private_redis(dir: &Path, bench: &str) -> anyhow::Result<(Child, String)> {
-    let port = free_port()?;
-    let redis = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .args(["--daemonize", "no", "--maxclients", "20000", "--dir"])
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn();
-    let redis = match redis {
-        Ok(redis) => redis,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => bail!(
-            "`bench {bench}` starts its own Redis, and `redis-server` is not installed (not on PATH); \
-             install it (e.g. apt-get install redis-server) and run again"
-        ),
-        Err(error) => return Err(error).context("starting redis-server"),
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-        anyhow::ensure!(Instant::now() < deadline, "redis-server did not start on port {port}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    for _ in 0..5 {
+        let port = free_port()?;
+        let redis = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--daemonize", "no", "--maxclients", "20000", "--dir"])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn();
+        let mut redis = match redis {
+            Ok(redis) => redis,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => bail!(
+                "`bench {bench}` starts its own Redis, and `redis-server` is not installed (not on PATH); \
+                 install it (e.g. apt-get install redis-server) and run again"
+            ),
+            Err(error) => return Err(error).context("starting redis-server"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if redis.try_wait()?.is_some() {
+                break;
+            }
+            if let Some(pid) = redis_pid(port).await {
+                if Some(pid) == redis.id() {
+                    return Ok((redis, format!("redis://127.0.0.1:{port}")));
+                }
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "redis-server did not start on port {port}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
-    Ok((redis, format!("redis://127.0.0.1:{port}")))
+    bail!("`bench {bench}`: redis-server exited at start five times (ports taken as it bound them?)")
+}
+
+/// The process id of the Redis answering on a loopback `port`, if one does.
+pub(super) async fn redis_pid(port: u16) -> Option<u32> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+    let info = async {
+        let mut connection = client.get_multiplexed_async_connection().await?;
+        redis::cmd("INFO").arg("server").query_async::<String>(&mut connection).await
+    };
+    let info = tokio::time::timeout(Duration::from_secs(1), info).await.ok()?.ok()?;
+    info.lines().find_map(|line| line.trim().strip_prefix("process_id:")?.parse().ok())
 }
 
 /// One `tailrace node` process.

@@ -15,7 +15,7 @@ use anyhow::{Context, bail};
 use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
 use tokio::process::{Child, Command};
 
-use super::cluster::{free_port, private_redis};
+use super::cluster::{free_port, private_redis, redis_pid};
 use super::pipeline::{Shape, run_node};
 
 /// Masters of the private cluster.
@@ -111,8 +111,10 @@ async fn private_cluster(dir: &Path) -> anyhow::Result<(Vec<(Child, u16)>, Strin
             .kill_on_drop(true)
             .spawn()
             .context("starting redis-server (apt-get install redis-server)")?;
+        let pid = server.id();
         servers.push((server, port));
-        wait_for(&format!("redis-server on port {port}"), || ping(port)).await?;
+        // Its own server, not whatever took the port first (see `private_redis`).
+        wait_for(&format!("redis-server on port {port}"), || async move { redis_pid(port).await == pid }).await?;
         addresses.push(format!("127.0.0.1:{port}"));
     }
     let created = Command::new("redis-cli")
@@ -166,10 +168,6 @@ fn cluster_port() -> anyhow::Result<u16> {
 async fn cli(port: u16, args: &[&str]) -> Option<String> {
     let out = Command::new("redis-cli").arg("-p").arg(port.to_string()).args(args).output().await.ok()?;
     Some(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-async fn ping(port: u16) -> bool {
-    cli(port, &["PING"]).await.is_some_and(|r| r.trim() == "PONG")
 }
 
 async fn cluster_ok(port: u16) -> bool {
