@@ -186,6 +186,7 @@ impl Streams {
             }
         };
         entry.registered = true;
+        tracing::debug!(%stream, stored = ?records.iter().map(|r| (r.id.to_string(), &r.state)).collect::<Vec<_>>(), "stream registered: its subscriptions looked up");
         for record in records {
             if record.state == SubscriptionState::Active {
                 entry.subs.get_or_insert_with(record.id, || Sub::explicit(&record, false));

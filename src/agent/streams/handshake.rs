@@ -3,6 +3,7 @@
 //! the cache there, or, on a miss, a rewind is asked for.
 
 use super::*;
+use crate::cache::CursorPosition;
 
 impl Streams {
     /// Pins the stream until the subscription's cursor is placed, and asks
@@ -78,6 +79,7 @@ impl Streams {
                 sub.start
             }
         };
+        tracing::debug!(%stream, subscription = %id, ?start, "handshake answered");
         self.place_cursor(&stream, id, start, cache, rewindable, &mut next);
         next
     }
@@ -167,8 +169,16 @@ impl Streams {
         if let Some(pin) = sub.handshake_pin.take() {
             cache.remove_cursor(pin);
         }
+        // The start made concrete, as the subscription's record keeps it: a
+        // consumer that was detached before its first delivery is served
+        // anew from here, never from a later agent's checkpoint.
         let concrete = match start {
             StartPosition::Latest => cache.last_added().map_or(StartPosition::EarliestAvailable, StartPosition::After),
+            StartPosition::EarliestAvailable => match cache.cursor_position(cursor) {
+                Some(CursorPosition::Next(token)) => StartPosition::At(token),
+                Some(CursorPosition::CaughtUp(Some(token))) => StartPosition::After(token),
+                _ => StartPosition::EarliestAvailable,
+            },
             other => other,
         };
         sub.start = concrete;

@@ -1,8 +1,11 @@
 //! The tailer as the run stream's subscriber: deliveries wait until it is
-//! live, then each new container becomes a chunk of its window. A
-//! delivery that follows a gap (events the subscription skipped) first
-//! re-bases the tailer on the run log store, so its offsets stay the
-//! store's whatever the subscription missed.
+//! live, then each new container becomes a chunk of its window. Once live
+//! it answers every handshake with the last token it holds, so an agent
+//! that serves it anew (a handoff, a node that left and came back)
+//! continues right after what its window holds, however far that agent's
+//! checkpoint is. A delivery that follows a gap (events the subscription
+//! skipped) first re-bases the tailer on the run log store, so its offsets
+//! stay the store's whatever the subscription missed.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -14,7 +17,7 @@ use super::{Ending, Known, Phase, Tailer};
 use crate::archive::{Contents, RECENT_BATCHES, RunLogReader, batch_fingerprint};
 use crate::edge::frames::EndReason;
 use crate::edge::window::Window;
-use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StreamConsumer};
+use crate::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionInfo};
 use crate::stream::{BatchContainer, SequenceToken};
 use crate::telemetry;
 
@@ -75,6 +78,17 @@ impl Tailer {
 }
 
 impl Tailer {
+    /// Where the subscription continues: after the last container the
+    /// window holds (or the store held when the tailer went live). `None`
+    /// before the tailer is live: the subscription's own start.
+    fn resume_after(&self) -> Option<SequenceToken> {
+        let state = self.state.lock();
+        if state.phase != Phase::Live {
+            return None;
+        }
+        state.feed.last_token.max(state.feed.base_token)
+    }
+
     /// The subscription skipped events before `first` (the first container
     /// of the delivery that says so): what the tailer numbered since may
     /// not match the store. Once the store holds `first` (so every line
@@ -116,6 +130,11 @@ pub(super) struct TailerConsumer {
 
 #[async_trait]
 impl StreamConsumer for TailerConsumer {
+    async fn handshake(&self, _: &SubscriptionInfo) -> Result<Option<StartPosition>, ConsumerError> {
+        let tailer = self.tailer.upgrade().ok_or_else(|| ConsumerError::Unavailable("the tailer ended".into()))?;
+        Ok(tailer.resume_after().map(StartPosition::After))
+    }
+
     async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
         let gone = || ConsumerError::Unavailable("the tailer ended".into());
         let tailer = self.tailer.upgrade().ok_or_else(gone)?;
