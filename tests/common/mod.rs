@@ -173,6 +173,7 @@ pub fn stream(ns: &str, key: &str) -> StreamId {
 
 pub mod browser;
 pub mod certs;
+pub mod chaos;
 pub mod cluster;
 pub mod crash;
 pub mod life;
