@@ -35,7 +35,7 @@ use redis::{ConnectionAddr, IntoConnectionInfo};
 pub const PASSWORD_ENV: &str = "TAILRACE_REDIS_PASSWORD";
 
 /// How long connecting (TCP, TLS and the handshake) may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Why Redis could not be reached. The message names the setting to fix.
 #[derive(Debug, thiserror::Error)]

@@ -110,6 +110,69 @@ async fn a_zombie_cannot_ack_trim_checkpoint_or_take_entries_after_a_newer_lease
     assert_eq!(owner_checkpoints.load(queue).await.unwrap(), Some(taken[4]), "never goes back");
 }
 
+/// What Redis holds of a queue's consumer group: its last delivered id,
+/// entries read, and every pending entry with its consumer and delivery count.
+async fn group_state(server: &RedisServer, key: &str) -> String {
+    let mut c = conn(server).await;
+    let groups: redis::Value = redis::cmd("XINFO").arg("GROUPS").arg(key).query_async(&mut c).await.unwrap();
+    let pending: Vec<(String, String, u64, u64)> =
+        redis::cmd("XPENDING").arg(key).arg("tailrace").arg("-").arg("+").arg(100).query_async(&mut c).await.unwrap();
+    // Idle times move with the clock; ids, owners and delivery counts do not.
+    let pending: Vec<_> = pending.into_iter().map(|(id, consumer, _idle, times)| (id, consumer, times)).collect();
+    format!("{groups:?} {pending:?}")
+}
+
+/// On one server a fenced receiver's acks ride with its next read in one
+/// transaction that checks the fence for many queues at once: after a
+/// newer grant, a paused owner's read and the acks it carries are refused
+/// and change nothing in Redis (no ack, no entry taken, the group's
+/// position kept), and the new owner gets every entry the zombie held.
+#[tokio::test]
+async fn a_paused_owners_read_and_ack_after_a_newer_grant_change_nothing_in_redis() {
+    let server = RedisServer::start();
+    // Acks wait for the next read (no trim is due to send them earlier).
+    let options = tailrace::adapters::redis::RedisOptions {
+        trim_every: Duration::from_secs(3600),
+        ..redis_server::adapter_options(&server)
+    };
+    let fa = RedisAdapterFactory::connect(2, options, "node-a").await.unwrap();
+    let (fb, leases) = (factory(&server, "node-b").await, leases(&server).await);
+    let s = stream("t", "a");
+    let queue = fa.queue_mapper().queue_for(&s);
+    let key = fa.adapter().key(queue);
+    for i in 0..4 {
+        fa.adapter().enqueue(&s, events("e", i..i + 1)).await.unwrap();
+    }
+    let old = leases.acquire(queue, &NodeId::new("node-a"), LONG).await.unwrap().expect("free");
+    let mut zombie = fa.adapter().create_receiver(queue, Fence::lease(old.token)).await.unwrap();
+    zombie.initialize(Duration::from_secs(5)).await.unwrap();
+    let first = read_n(&mut zombie, 1).await;
+    let second = read_n(&mut zombie, 1).await;
+    assert_eq!(pending(&server, &key).await, 2, "two entries taken");
+    zombie.delivered(&first).await.unwrap();
+    let third = read_n(&mut zombie, 1).await;
+    assert_eq!(pending(&server, &key).await, 2, "the first acked with the third's read");
+    zombie.delivered(&second).await.unwrap();
+    zombie.delivered(&third).await.unwrap();
+
+    // A newer lease elsewhere; more entries come.
+    assert!(leases.release(&old).await.unwrap());
+    let new = leases.acquire(queue, &NodeId::new("node-b"), LONG).await.unwrap().expect("free");
+    fa.adapter().enqueue(&s, events("e", 4..6)).await.unwrap();
+    let before = group_state(&server, &key).await;
+    for _ in 0..3 {
+        assert!(matches!(zombie.read(10).await, Err(QueueError::Fenced(q)) if q == queue));
+    }
+    assert_eq!(group_state(&server, &key).await, before, "the refused read and acks changed nothing");
+    assert_eq!(pending(&server, &key).await, 2, "the second and third stay pending");
+
+    let mut owner = fb.adapter().create_receiver(queue, Fence::lease(new.token)).await.unwrap();
+    owner.initialize(Duration::from_secs(5)).await.unwrap();
+    let taken = read_n(&mut owner, 3).await;
+    assert_eq!(taken[..2], [second[0], third[0]], "the zombie's unacked entries first, in order");
+    assert_eq!(len(&server, &key).await, 5, "four batches of one and one of two");
+}
+
 /// The same refusals reach the pulling manager as a lost lease: a node's
 /// agent whose token a newer grant superseded stops (not a crash), and the
 /// node takes the lease again under a fresh token and delivers the rest,

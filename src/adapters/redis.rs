@@ -33,6 +33,7 @@
 //! - A lost connection or a Redis restart is retried with backoff by the
 //!   connection manager; callers see transient errors, never a panic.
 
+mod batch;
 mod entry;
 mod fence;
 mod receiver;
@@ -267,6 +268,7 @@ impl RedisAdapterFactory {
             conn,
             readers: (0..options.reader_connections).map(|_| tokio::sync::OnceCell::new()).collect(),
             wakes: Arc::new(wake::Wakes::new(options.clone())),
+            batcher: (!options.cluster).then(|| batch::Batcher::start(options.endpoint(), options.response_timeout)),
             options,
             consumer: consumer.to_string(),
             checkpointer: checkpointer.clone(),
@@ -297,6 +299,9 @@ pub struct RedisAdapter {
     readers: Vec<tokio::sync::OnceCell<RedisConn>>,
     /// Where idle receivers wait for a write.
     wakes: Arc<wake::Wakes>,
+    /// The fenced receivers' reads and acks, many queues per round trip
+    /// (one server only).
+    batcher: Option<batch::Batcher>,
     options: RedisOptions,
     consumer: String,
     checkpointer: Arc<RedisCheckpointer>,
@@ -405,6 +410,7 @@ impl RedisAdapter {
             consumer: self.consumer.clone(),
             checkpointer: self.checkpointer.clone(),
             wakes: self.wakes.clone(),
+            batcher: self.batcher.clone(),
         };
         Ok(Box::new(receiver::RedisReceiver::new(queue, self.key(queue), fence, shared)))
     }

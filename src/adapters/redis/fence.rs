@@ -140,14 +140,14 @@ pub(crate) fn is_refusal(error: &redis::RedisError) -> bool {
 
 /// Counts a refusal of `kind` (`ack`, `trim`, `read`, `claim`,
 /// `checkpoint`) and logs it.
-pub(crate) fn refused(kind: &'static str, queue: QueueId, token: u64, error: &redis::RedisError) {
+pub(crate) fn refused(kind: &'static str, queue: QueueId, token: u64, error: &dyn std::fmt::Display) {
     tracing::warn!(%queue, token, kind, %error, "write refused: a newer lease of the queue was granted");
     metrics::counter!(telemetry::FENCED_WRITES, "kind" => kind).increment(1);
 }
 
 /// A refusal as the queue error the agent takes for a lost lease.
 pub(crate) fn queue_refusal(kind: &'static str, queue: QueueId, token: u64, error: &redis::RedisError) -> QueueError {
-    refused(kind, queue, token, error);
+    refused(kind, queue, token, &error);
     QueueError::Fenced(queue)
 }
 
@@ -184,7 +184,8 @@ pub(crate) async fn migrate_legacy_keys(
 pub(crate) struct Fence {
     /// `None`: no lease, nothing to check.
     pub(crate) token: Option<u64>,
-    key: String,
+    /// The fencing counter's key.
+    pub(crate) key: String,
     ack: redis::Script,
     trim: redis::Script,
     claim: redis::Script,

@@ -6,7 +6,10 @@
 //!
 //! An ack goes out with the next read, both in flight at once on the
 //! shared connection (one round trip for the pair, where the agent's pump
-//! made two), or at the latest when the receiver shuts down. An ack that
+//! made two), or at the latest when the receiver shuts down. On one server
+//! a leased receiver's reads of new entries and the acks before them go
+//! through the process's batched path instead (`batch.rs`: one
+//! transaction for many queues, the fence checked once for all). An ack that
 //! never reaches Redis only means a redelivery, which at least once allows;
 //! a fenced ack fails that read.
 
@@ -16,15 +19,18 @@ use std::time::{Duration, Instant};
 use crate::redis_conn::RedisConn;
 use async_trait::async_trait;
 use backon::RetryableWithContext;
-use redis::streams::{StreamAutoClaimReply, StreamRangeReply, StreamReadReply};
+use redis::streams::{StreamRangeReply, StreamReadReply};
 
+mod start;
+
+use super::batch::{Answer, Batcher, Work};
 use super::entry::decode_entry;
 use super::fence::{self, Fence, NewEntries};
 use super::wake::Wakes;
 use super::{NAME, RedisCheckpointer, RedisOptions, TrimPolicy, backend};
-use crate::queue::{CheckpointError, Checkpointer, QueueError, QueueReceiver, Wake};
-use crate::retry::Backoff;
+use crate::queue::{Checkpointer, QueueError, QueueReceiver, Wake};
 use crate::stream::{BatchContainer, QueueId, SequenceToken, StreamIdCache};
+use start::{NOT_READY, RAISE_LAST_ID, claim_attempt};
 
 /// Where the next read starts.
 enum Phase {
@@ -61,6 +67,9 @@ pub(crate) struct RedisReceiver {
     idle_at: Option<String>,
     /// The last read of new entries found none.
     found_nothing: bool,
+    /// The process's batched fenced path (one Redis server; see
+    /// `batch.rs`), for the reads of a fenced receiver.
+    batcher: Option<Batcher>,
 }
 
 /// What every receiver of an adapter shares.
@@ -72,12 +81,14 @@ pub(crate) struct Shared {
     pub(crate) consumer: String,
     pub(crate) checkpointer: Arc<RedisCheckpointer>,
     pub(crate) wakes: Arc<Wakes>,
+    pub(crate) batcher: Option<Batcher>,
 }
 
 impl RedisReceiver {
     /// The receiver of `queue` (stream `key`), writing under `fence`.
     pub(crate) fn new(queue: QueueId, key: String, fence: Fence, shared: Shared) -> Self {
-        let Shared { conn, options, consumer, checkpointer, wakes } = shared;
+        let Shared { conn, options, consumer, checkpointer, wakes, batcher } = shared;
+        let batcher = batcher.filter(|_| fence.token.is_some());
         Self {
             queue,
             conn,
@@ -97,6 +108,7 @@ impl RedisReceiver {
             wakes,
             idle_at: None,
             found_nothing: false,
+            batcher,
         }
     }
 
@@ -192,17 +204,20 @@ impl QueueReceiver for RedisReceiver {
     async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
         self.check()?;
         self.idle_at = None;
-        let acks = self.send_acks();
-        let (acked, read) = tokio::join!(acks, self.read_batch(max));
-        match acked {
-            // A newer lease was granted: nothing more is read either.
-            Err(fenced @ QueueError::Fenced(_)) => return Err(fenced),
-            // As a failed ack always was: the entries stay pending, and
-            // come back to the queue's next owner.
-            Err(error) => tracing::warn!(queue = %self.queue, %error, "ack failed; the queue may redeliver them"),
-            Ok(()) => {}
-        }
-        let read = read?;
+        let read = match (self.batcher.clone(), &self.phase) {
+            (Some(batcher), Phase::New) => self.read_batched(&batcher, max).await?,
+            _ => {
+                let acks = self.send_acks();
+                let (acked, read) = tokio::join!(acks, self.read_batch(max));
+                match acked {
+                    // A newer lease was granted: nothing more is read either.
+                    Err(fenced @ QueueError::Fenced(_)) => return Err(fenced),
+                    Err(error) => ack_failed(self.queue, &error),
+                    Ok(()) => {}
+                }
+                read?
+            }
+        };
         self.untrimmed |= !read.is_empty();
         // Nothing new: time to trim (a refusal fails the read).
         if read.is_empty() {
@@ -353,6 +368,45 @@ impl RedisReceiver {
         Ok(self.containers(entries))
     }
 
+    /// The acks not sent yet and a read of new entries, in one cycle of
+    /// the process's batched fenced path.
+    async fn read_batched(&mut self, batcher: &Batcher, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        let token = self.fence.token.unwrap_or(0);
+        let work = Work {
+            stream: self.key.clone(),
+            fence_key: self.fence.key.clone(),
+            token,
+            group: self.options.group.clone(),
+            consumer: self.consumer.clone(),
+            acks: std::mem::take(&mut self.unacked).iter().map(ToString::to_string).collect(),
+            count: max.max(1),
+            last_id: self.found_nothing,
+        };
+        // As in `read_entries`: until the reply is here, the next read
+        // starts with our pending entries after the last one we saw.
+        self.phase = Phase::Pending(self.last_read.clone().unwrap_or_else(|| "0".into()));
+        let (ack_error, entries, last_id) = match batcher.call(work).await {
+            Ok(Answer::Fenced(fence)) => {
+                fence::refused("read", self.queue, token, &format!("FENCED queue fence {fence}"));
+                return Err(QueueError::Fenced(self.queue));
+            }
+            Ok(Answer::Done { ack_error, entries, last_id }) => (ack_error, entries, last_id),
+            // The group is gone: the per-queue path creates it again.
+            Err(error) if fence::is_no_group(&error) => return self.read_batch(max).await,
+            Err(error) => return Err(backend(&error, "reading")),
+        };
+        if let Some(error) = ack_error {
+            ack_failed(self.queue, &backend(&error, "acking"));
+        }
+        self.idle_at = last_id;
+        self.found_nothing = entries.is_empty();
+        self.phase = Phase::New;
+        if let Some(last) = entries.last() {
+            self.last_read = Some(last.id.clone());
+        }
+        Ok(self.containers(entries))
+    }
+
     /// Why `from` can no longer be served, if it cannot: entries before the
     /// first one recorded were trimmed away, and deleted ones are gone.
     async fn gone_before(&mut self, from: SequenceToken) -> Option<String> {
@@ -383,104 +437,13 @@ impl RedisReceiver {
             .filter(|deleted| *deleted != SequenceToken::default() && from <= *deleted)
             .map(|deleted| format!("entries through {deleted} were deleted"))
     }
-
-    /// Creates the group if needed (reading the stream from its start, so
-    /// that nothing appended before it existed is skipped) and takes over
-    /// every pending entry (a previous owner's, or our own from before a
-    /// restart): they are read first, in order.
-    async fn claim_everything(&mut self) -> Result<(), QueueError> {
-        let created: Result<(), redis::RedisError> = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(&self.key)
-            .arg(&self.options.group)
-            .arg("0")
-            .arg("MKSTREAM")
-            .query_async(&mut self.conn)
-            .await;
-        if let Err(error) = created
-            && error.code() != Some("BUSYGROUP")
-        {
-            return Err(backend(&error, "creating the consumer group"));
-        }
-        self.keep_new_ids_past_what_was_seen().await?;
-        let mut start = "0-0".to_string();
-        loop {
-            let claimed: Result<StreamAutoClaimReply, _> =
-                self.fence.claim(&mut self.conn, &self.key, &self.options.group, &self.consumer, &start).await;
-            let reply = match claimed {
-                Err(error) if fence::is_refusal(&error) => return Err(self.refusal("claim", &error)),
-                Err(error) => return Err(backend(&error, "claiming pending entries")),
-                Ok(reply) => reply,
-            };
-            if reply.next_stream_id == "0-0" {
-                break;
-            }
-            start = reply.next_stream_id;
-        }
-        self.phase = Phase::Pending("0".into());
-        self.shut_down = false;
-        Ok(())
-    }
-
-    /// Makes every entry appended from now on newer than the stored
-    /// checkpoint and than what this receiver already handed out. The agent
-    /// takes anything at or below those for a redelivery and skips it (and
-    /// trimming removes what is below the checkpoint), so a stream whose
-    /// ids fell behind them (Redis lost its latest writes or the whole key,
-    /// on a server whose clock is behind the one that numbered them) would
-    /// otherwise swallow new entries.
-    async fn keep_new_ids_past_what_was_seen(&mut self) -> Result<(), QueueError> {
-        let checkpoint = self.checkpointer.load(self.queue).await.map_err(|error| QueueError::Backend {
-            adapter: NAME.into(),
-            message: format!("loading the checkpoint: {error}"),
-            transient: !matches!(error, CheckpointError::Corrupt { .. }),
-        })?;
-        let last_read = self.last_read.as_deref().and_then(|id| id.parse::<SequenceToken>().ok());
-        let Some(floor) = checkpoint.max(last_read) else { return Ok(()) };
-        let moved: i64 = self
-            .raise_last_id
-            .key(&self.key)
-            .arg(floor.to_string())
-            .invoke_async(&mut self.conn)
-            .await
-            .map_err(|e| backend(&e, "raising the stream's last id"))?;
-        if moved == 1 {
-            tracing::warn!(queue = %self.queue, key = %self.key, %floor,
-                "the stream's ids were behind what this queue already read or checkpointed (Redis lost writes); new entries are numbered past it");
-        }
-        Ok(())
-    }
-}
-
-/// KEYS: the stream. ARGV: an id. Raises the stream's last generated id to
-/// ARGV[1] if it is behind, so that every later entry is numbered past it;
-/// returns 1 if it did. Ids are compared exactly, as decimal strings.
-/// One attempt of `initialize`, for `backon`'s retry with a context.
-async fn claim_attempt(receiver: &mut RedisReceiver) -> (&mut RedisReceiver, Result<(), QueueError>) {
-    let claimed = receiver.claim_everything().await;
-    (receiver, claimed)
 }
 
 /// How often a receiver whose read failed asks Redis whether it is back.
 const PROBE_EVERY: Duration = Duration::from_millis(100);
 
-/// Waits between attempts while Redis is not ready at start.
-const NOT_READY: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1), Duration::from_millis(100));
-
-const RAISE_LAST_ID: &str = r"
-local function less(a, b)
-  if #a ~= #b then return #a < #b end
-  return a < b
-end
-local info = redis.call('XINFO', 'STREAM', KEYS[1])
-local last
-for i = 1, #info, 2 do
-  if info[i] == 'last-generated-id' then last = info[i + 1] end
-end
-local lm, ls = string.match(last, '^(%d+)-(%d+)$')
-local fm, fs = string.match(ARGV[1], '^(%d+)-(%d+)$')
-if less(lm, fm) or (lm == fm and less(ls, fs)) then
-  redis.call('XSETID', KEYS[1], ARGV[1])
-  return 1
-end
-return 0";
+/// As a failed ack always was: the entries stay pending, and come back to
+/// the queue's next owner.
+fn ack_failed(queue: QueueId, error: &QueueError) {
+    tracing::warn!(%queue, %error, "ack failed; the queue may redeliver them");
+}

@@ -13,6 +13,7 @@ mod pipeline;
 mod redis;
 mod redis_cluster;
 mod scale;
+mod scale_active;
 mod sse;
 pub mod sse_client;
 mod transport;

@@ -14,10 +14,12 @@
 //!   streams of their own, 10 ms apart, timed from the `XADD` to the
 //!   delivering node's audit line (p50, p99);
 //! - rebalance: a fourth node joins (time until the queues are spread over
-//!   four), then leaves with SIGTERM (time until spread over three).
+//!   four), then leaves with SIGTERM (time until spread over three);
+//! - every queue busy, in rounds, against raw `XADD` (`scale_active.rs`,
+//!   whose fields end the line).
 //!
 //! It prints
-//! `RESULT scenario=scale nodes=… queues=… owned_ms=… balanced_ms=… idle_cmds_per_sec=… idle_cmds_per_queue_sec=… redis_clients=… clients_per_node=… node_cpu_pct_max=… node_rss_mib_max=… top=… idle_latency_p50_ms=… idle_latency_p99_ms=… join_spread_ms=… join_moved=… join_moved_elsewhere=… leave_spread_ms=… leave_moved=… leave_moved_elsewhere=…`.
+//! `RESULT scenario=scale nodes=… queues=… owned_ms=… balanced_ms=… idle_cmds_per_sec=… idle_cmds_per_queue_sec=… redis_clients=… clients_per_node=… node_cpu_pct_max=… node_rss_mib_max=… top=… idle_latency_p50_ms=… idle_latency_p99_ms=… join_spread_ms=… join_moved=… join_moved_elsewhere=… leave_spread_ms=… leave_moved=… leave_moved_elsewhere=… active_eps=… …`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -45,7 +47,7 @@ pub async fn run(quick: bool, queues: Option<u32>) -> anyhow::Result<()> {
         let idle = measure(&nodes, &url, queues, started, sample).await?;
         let latency = idle_latency(&nodes, &url, queues, if quick { 50 } else { 200 }).await?;
         let rebalance = rebalance(&mut nodes, dir.path(), &url, &cookie, queues).await?;
-        let active = active(&nodes, &url, queues, if quick { 3 } else { 10 }).await?;
+        let active = super::scale_active::run(&nodes, &url, queues, quick).await?;
         Ok::<_, anyhow::Error>(format!("{idle} {latency} {rebalance} {active}"))
     }
     .await;
@@ -122,7 +124,7 @@ async fn measure(
     let mut rates: Vec<(String, f64)> = after
         .0
         .iter()
-        .map(|(cmd, calls)| (cmd.clone(), (calls - before.0.get(cmd).copied().unwrap_or(0)) as f64 / seconds))
+        .map(|(cmd, (calls, _))| (cmd.clone(), (calls - before.0.get(cmd).map_or(0, |c| c.0)) as f64 / seconds))
         .filter(|(cmd, rate)| cmd != "info" && *rate > 0.0)
         .collect();
     rates.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -182,102 +184,6 @@ async fn idle_latency(nodes: &[NodeProc], url: &str, queues: u32, count: u64) ->
     let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize];
     println!("scale: idle produce-to-delivery over {count} events: p50 {:.2} ms, p99 {:.2} ms", at(0.5), at(0.99));
     Ok(format!("idle_latency_p50_ms={:.2} idle_latency_p99_ms={:.2}", at(0.5), at(0.99)))
-}
-
-/// Producer tasks of the active phase, and events per batch.
-const PRODUCERS: usize = 16;
-const BATCH: usize = 10;
-
-/// Every queue active: `PRODUCERS` tasks append batches of `BATCH` events
-/// to streams spread over all queues for `seconds`, as fast as Redis takes
-/// them; the nodes' agents read everything (`tailrace_agent_events_read_total`
-/// summed over the nodes, until it reaches what was produced). Then a raw
-/// client appends entries of the same size with the same tasks for as long:
-/// `active_eps` (produced and read, over the time until all was read)
-/// against `raw_xadd_eps`.
-async fn active(nodes: &[NodeProc], url: &str, queues: u32, seconds: u64) -> anyhow::Result<String> {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
-    use tailrace::queue::QueueAdapterFactory;
-    use tailrace::stream::{Event, EventId, StreamId};
-    let http = reqwest::Client::new();
-    let read = || async {
-        let mut total = 0.0;
-        for node in nodes.iter().filter(|n| n.alive) {
-            total += node.metric_sum(&http, tailrace::telemetry::AGENT_EVENTS_READ).await.unwrap_or(0.0);
-        }
-        total as u64
-    };
-    let read_before = read().await;
-    let options = RedisOptions { url: url.to_string(), ..RedisOptions::default() };
-    let adapter = RedisAdapterFactory::connect(queues, options, "bench-producer").await?.create_adapter().await?;
-    let streams: Arc<Vec<StreamId>> =
-        Arc::new((0..queues.max(1) * 4).map(|i| StreamId::new("active", format!("s{i}"))).collect());
-    let payload = "x".repeat(100);
-    let produced = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let until = started + Duration::from_secs(seconds);
-    let mut tasks = Vec::new();
-    for task in 0..PRODUCERS {
-        let (adapter, streams, produced, payload) =
-            (adapter.clone(), streams.clone(), produced.clone(), payload.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut n = task;
-            while Instant::now() < until {
-                let events =
-                    (0..BATCH).map(|i| Event::new(EventId::new(format!("a{n}-{i}")), payload.clone())).collect();
-                adapter.enqueue(&streams[n % streams.len()], events).await?;
-                produced.fetch_add(BATCH as u64, Ordering::Relaxed);
-                n += PRODUCERS;
-            }
-            Ok::<_, anyhow::Error>(())
-        }));
-    }
-    for task in tasks {
-        task.await??;
-    }
-    let produced = produced.load(Ordering::Relaxed);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while read().await.saturating_sub(read_before) < produced {
-        anyhow::ensure!(Instant::now() < deadline, "the agents did not read the {produced} events within 120 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let active_eps = produced as f64 / started.elapsed().as_secs_f64();
-    // The same Redis from a raw client: the same tasks, entries of the
-    // same size (one per batch), one key, deleted afterwards.
-    let client = redis::Client::open(url)?;
-    let conn = client.get_multiplexed_async_connection().await?;
-    let body = serde_json::to_string(&(0..BATCH).map(|i| (format!("a0-{i}"), payload.clone())).collect::<Vec<_>>())?;
-    let raw = Arc::new(AtomicU64::new(0));
-    let until = Instant::now() + Duration::from_secs(seconds);
-    let mut tasks = Vec::new();
-    for _ in 0..PRODUCERS {
-        let (mut conn, raw, body) = (conn.clone(), raw.clone(), body.clone());
-        tasks.push(tokio::spawn(async move {
-            while Instant::now() < until {
-                let _: String = redis::cmd("XADD")
-                    .arg("bench:scale:raw")
-                    .arg("*")
-                    .arg("b")
-                    .arg(&body)
-                    .query_async(&mut conn)
-                    .await?;
-                raw.fetch_add(BATCH as u64, Ordering::Relaxed);
-            }
-            Ok::<_, redis::RedisError>(())
-        }));
-    }
-    for task in tasks {
-        task.await??;
-    }
-    let raw_eps = raw.load(Ordering::Relaxed) as f64 / seconds as f64;
-    let _: i64 = redis::cmd("DEL").arg("bench:scale:raw").query_async(&mut conn.clone()).await?;
-    let ratio = if raw_eps > 0.0 { active_eps / raw_eps } else { 0.0 };
-    println!(
-        "scale: every queue active: {active_eps:.0} events/s produced and read; a raw client {raw_eps:.0}/s; ratio {ratio:.3}"
-    );
-    Ok(format!("active_eps={active_eps:.0} raw_xadd_eps={raw_eps:.0} active_ratio={ratio:.3}"))
 }
 
 /// A fourth node joins, then leaves (SIGTERM): how long until the queues
@@ -354,20 +260,27 @@ async fn spread(
     }
 }
 
-/// Calls per command, from `INFO commandstats`.
-async fn commandstats(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<BTreeMap<String, u64>> {
+/// Calls and microseconds per command, from `INFO commandstats`.
+pub(super) async fn commandstats(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> anyhow::Result<BTreeMap<String, (u64, u64)>> {
     let text: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.context("INFO commandstats")?;
-    let mut calls = BTreeMap::new();
+    let mut stats = BTreeMap::new();
     for line in text.lines() {
-        let Some((name, stats)) = line.strip_prefix("cmdstat_").and_then(|l| l.split_once(':')) else { continue };
-        if let Some(n) = stats.split(',').find_map(|kv| kv.strip_prefix("calls=")).and_then(|n| n.parse().ok()) {
-            calls.insert(name.to_string(), n);
+        let Some((name, fields)) = line.strip_prefix("cmdstat_").and_then(|l| l.split_once(':')) else { continue };
+        let field = |key: &str| fields.split(',').find_map(|kv| kv.strip_prefix(key)).and_then(|n| n.parse().ok());
+        if let (Some(calls), Some(usec)) = (field("calls="), field("usec=")) {
+            stats.insert(name.to_string(), (calls, usec));
         }
     }
-    Ok(calls)
+    Ok(stats)
 }
 
-async fn info_field(conn: &mut redis::aio::MultiplexedConnection, section: &str, field: &str) -> anyhow::Result<u64> {
+pub(super) async fn info_field(
+    conn: &mut redis::aio::MultiplexedConnection,
+    section: &str,
+    field: &str,
+) -> anyhow::Result<u64> {
     let text: String = redis::cmd("INFO").arg(section).query_async(conn).await.context("INFO")?;
     text.lines()
         .find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')))
@@ -375,10 +288,11 @@ async fn info_field(conn: &mut redis::aio::MultiplexedConnection, section: &str,
         .with_context(|| format!("INFO {section} has no {field}"))
 }
 
-/// User plus system CPU of each node so far, in clock ticks.
-fn cpu_ticks(nodes: &[NodeProc]) -> anyhow::Result<Vec<u64>> {
+/// User plus system CPU of each live node so far, in clock ticks.
+pub(super) fn cpu_ticks(nodes: &[NodeProc]) -> anyhow::Result<Vec<u64>> {
     nodes
         .iter()
+        .filter(|node| node.alive)
         .map(|node| {
             let pid = node.child.id().context("a node exited")?;
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("reading /proc")?;
@@ -398,7 +312,7 @@ fn rss_kib(pid: u32) -> Option<u64> {
 }
 
 /// Clock ticks per second (`getconf CLK_TCK`; 100 on Linux unless told).
-fn clock_ticks() -> f64 {
+pub(super) fn clock_ticks() -> f64 {
     std::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()
