@@ -8,6 +8,10 @@
 //! - reader: the file adapter's receiver reading sealed files (read, parse,
 //!   one container per batch, ack) against a sequential `read` of the same
 //!   files split into lines. The `RESULT` line reports the reader.
+//!
+//! Both run in rounds (3 with `--quick`, 5), the writer's sides each going
+//! first in every other round; each ratio is the median round's, with the
+//! lowest and highest beside it (`…_min`, `…_max`).
 
 use std::io::Write;
 use std::path::Path;
@@ -49,7 +53,7 @@ fn events(total: usize) -> Vec<(StreamId, Vec<Event>)> {
 }
 
 pub async fn run(quick: bool) -> anyhow::Result<()> {
-    let (write_events, read_events, runs) = if quick { (64_000, 256_000, 1) } else { (256_000, 1_024_000, 3) };
+    let (write_events, read_events, runs) = if quick { (64_000, 256_000, 3) } else { (256_000, 1_024_000, 5) };
     println!("file: writer {write_events} events per policy in batches of {BATCH}; reader {read_events} events");
     let root = tempfile::tempdir().context("a scratch directory")?;
     let batches = events(write_events);
@@ -65,15 +69,24 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
         let mut rounds = Vec::new();
         for round in 0..runs {
             let dir = root.path().join(format!("w-{round}"));
-            let t = tokio::task::block_in_place(|| writer_run(&dir.join("t"), policy, &batches))?;
-            let b = tokio::task::block_in_place(|| baseline_writer(&dir.join("b"), policy, &batches))?;
+            // Each side goes first in every other round, so neither always
+            // writes to a disk still busy with the other's files.
+            let (t, b) = tokio::task::block_in_place(|| -> anyhow::Result<(f64, f64)> {
+                if round % 2 == 0 {
+                    let t = writer_run(&dir.join("t"), policy, &batches)?;
+                    Ok((t, baseline_writer(&dir.join("b"), policy, &batches)?))
+                } else {
+                    let b = baseline_writer(&dir.join("b"), policy, &batches)?;
+                    Ok((writer_run(&dir.join("t"), policy, &batches)?, b))
+                }
+            })?;
             std::fs::remove_dir_all(&dir).ok();
+            println!("  writer fsync={policy:<11} round {}: ratio {:.3}", round + 1, t / b.max(1e-9));
             rounds.push((t, b));
         }
         let line = super::median_line("file-writer", &rounds, &[]);
         println!("  writer fsync={policy:<11} {}", line.trim_start_matches("RESULT scenario=file-writer "));
-        let ratio = line.rsplit("ratio=").next().and_then(|r| r.split(' ').next()).unwrap_or("0").to_string();
-        extra.push((policy.to_string(), ratio));
+        extra.push(super::Spread::of(&rounds));
     }
 
     if only == "writer" {
@@ -108,10 +121,14 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
         rounds.push((read_events as f64 / t, read_events as f64 / b));
     }
     let mut fields: Vec<(&str, String)> = vec![("events", read_events.to_string())];
-    let labels = ["writer_ratio_never", "writer_ratio_group_10ms", "writer_ratio_every_flush"];
-    for (label, (_, ratio)) in labels.iter().zip(&extra) {
-        fields.push((label, ratio.clone()));
+    let labels = ["never", "group_10ms", "every_flush"];
+    let mut writer_fields = Vec::new();
+    for (label, spread) in labels.iter().zip(&extra) {
+        writer_fields.push((format!("writer_ratio_{label}"), format!("{:.3}", spread.median)));
+        writer_fields.push((format!("writer_ratio_{label}_min"), format!("{:.3}", spread.min)));
+        writer_fields.push((format!("writer_ratio_{label}_max"), format!("{:.3}", spread.max)));
     }
+    fields.extend(writer_fields.iter().map(|(k, v)| (k.as_str(), v.clone())));
     println!("{}", super::median_line("file", &rounds, &fields));
     Ok(())
 }

@@ -71,19 +71,45 @@ pub async fn run(scenario: &str, flags: BenchFlags) -> anyhow::Result<()> {
 
 /// The last line every scenario prints, from `(tailrace, baseline)` rates
 /// measured in alternating rounds: the round with the median ratio is
-/// reported (its rates and its ratio).
+/// reported (its rates and its ratio), then the lowest and highest ratio
+/// of all rounds and their count, so a one-round dip shows as such.
 pub fn median_line(scenario: &str, rounds: &[(f64, f64)], extra: &[(&str, String)]) -> String {
-    let ratio = |(t, b): (f64, f64)| if b > 0.0 { t / b } else { 0.0 };
-    let mut sorted = rounds.to_vec();
-    sorted.sort_by(|x, y| ratio(*x).total_cmp(&ratio(*y)));
-    let (tailrace, baseline) = sorted.get(sorted.len() / 2).copied().unwrap_or_default();
-    let ratio = ratio((tailrace, baseline));
-    let mut line =
-        format!("RESULT scenario={scenario} tailrace_eps={tailrace:.0} baseline_eps={baseline:.0} ratio={ratio:.3}");
+    let spread = Spread::of(rounds);
+    let (tailrace, baseline) = spread.median_round;
+    let mut line = format!(
+        "RESULT scenario={scenario} tailrace_eps={tailrace:.0} baseline_eps={baseline:.0} ratio={:.3} ratio_min={:.3} ratio_max={:.3} rounds={}",
+        spread.median, spread.min, spread.max, spread.rounds
+    );
     for (key, value) in extra {
         line.push_str(&format!(" {key}={value}"));
     }
     line
+}
+
+/// The ratios of `(tailrace, baseline)` rounds: the median round, and the
+/// lowest and highest ratio.
+pub struct Spread {
+    pub median_round: (f64, f64),
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub rounds: usize,
+}
+
+impl Spread {
+    pub fn of(rounds: &[(f64, f64)]) -> Self {
+        let ratio = |(t, b): (f64, f64)| if b > 0.0 { t / b } else { 0.0 };
+        let mut sorted = rounds.to_vec();
+        sorted.sort_by(|x, y| ratio(*x).total_cmp(&ratio(*y)));
+        let median_round = sorted.get(sorted.len() / 2).copied().unwrap_or_default();
+        Self {
+            median_round,
+            median: ratio(median_round),
+            min: sorted.first().copied().map_or(0.0, ratio),
+            max: sorted.last().copied().map_or(0.0, ratio),
+            rounds: sorted.len(),
+        }
+    }
 }
 
 /// Prints a progress line every second while a run goes.

@@ -4,13 +4,17 @@
 //! `PRODUCERS` tasks (batches of `BATCH` events, streams spread over all
 //! queues) while the nodes' agents read everything, and a probe sends one
 //! audited event every 10 ms, timed to its delivery; then a raw client
-//! appends entries of the same size from as many tasks for as long.
+//! appends entries of the same size from as many tasks for as long; then
+//! the same work unfenced: raw appends to as many streams, read back and
+//! acked by three raw consumers (`unfenced_*`: what fencing costs is the
+//! gap between the cluster and this, while raw `XADD` only writes).
 //!
 //! Per round, from `INFO` before and after: Redis commands, read events
 //! (round trips: one socket read carries a whole pipeline) and command
 //! microseconds per event, Redis CPU, the nodes' CPU (from `/proc`). It
 //! prints the median round's numbers (by ratio) and the ratio's spread:
 //! `active_eps=… raw_xadd_eps=… active_ratio=… active_ratio_min=… active_ratio_max=… rounds=…
+//! unfenced_eps=… unfenced_ratio=… unfenced_ratio_min=… unfenced_ratio_max=… unfenced_redis_cpu_pct=…
 //! active_cmds_per_event=… active_round_trips_per_event=… active_redis_usec_per_event=…
 //! active_redis_cpu_pct=… active_node_cpu_pct=… raw_redis_cpu_pct=… active_top=…
 //! active_latency_p50_ms=… active_latency_p99_ms=…`.
@@ -72,6 +76,8 @@ struct Round {
     redis_cpu_pct: f64,
     node_cpu_pct: f64,
     raw_redis_cpu_pct: f64,
+    unfenced_eps: f64,
+    unfenced_redis_cpu_pct: f64,
     top: String,
     latencies_ms: Vec<f64>,
 }
@@ -79,6 +85,10 @@ struct Round {
 impl Round {
     fn ratio(&self) -> f64 {
         if self.raw_eps > 0.0 { self.active_eps / self.raw_eps } else { 0.0 }
+    }
+
+    fn unfenced_ratio(&self) -> f64 {
+        if self.unfenced_eps > 0.0 { self.active_eps / self.unfenced_eps } else { 0.0 }
     }
 }
 
@@ -92,12 +102,22 @@ pub(super) async fn run(nodes: &[NodeProc], url: &str, queues: u32, quick: bool)
     for round in 0..rounds {
         let (active_eps, cluster) = cluster_round(nodes, &adapter, &mut conn, queues, seconds, round).await?;
         let (raw_eps, raw_cpu) = raw_round(&mut conn, seconds).await?;
-        let result = Round { active_eps, raw_eps, raw_redis_cpu_pct: raw_cpu, ..cluster };
+        let (unfenced_eps, unfenced_cpu) = unfenced_round(&client, &mut conn, queues, seconds).await?;
+        let result = Round {
+            active_eps,
+            raw_eps,
+            raw_redis_cpu_pct: raw_cpu,
+            unfenced_eps,
+            unfenced_redis_cpu_pct: unfenced_cpu,
+            ..cluster
+        };
         println!(
             "scale: active round {}/{rounds}: cluster {active_eps:.0} events/s, raw XADD {raw_eps:.0}/s, ratio {:.3}; \
-             {:.3} commands and {:.3} round trips per event, Redis CPU {:.0}% (raw {raw_cpu:.0}%), nodes {:.0}%",
+             unfenced raw XADD+XREADGROUP+XACK {unfenced_eps:.0}/s, ratio {:.3}; \
+             {:.3} commands and {:.3} round trips per event, Redis CPU {:.0}% (raw {raw_cpu:.0}%, unfenced {unfenced_cpu:.0}%), nodes {:.0}%",
             round + 1,
             result.ratio(),
+            result.unfenced_ratio(),
             result.cmds_per_event,
             result.round_trips_per_event,
             result.redis_cpu_pct,
@@ -111,22 +131,31 @@ pub(super) async fn run(nodes: &[NodeProc], url: &str, queues: u32, quick: bool)
     latencies.sort_by(f64::total_cmp);
     let at = |q: f64| latencies.get(((latencies.len().max(1) - 1) as f64 * q).round() as usize).copied().unwrap_or(0.0);
     let m = &done[done.len() / 2];
+    let mut unfenced: Vec<f64> = done.iter().map(Round::unfenced_ratio).collect();
+    unfenced.sort_by(f64::total_cmp);
+    let (unfenced_min, unfenced_max) = (unfenced[0], unfenced[unfenced.len() - 1]);
     println!(
         "scale: every queue active, median of {rounds} rounds: ratio {:.3} (spread {min:.3}..{max:.3}); \
+         against unfenced raw reads {:.3} (spread {unfenced_min:.3}..{unfenced_max:.3}); \
          produce-to-delivery under load p50 {:.2} ms, p99 {:.2} ms over {} events",
         m.ratio(),
+        unfenced[unfenced.len() / 2],
         at(0.5),
         at(0.99),
         latencies.len()
     );
     Ok(format!(
         "active_eps={:.0} raw_xadd_eps={:.0} active_ratio={:.3} active_ratio_min={min:.3} active_ratio_max={max:.3} \
-         rounds={rounds} active_cmds_per_event={:.3} active_round_trips_per_event={:.3} active_redis_usec_per_event={:.2} \
+         rounds={rounds} unfenced_eps={:.0} unfenced_ratio={:.3} unfenced_ratio_min={unfenced_min:.3} \
+         unfenced_ratio_max={unfenced_max:.3} unfenced_redis_cpu_pct={:.0} active_cmds_per_event={:.3} active_round_trips_per_event={:.3} active_redis_usec_per_event={:.2} \
          active_redis_cpu_pct={:.0} active_node_cpu_pct={:.0} raw_redis_cpu_pct={:.0} active_top={} \
          active_latency_p50_ms={:.2} active_latency_p99_ms={:.2}",
         m.active_eps,
         m.raw_eps,
         m.ratio(),
+        m.unfenced_eps,
+        unfenced[unfenced.len() / 2],
+        m.unfenced_redis_cpu_pct,
         m.cmds_per_event,
         m.round_trips_per_event,
         m.usec_per_event,
@@ -221,6 +250,8 @@ async fn cluster_round(
             redis_cpu_pct: (after.redis_cpu - before.redis_cpu) / elapsed * 100.0,
             node_cpu_pct: ticks as f64 / clock_ticks() / elapsed * 100.0,
             raw_redis_cpu_pct: 0.0,
+            unfenced_eps: 0.0,
+            unfenced_redis_cpu_pct: 0.0,
             top: top.join(","),
             latencies_ms,
         },
@@ -263,6 +294,96 @@ async fn delivered(nodes: &[NodeProc], sent: &BTreeMap<String, u64>) -> anyhow::
         anyhow::ensure!(Instant::now() < deadline, "{} of {} probe events delivered after 30 s", at.len(), sent.len());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Readers of the unfenced baseline (one per node of the cluster).
+const RAW_READERS: usize = 3;
+
+/// The same work as the cluster's, unfenced, from a raw client on the same
+/// Redis: the producers append entries of a batch's size round-robin to
+/// `queues` streams, and [`RAW_READERS`] tasks (each a third of the
+/// streams, its own consumer group) read them with one blocking
+/// `XREADGROUP` over all their streams, their acks pipelined with it, as
+/// an efficient hand-written consumer would. Events per second until all
+/// were read, and Redis's CPU; the keys are deleted afterwards.
+async fn unfenced_round(
+    client: &redis::Client,
+    conn: &mut MultiplexedConnection,
+    queues: u32,
+    seconds: u64,
+) -> anyhow::Result<(f64, f64)> {
+    let payload = "x".repeat(100);
+    let body = serde_json::to_string(&(0..BATCH).map(|i| (format!("a0-{i}"), payload.clone())).collect::<Vec<_>>())?;
+    let keys: Vec<String> = (0..queues.max(1)).map(|q| format!("bench:scale:unfenced:{q}")).collect();
+    for key in &keys {
+        let _: () =
+            redis::cmd("XGROUP").arg("CREATE").arg(key).arg("g").arg("0").arg("MKSTREAM").query_async(conn).await?;
+    }
+    let (produced, read) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let before = Snapshot::take(conn, &[]).await?;
+    let until = before.at + Duration::from_secs(seconds);
+    let mut readers = Vec::new();
+    for r in 0..RAW_READERS {
+        let mine: Vec<String> = keys.iter().skip(r).step_by(RAW_READERS).cloned().collect();
+        // A connection of its own: a blocking read holds up every other
+        // command on its connection.
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let (read, stop) = (read.clone(), stop.clone());
+        readers.push(tokio::spawn(async move {
+            let mut acks: Vec<(String, Vec<String>)> = Vec::new();
+            while !(stop.load(Ordering::Relaxed) && acks.is_empty()) {
+                let mut pipe = redis::pipe();
+                for (key, ids) in &acks {
+                    pipe.cmd("XACK").arg(key).arg("g").arg(ids).ignore();
+                }
+                pipe.cmd("XREADGROUP").arg("GROUP").arg("g").arg("c").arg("COUNT").arg(100).arg("BLOCK").arg(20);
+                pipe.arg("STREAMS").arg(&mine).arg(vec![">"; mine.len()]);
+                let (reply,): (Option<redis::streams::StreamReadReply>,) = pipe.query_async(&mut conn).await?;
+                acks = reply
+                    .map(|r| r.keys.into_iter().map(|k| (k.key, k.ids.into_iter().map(|e| e.id).collect())).collect())
+                    .unwrap_or_default();
+                let entries: usize = acks.iter().map(|(_, ids)| ids.len()).sum();
+                read.fetch_add((entries * BATCH) as u64, Ordering::Relaxed);
+            }
+            Ok::<_, redis::RedisError>(())
+        }));
+    }
+    let mut producers = Vec::new();
+    for task in 0..PRODUCERS {
+        let (mut conn, produced, body, keys) = (conn.clone(), produced.clone(), body.clone(), keys.clone());
+        producers.push(tokio::spawn(async move {
+            let mut n = task;
+            while Instant::now() < until {
+                let _: String = redis::cmd("XADD")
+                    .arg(&keys[n % keys.len()])
+                    .arg("*")
+                    .arg("b")
+                    .arg(&body)
+                    .query_async(&mut conn)
+                    .await?;
+                produced.fetch_add(BATCH as u64, Ordering::Relaxed);
+                n += PRODUCERS;
+            }
+            Ok::<_, redis::RedisError>(())
+        }));
+    }
+    for task in producers {
+        task.await??;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read.load(Ordering::Relaxed) < produced.load(Ordering::Relaxed) {
+        anyhow::ensure!(Instant::now() < deadline, "the unfenced readers did not read everything within 60 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let after = Snapshot::take(conn, &[]).await?;
+    stop.store(true, Ordering::Relaxed);
+    for task in readers {
+        task.await??;
+    }
+    let elapsed = (after.at - before.at).as_secs_f64();
+    let _: i64 = redis::cmd("DEL").arg(&keys).query_async(conn).await?;
+    Ok((produced.load(Ordering::Relaxed) as f64 / elapsed, (after.redis_cpu - before.redis_cpu) / elapsed * 100.0))
 }
 
 /// A raw client's round on the same Redis: events per second (entries
