@@ -61,19 +61,35 @@ async fn read_n(receiver: &mut Box<dyn QueueReceiver>, n: usize) -> Vec<Sequence
     got
 }
 
+/// A stream of four entries (one batch each): its id, queue and key.
+async fn four_entries(f: &RedisAdapterFactory) -> (tailrace::stream::StreamId, tailrace::stream::QueueId, String) {
+    let s = stream("t", "a");
+    let queue = f.queue_mapper().queue_for(&s);
+    for i in 0..4 {
+        f.adapter().enqueue(&s, events("e", i..i + 1)).await.unwrap();
+    }
+    (s, queue, f.adapter().key(queue))
+}
+
+/// `node`'s lease of `queue` and its fenced, initialized receiver.
+async fn owner(
+    f: &RedisAdapterFactory,
+    leases: &RedisLeases,
+    queue: tailrace::stream::QueueId,
+    node: &str,
+) -> (tailrace::cluster::Lease, Box<dyn QueueReceiver>) {
+    let lease = leases.acquire(queue, &NodeId::new(node), LONG).await.unwrap().expect("free");
+    let mut receiver = f.adapter().create_receiver(queue, Fence::lease(lease.token)).await.unwrap();
+    receiver.initialize(Duration::from_secs(5)).await.unwrap();
+    (lease, receiver)
+}
+
 #[tokio::test]
 async fn a_zombie_cannot_ack_trim_checkpoint_or_take_entries_after_a_newer_lease() {
     let server = RedisServer::start();
     let (fa, fb, leases) = (factory(&server, "node-a").await, factory(&server, "node-b").await, leases(&server).await);
-    let s = stream("t", "a");
-    let queue = fa.queue_mapper().queue_for(&s);
-    let key = fa.adapter().key(queue);
-    for i in 0..4 {
-        fa.adapter().enqueue(&s, events("e", i..i + 1)).await.unwrap();
-    }
-    let old = leases.acquire(queue, &NodeId::new("node-a"), LONG).await.unwrap().expect("free");
-    let mut zombie = fa.adapter().create_receiver(queue, Fence::lease(old.token)).await.unwrap();
-    zombie.initialize(Duration::from_secs(5)).await.unwrap();
+    let (s, queue, key) = four_entries(&fa).await;
+    let (old, mut zombie) = owner(&fa, &leases, queue, "node-a").await;
     let read = read_n(&mut zombie, 4).await;
     zombie.delivered(&read[..1]).await.unwrap();
     let zombie_checkpoints = fa.create_checkpointer().await.unwrap();
@@ -137,15 +153,8 @@ async fn a_paused_owners_read_and_ack_after_a_newer_grant_change_nothing_in_redi
     };
     let fa = RedisAdapterFactory::connect(2, options, "node-a").await.unwrap();
     let (fb, leases) = (factory(&server, "node-b").await, leases(&server).await);
-    let s = stream("t", "a");
-    let queue = fa.queue_mapper().queue_for(&s);
-    let key = fa.adapter().key(queue);
-    for i in 0..4 {
-        fa.adapter().enqueue(&s, events("e", i..i + 1)).await.unwrap();
-    }
-    let old = leases.acquire(queue, &NodeId::new("node-a"), LONG).await.unwrap().expect("free");
-    let mut zombie = fa.adapter().create_receiver(queue, Fence::lease(old.token)).await.unwrap();
-    zombie.initialize(Duration::from_secs(5)).await.unwrap();
+    let (s, queue, key) = four_entries(&fa).await;
+    let (old, mut zombie) = owner(&fa, &leases, queue, "node-a").await;
     let first = read_n(&mut zombie, 1).await;
     let second = read_n(&mut zombie, 1).await;
     assert_eq!(pending(&server, &key).await, 2, "two entries taken");
