@@ -268,3 +268,38 @@ async fn keys_of_the_old_layout_move_under_the_queue_hash_tag_once() {
     assert!(exists(old_checkpoint).await, "the new key is never overwritten");
     assert_eq!(g.create_checkpointer().await.unwrap().load(queue).await.unwrap(), Some(read[0]));
 }
+
+/// Acks that rode with a read that failed (Redis went away) go again with
+/// the reads after it until one takes them: the entries do not stay
+/// pending for as long as the node owns the queue.
+#[tokio::test]
+async fn acks_of_a_batched_read_that_failed_go_again_with_the_next() {
+    let mut server = RedisServer::start();
+    // Acks wait for the next read (no trim is due to send them earlier).
+    let options = tailrace::adapters::redis::RedisOptions {
+        trim_every: Duration::from_secs(3600),
+        ..redis_server::adapter_options(&server)
+    };
+    let fa = RedisAdapterFactory::connect(2, options, "node-a").await.unwrap();
+    let leases = leases(&server).await;
+    let (_, queue, key) = four_entries(&fa).await;
+    let (_lease, mut receiver) = owner(&fa, &leases, queue, "node-a").await;
+    let read = read_n(&mut receiver, 4).await;
+    // The pending entries are read back first; the next read is batched.
+    assert!(receiver.read(10).await.unwrap().is_empty(), "nothing new");
+    receiver.delivered(&read).await.unwrap();
+    server.stop();
+    assert!(receiver.read(10).await.is_err(), "Redis is down: the read and its acks fail");
+    server.restart();
+    // The agent goes on reading (reads fail until Redis is back); each
+    // read carries the acks not sent yet.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let _ = receiver.read(10).await;
+        if pending(&server, &key).await == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the four entries stayed pending: the acks were lost");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

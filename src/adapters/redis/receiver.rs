@@ -137,25 +137,36 @@ impl RedisReceiver {
     }
 
     /// Sends the acks not sent yet; a future that holds nothing of the
-    /// receiver, so that a read can go at the same time.
-    fn send_acks(&mut self) -> impl std::future::Future<Output = Result<(), QueueError>> + 'static {
+    /// receiver, so that a read can go at the same time. It also answers
+    /// the acks to send again: all of them after a failure other than a
+    /// refusal (whether they ran is unknown; an `XACK` of an acked entry
+    /// changes nothing), for [`Self::acks_sent`].
+    fn send_acks(
+        &mut self,
+    ) -> impl std::future::Future<Output = (Result<(), QueueError>, Vec<SequenceToken>)> + 'static {
         let tokens = std::mem::take(&mut self.unacked);
         let (mut conn, fence, key, group) =
             (self.conn.clone(), self.fence.clone(), self.key.clone(), self.options.group.clone());
         let queue = self.queue;
         async move {
             if tokens.is_empty() {
-                return Ok(());
+                return (Ok(()), tokens);
             }
             let ids = tokens.iter().map(|t| t.to_string());
             match fence.ack(&mut conn, &key, &group, ids).await {
                 Err(error) if fence::is_refusal(&error) => {
-                    Err(fence::queue_refusal("ack", queue, fence.token.unwrap_or(0), &error))
+                    (Err(fence::queue_refusal("ack", queue, fence.token.unwrap_or(0), &error)), Vec::new())
                 }
-                Err(error) => Err(backend(&error, "acking")),
-                Ok(_) => Ok(()),
+                Err(error) => (Err(backend(&error, "acking")), tokens),
+                Ok(_) => (Ok(()), Vec::new()),
             }
         }
+    }
+
+    /// Keeps the acks a failed send answered for the next read.
+    fn acks_sent(&mut self, (result, again): (Result<(), QueueError>, Vec<SequenceToken>)) -> Result<(), QueueError> {
+        self.unacked.splice(0..0, again);
+        result
     }
 
     async fn trim(&mut self) -> Result<(), QueueError> {
@@ -209,7 +220,7 @@ impl QueueReceiver for RedisReceiver {
             _ => {
                 let acks = self.send_acks();
                 let (acked, read) = tokio::join!(acks, self.read_batch(max));
-                match acked {
+                match self.acks_sent(acked) {
                     // A newer lease was granted: nothing more is read either.
                     Err(fenced @ QueueError::Fenced(_)) => return Err(fenced),
                     Err(error) => ack_failed(self.queue, &error),
@@ -229,7 +240,8 @@ impl QueueReceiver for RedisReceiver {
     async fn delivered(&mut self, tokens: &[SequenceToken]) -> Result<(), QueueError> {
         self.unacked.extend_from_slice(tokens);
         if self.trim_due() {
-            self.send_acks().await?;
+            let acked = self.send_acks().await;
+            self.acks_sent(acked)?;
             return self.trim().await;
         }
         Ok(())
@@ -289,7 +301,7 @@ impl QueueReceiver for RedisReceiver {
     async fn shutdown(&mut self, _timeout: Duration) -> Result<(), QueueError> {
         let acked = self.send_acks().await;
         self.shut_down = true;
-        acked
+        self.acks_sent(acked)
     }
 }
 
@@ -372,13 +384,14 @@ impl RedisReceiver {
     /// the process's batched fenced path.
     async fn read_batched(&mut self, batcher: &Batcher, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
         let token = self.fence.token.unwrap_or(0);
+        let acks = std::mem::take(&mut self.unacked);
         let work = Work {
             stream: self.key.clone(),
             fence_key: self.fence.key.clone(),
             token,
             group: self.options.group.clone(),
             consumer: self.consumer.clone(),
-            acks: std::mem::take(&mut self.unacked).iter().map(ToString::to_string).collect(),
+            acks: acks.iter().map(ToString::to_string).collect(),
             count: max.max(1),
             last_id: self.found_nothing,
         };
@@ -393,7 +406,12 @@ impl RedisReceiver {
             Ok(Answer::Done { ack_error, entries, last_id }) => (ack_error, entries, last_id),
             // The group is gone: the per-queue path creates it again.
             Err(error) if fence::is_no_group(&error) => return self.read_batch(max).await,
-            Err(error) => return Err(backend(&error, "reading")),
+            // Whether the acks ran is unknown: they go again with the
+            // next read (an `XACK` of an acked entry changes nothing).
+            Err(error) => {
+                self.unacked.splice(0..0, acks);
+                return Err(backend(&error, "reading"));
+            }
         };
         if let Some(error) = ack_error {
             ack_failed(self.queue, &backend(&error, "acking"));
@@ -442,8 +460,9 @@ impl RedisReceiver {
 /// How often a receiver whose read failed asks Redis whether it is back.
 const PROBE_EVERY: Duration = Duration::from_millis(100);
 
-/// As a failed ack always was: the entries stay pending, and come back to
-/// the queue's next owner.
+/// A failed ack: the acks go again with the next read (and if none
+/// succeeds, the entries stay pending and come back to the queue's next
+/// owner).
 fn ack_failed(queue: QueueId, error: &QueueError) {
-    tracing::warn!(%queue, %error, "ack failed; the queue may redeliver them");
+    tracing::warn!(%queue, %error, "ack failed; sending it again with the next read");
 }
