@@ -88,6 +88,9 @@ pub enum SubscribeError {
         node: NodeId,
         /// What its agent said.
         message: String,
+        /// The oldest position the queue still holds, when the start asked
+        /// for is older than its retention.
+        oldest: Option<SequenceToken>,
     },
     /// No agent attached it in time (no node pulls the queue, or agents are
     /// stopped).
@@ -100,6 +103,20 @@ pub enum SubscribeError {
         /// How long it waited.
         timeout: Duration,
     },
+}
+
+impl SubscribeError {
+    /// When the start asked for is older than what the queue still holds
+    /// (its retention passed it): the oldest position it holds, where a
+    /// subscription can start instead (`StartPosition::At`).
+    pub fn oldest_held(&self) -> Option<SequenceToken> {
+        match self {
+            SubscribeError::Attach(AttachError::CannotStart { oldest, .. }) | SubscribeError::Remote { oldest, .. } => {
+                *oldest
+            }
+            _ => None,
+        }
+    }
 }
 
 /// An explicit subscription, as `subscribe` returns it.

@@ -91,8 +91,10 @@ pub enum QueueError {
         /// The position asked for.
         requested: SequenceToken,
     },
-    /// The adapter cannot serve a position before what it still holds.
-    #[error("adapter `{adapter}` cannot rewind queue {queue} to {requested}: {reason}")]
+    /// The adapter cannot serve a position before what it still holds
+    /// (its retention, a trim or a deleted file passed it): never served
+    /// from later data instead.
+    #[error("adapter `{adapter}` cannot rewind queue {queue} to {requested}: {reason}; {}", shown_oldest(*.oldest))]
     CannotRewind {
         /// The adapter's name.
         adapter: String,
@@ -102,6 +104,9 @@ pub enum QueueError {
         requested: SequenceToken,
         /// Why (not rewindable, or no longer held).
         reason: String,
+        /// The oldest position the queue still holds (a rewind or a
+        /// subscription can start there), if it holds any.
+        oldest: Option<SequenceToken>,
     },
     /// A newer receiver took this queue over (or a newer lease of it was
     /// granted, and the store refused a write of the old one); this one
@@ -154,6 +159,14 @@ pub enum QueueError {
     Config(String),
 }
 
+/// The oldest held position as a refusal says it.
+fn shown_oldest(oldest: Option<SequenceToken>) -> String {
+    match oldest {
+        Some(token) => format!("the oldest position it holds is {token}"),
+        None => "it holds no older position than what is written next".into(),
+    }
+}
+
 /// Free bytes as a message says them.
 fn shown_free(free: Option<u64>) -> String {
     match free {
@@ -164,6 +177,15 @@ fn shown_free(free: Option<u64>) -> String {
 }
 
 impl QueueError {
+    /// For a position the queue no longer holds ([`QueueError::CannotRewind`]):
+    /// the oldest position it still holds, if it holds any.
+    pub fn oldest_held(&self) -> Option<SequenceToken> {
+        match self {
+            QueueError::CannotRewind { oldest, .. } => *oldest,
+            _ => None,
+        }
+    }
+
     /// Whether retrying the same call later may succeed.
     pub fn is_transient(&self) -> bool {
         match self {

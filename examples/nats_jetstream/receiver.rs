@@ -341,6 +341,7 @@ impl QueueReceiver for JetStreamReceiver {
                     "the stream now starts at sequence {} (older messages were purged)",
                     state.first_sequence
                 ),
+                oldest: Some(SequenceToken::new(state.first_sequence, 0)),
             });
         }
         let mut out = Vec::new();

@@ -1,6 +1,7 @@
 //! The built-in queue adapters. [`crate::backend::build`] picks one by the
 //! name in the config; the runtime sees the traits of [`crate::queue`] only.
 
+mod entry;
 mod factory;
 pub mod file;
 pub mod memory;

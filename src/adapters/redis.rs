@@ -34,7 +34,6 @@
 //!   connection manager; callers see transient errors, never a panic.
 
 mod batch;
-mod entry;
 mod fence;
 mod receiver;
 mod store;
@@ -50,7 +49,7 @@ use serde::{Deserialize, Serialize};
 
 pub use store::{RedisCheckpointer, RedisPubSubStore};
 
-use entry::encode_entry;
+use super::entry::encode_entry;
 use fence::Fence;
 
 use super::{BuiltInFactory, MappedAdapter};

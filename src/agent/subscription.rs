@@ -38,7 +38,9 @@ pub enum AttachError {
         /// Why.
         reason: String,
     },
-    /// The requested start position cannot be served.
+    /// The requested start position cannot be served (the adapter is not
+    /// rewindable, or the queue no longer holds it: `oldest` then says
+    /// where the queue's history starts now).
     #[error("subscription {id} cannot start at {requested}: {reason}")]
     CannotStart {
         /// The subscription.
@@ -47,6 +49,9 @@ pub enum AttachError {
         requested: String,
         /// Why.
         reason: String,
+        /// The oldest position the queue still holds, when the start is
+        /// older than its retention.
+        oldest: Option<SequenceToken>,
     },
     /// The failure handler faulted the subscription during its handshake.
     #[error("subscription {id} was faulted: {reason}")]
@@ -184,8 +189,9 @@ pub(crate) enum Rewound {
     Retry { after: Duration },
     /// Containers (or the end) came: deliver them.
     Served,
-    /// The first answer failed for a strict attach: refuse it, for this reason.
-    Refused(String),
+    /// The first answer failed for a strict attach: refuse it, for this
+    /// reason (and the oldest position the queue still holds).
+    Refused(String, Option<SequenceToken>),
     /// The queue cannot serve the catch-up: go on from the cache; the
     /// consumer is told what may be missing.
     Lost(String),
@@ -221,7 +227,7 @@ impl Sub {
                 catch_up.retries += 1;
                 Rewound::Retry { after: backoff.delay(catch_up.retries - 1) }
             }
-            Err(error) if !self.attach_replies.is_empty() => Rewound::Refused(error.to_string()),
+            Err(error) if !self.attach_replies.is_empty() => Rewound::Refused(error.to_string(), error.oldest_held()),
             Err(error) => {
                 let reason = format!("events from {} on may be missing: {error}", catch_up.next);
                 tracing::warn!(%stream, subscription = %id, %reason, "catch-up from the queue failed; continuing from the cache");

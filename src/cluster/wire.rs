@@ -141,6 +141,10 @@ pub struct AttachRefusal {
     pub retry: bool,
     /// What the agent said.
     pub message: String,
+    /// The oldest position the queue still holds, when the start asked
+    /// for is older than its retention (absent from older nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest: Option<crate::stream::SequenceToken>,
 }
 
 /// Why a node refused a call.

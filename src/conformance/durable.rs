@@ -111,7 +111,10 @@ pub(super) async fn retention(kit: &Kit) -> Result<(), Failure> {
         })
         .await?;
         match answer {
-            Err(QueueError::CannotRewind { .. }) => break,
+            Err(QueueError::CannotRewind { oldest, .. }) => {
+                check_oldest(&mut reader, old, oldest).await?;
+                break;
+            }
             Err(other) => {
                 return Err(fail(
                     CHECK,
@@ -145,6 +148,43 @@ pub(super) async fn retention(kit: &Kit) -> Result<(), Failure> {
         tokio::task::yield_now().await;
     }
     reader.close().await
+}
+
+/// A refusal names the oldest position the queue still holds: past the one
+/// refused, and a rewind from it is served from there on (or refused in
+/// turn, naming a newer one: retention moves on).
+async fn check_oldest(
+    reader: &mut super::support::Reader,
+    refused: crate::stream::SequenceToken,
+    oldest: Option<crate::stream::SequenceToken>,
+) -> Result<(), Failure> {
+    const CHECK: &str = "retention";
+    let queue = reader.queue;
+    let Some(oldest) = oldest else { return Ok(()) };
+    if oldest <= refused {
+        return Err(fail(
+            CHECK,
+            format!("queue {queue}: rewind({refused}) was refused naming {oldest} as the oldest held, which is not newer"),
+        ));
+    }
+    let answer = within(CHECK, || format!("rewind({oldest}) on queue {queue}"), async {
+        Ok::<_, QueueError>(reader.inner.rewind(oldest, 16).await)
+    })
+    .await?;
+    match answer {
+        Ok(batch) => match batch.iter().find(|b| b.token < oldest) {
+            Some(early) => Err(fail(
+                CHECK,
+                format!("queue {queue}: rewind({oldest}) returned {} from before it", early.token),
+            )),
+            None => Ok(()),
+        },
+        Err(QueueError::CannotRewind { oldest: Some(newer), .. }) if newer > oldest => Ok(()),
+        Err(other) => Err(fail(
+            CHECK,
+            format!("queue {queue}: a refusal named {oldest} as the oldest held, but rewind({oldest}) said: {other}"),
+        )),
+    }
 }
 
 /// After `close` and a fresh factory, unacked containers come back and

@@ -40,7 +40,7 @@
 //! | `takeover` | — | a receiver dropped without shutdown (a crash): the next one gets what it had not acknowledged, in order |
 //! | `exclusive` | `exclusive_receivers` | a second receiver on a queue fences the first (its reads fail) |
 //! | `rewind` | — | if `rewindable`: a rewind serves a past token without moving the live position; otherwise it is refused |
-//! | `retention` | `trims` and `rewindable` | a rewind to a container no longer held is refused with `CannotRewind`, never served from later data |
+//! | `retention` | `trims` and `rewindable` | a rewind to a container no longer held is refused with `CannotRewind`, never served from later data, naming the oldest position still held, from which a rewind is served |
 //! | `durability` | `durable` | after `close` and a fresh factory, what was unacknowledged comes back, what was acknowledged does not |
 //! | `shutdown` | — | on every queue, shutdown twice is fine and a read after it is an error |
 //! | `bad_input` | — | an empty batch and an unknown queue are refused; nothing accepted around them is lost |

@@ -45,8 +45,8 @@ impl Node {
         let request = Request::Attach { subscription: subscription.clone() };
         match transport.call(&holder.holder, request).await {
             Ok(Reply::Attached { result: Ok(start) }) => Some(Ok(start)),
-            Ok(Reply::Attached { result: Err(AttachRefusal { retry: false, message }) }) => {
-                Some(Err(SubscribeError::Remote { node: holder.holder, message }))
+            Ok(Reply::Attached { result: Err(AttachRefusal { retry: false, message, oldest }) }) => {
+                Some(Err(SubscribeError::Remote { node: holder.holder, message, oldest }))
             }
             Ok(_) => None,
             Err(error) => {
@@ -172,7 +172,7 @@ impl RemoteCalls {
         let queue = node.mapper.queue_for(&subscription.stream);
         let Some(agent) = node.agents.get(queue) else {
             let message = format!("node {} runs no agent for queue {queue}", node.id);
-            return Reply::Attached { result: Err(AttachRefusal { retry: true, message }) };
+            return Reply::Attached { result: Err(AttachRefusal { retry: true, message, oldest: None }) };
         };
         let timeout = node.config.pubsub.attach_timeout;
         let result = match agent.call(|reply| AgentMsg::Attach { subscription, reply }, Some(timeout)).await {
@@ -182,9 +182,16 @@ impl RemoteCalls {
             // and is back). Both are worth another try.
             Ok(CallResult::Success(Err(error))) => {
                 let retry = matches!(error, AttachError::NotServing(_) | AttachError::ConsumerUnavailable { .. });
-                Err(AttachRefusal { retry, message: error.to_string() })
+                let oldest = match &error {
+                    AttachError::CannotStart { oldest, .. } => *oldest,
+                    _ => None,
+                };
+                Err(AttachRefusal { retry, message: error.to_string(), oldest })
             }
-            _ => Err(AttachRefusal { retry: true, message: format!("the agent of queue {queue} did not answer") }),
+            _ => {
+                let message = format!("the agent of queue {queue} did not answer");
+                Err(AttachRefusal { retry: true, message, oldest: None })
+            }
         };
         Reply::Attached { result }
     }

@@ -24,10 +24,10 @@ use redis::streams::{StreamRangeReply, StreamReadReply};
 mod start;
 
 use super::batch::{Answer, Batcher, Work};
-use super::entry::decode_entry;
 use super::fence::{self, Fence, NewEntries};
 use super::wake::Wakes;
 use super::{NAME, RedisCheckpointer, RedisOptions, TrimPolicy, backend};
+use crate::adapters::entry::decode_entry;
 use crate::queue::{Checkpointer, QueueError, QueueReceiver, Wake};
 use crate::stream::{BatchContainer, QueueId, SequenceToken, StreamIdCache};
 use start::{NOT_READY, RAISE_LAST_ID, claim_attempt};
@@ -119,7 +119,7 @@ impl RedisReceiver {
     fn containers(&mut self, entries: Vec<redis::streams::StreamId>) -> Vec<Arc<BatchContainer>> {
         let mut out = Vec::with_capacity(entries.len());
         for mut entry in entries {
-            match decode_entry(&entry.id, entry.map.remove("b"), &mut self.streams) {
+            match entry_container(&entry.id, entry.map.remove("b"), &mut self.streams) {
                 Ok(container) => out.push(Arc::new(container)),
                 // A foreign or damaged entry: skip it (it stays visible in Redis).
                 Err(error) => {
@@ -255,8 +255,9 @@ impl QueueReceiver for RedisReceiver {
 
     async fn rewind(&mut self, from: SequenceToken, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
         self.check()?;
-        if let Some(reason) = self.gone_before(from).await {
-            return Err(QueueError::CannotRewind { adapter: NAME.into(), queue: self.queue, requested: from, reason });
+        if let Some((reason, oldest)) = self.gone_before(from).await {
+            let requested = from;
+            return Err(QueueError::CannotRewind { adapter: NAME.into(), queue: self.queue, requested, reason, oldest });
         }
         let reply: StreamRangeReply = redis::cmd("XRANGE")
             .arg(&self.key)
@@ -427,7 +428,7 @@ impl RedisReceiver {
 
     /// Why `from` can no longer be served, if it cannot: entries before the
     /// first one recorded were trimmed away, and deleted ones are gone.
-    async fn gone_before(&mut self, from: SequenceToken) -> Option<String> {
+    async fn gone_before(&mut self, from: SequenceToken) -> Option<(String, Option<SequenceToken>)> {
         let info: redis::Value =
             redis::cmd("XINFO").arg("STREAM").arg(&self.key).query_async(&mut self.conn).await.ok()?;
         let fields: Vec<(String, redis::Value)> = match info {
@@ -447,13 +448,19 @@ impl RedisReceiver {
         };
         let number = |name: &str| text(name).and_then(|v| v.parse::<u64>().ok());
         let token = |name: &str| text(name).and_then(|v| v.parse::<SequenceToken>().ok());
-        let removed = number("entries-added")? > number("length")?;
-        if let Some(first) = token("recorded-first-entry-id").filter(|first| removed && from < *first) {
-            return Some(format!("the stream was trimmed; its oldest entry is {first}"));
+        let length = number("length")?;
+        let removed = number("entries-added")? > length;
+        // An emptied stream records `0-0`: it holds nothing older.
+        let first = token("recorded-first-entry-id").filter(|first| *first != SequenceToken::default());
+        if first.is_some_and(|first| removed && from < first) {
+            return Some(("the stream was trimmed".into(), first));
+        }
+        if removed && length == 0 && token("last-generated-id").is_some_and(|last| from <= last) {
+            return Some(("the stream was trimmed to nothing".into(), None));
         }
         token("max-deleted-entry-id")
             .filter(|deleted| *deleted != SequenceToken::default() && from <= *deleted)
-            .map(|deleted| format!("entries through {deleted} were deleted"))
+            .map(|deleted| (format!("entries through {deleted} were deleted"), first.filter(|f| *f > deleted)))
     }
 }
 
@@ -465,4 +472,19 @@ const PROBE_EVERY: Duration = Duration::from_millis(100);
 /// owner).
 fn ack_failed(queue: QueueId, error: &QueueError) {
     tracing::warn!(%queue, %error, "ack failed; sending it again with the next read");
+}
+
+/// The container of the stream entry `id` whose field `b` is `body`.
+fn entry_container(
+    id: &str,
+    body: Option<redis::Value>,
+    streams: &mut StreamIdCache,
+) -> Result<BatchContainer, String> {
+    let token: SequenceToken = id.parse().map_err(|e: crate::stream::ParseTokenError| e.to_string())?;
+    let body = match body {
+        Some(redis::Value::BulkString(bytes)) => bytes::Bytes::from(bytes),
+        Some(redis::Value::SimpleString(text)) => bytes::Bytes::from(text),
+        _ => return Err(format!("entry {id} has no field `b`")),
+    };
+    decode_entry(token, body, streams)
 }

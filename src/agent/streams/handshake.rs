@@ -144,7 +144,7 @@ impl Streams {
                     });
                 } else if sub.strict_start {
                     let reason = QueueError::NotRewindable { requested: miss.requested }.to_string();
-                    let error = AttachError::CannotStart { id, requested: format!("{start:?}"), reason };
+                    let error = AttachError::CannotStart { id, requested: format!("{start:?}"), reason, oldest: None };
                     self.remove_sub(stream, id, error, cache);
                     return;
                 } else {

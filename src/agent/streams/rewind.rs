@@ -48,9 +48,9 @@ impl Streams {
                 return next;
             }
             Rewound::Served => {}
-            Rewound::Refused(reason) => {
+            Rewound::Refused(reason, oldest) => {
                 next.push(Next::CacheMiss);
-                let refusal = AttachError::CannotStart { id, requested: format!("{:?}", sub.start), reason };
+                let refusal = AttachError::CannotStart { id, requested: format!("{:?}", sub.start), reason, oldest };
                 self.remove_sub(&stream, id, refusal, cache);
                 return next;
             }

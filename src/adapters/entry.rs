@@ -1,6 +1,7 @@
-//! One stream entry per batch: the stream and its events as JSON in the
-//! field `b`: `{"s":{"namespace":…,"key":…},"e":[{"id":…,"ts":…,"p":…}]}`.
-//! A payload that is not UTF-8 is carried as `"b64"` instead of `"p"`.
+//! One batch container as the bytes a store keeps (a Redis entry's field
+//! `b`, a Kafka record's value): the stream and its events as JSON,
+//! `{"s":{"namespace":…,"key":…},"e":[{"id":…,"ts":…,"p":…}]}`. A payload
+//! that is not UTF-8 is carried as `"b64"` instead of `"p"`.
 
 use std::borrow::Cow;
 
@@ -55,7 +56,7 @@ struct EventIn<'a> {
     b64: Option<Cow<'a, str>>,
 }
 
-/// The field `b` of the entry holding `events` of `stream`.
+/// The bytes holding `events` of `stream`.
 pub(crate) fn encode_entry(stream: &StreamId, events: &[Event]) -> Vec<u8> {
     let e = events
         .iter()
@@ -81,32 +82,27 @@ pub(crate) fn encode_entry(stream: &StreamId, events: &[Event]) -> Vec<u8> {
     }
 }
 
-/// Decodes the entry `id` whose field `b` is `body`. Payloads without
-/// escapes share `body`'s buffer; the stream's id comes from `streams`.
+/// Decodes the container at `token` whose bytes are `body`. Payloads
+/// without escapes share `body`'s buffer; the stream's id comes from
+/// `streams`.
 pub(crate) fn decode_entry(
-    id: &str,
-    body: Option<redis::Value>,
+    token: SequenceToken,
+    body: Bytes,
     streams: &mut StreamIdCache,
 ) -> Result<BatchContainer, String> {
-    let token: SequenceToken = id.parse().map_err(|e: crate::stream::ParseTokenError| e.to_string())?;
-    let body = match body {
-        Some(redis::Value::BulkString(bytes)) => Bytes::from(bytes),
-        Some(redis::Value::SimpleString(text)) => Bytes::from(text),
-        _ => return Err(format!("entry {id} has no field `b`")),
-    };
-    let entry: EntryIn = serde_json::from_slice(&body).map_err(|e| format!("entry {id}: {e}"))?;
+    let entry: EntryIn = serde_json::from_slice(&body).map_err(|e| format!("entry {token}: {e}"))?;
     let mut events = Vec::with_capacity(entry.e.len());
     for event in entry.e {
         let payload = match (event.p, event.b64) {
             (Some(Cow::Borrowed(text)), None) => body.slice_ref(text.as_bytes()),
             (Some(Cow::Owned(text)), None) => Bytes::from(text),
-            (None, Some(b64)) => STANDARD.decode(b64.as_bytes()).map_err(|e| format!("entry {id}: {e}"))?.into(),
-            _ => return Err(format!("entry {id}: an event needs exactly one of `p` and `b64`")),
+            (None, Some(b64)) => STANDARD.decode(b64.as_bytes()).map_err(|e| format!("entry {token}: {e}"))?.into(),
+            _ => return Err(format!("entry {token}: an event needs exactly one of `p` and `b64`")),
         };
         events.push(Event { id: EventId::new(event.id.as_ref()), timestamp_ms: event.ts, payload });
     }
     if events.is_empty() {
-        return Err(format!("entry {id} has no event"));
+        return Err(format!("entry {token} has no event"));
     }
     Ok(BatchContainer { stream: streams.get(&entry.s.namespace, &entry.s.key), token, events })
 }
@@ -124,7 +120,8 @@ mod tests {
             Event { id: EventId::new("c"), timestamp_ms: 3, payload: Bytes::from_static(&[0xff, 0x00]) },
         ];
         let body = encode_entry(&stream, &events);
-        let back = decode_entry("5-1", Some(redis::Value::BulkString(body)), &mut StreamIdCache::default()).unwrap();
+        let token = SequenceToken::new(5, 1);
+        let back = decode_entry(token, Bytes::from(body), &mut StreamIdCache::default()).unwrap();
         assert_eq!((back.stream, back.token, back.events), (stream, SequenceToken::new(5, 1), events));
     }
 
@@ -140,13 +137,11 @@ mod tests {
 
     #[test]
     fn bad_entries_are_errors() {
-        assert!(decode_entry("5-1", None, &mut StreamIdCache::default()).unwrap_err().contains("no field `b`"));
-        let empty = br#"{"s":{"namespace":"a","key":"b"},"e":[]}"#.to_vec();
-        assert!(
-            decode_entry("5-1", Some(redis::Value::BulkString(empty)), &mut StreamIdCache::default())
-                .unwrap_err()
-                .contains("no event")
-        );
-        assert!(decode_entry("x", None, &mut StreamIdCache::default()).is_err());
+        let token = SequenceToken::new(5, 1);
+        let decode = |body: &'static [u8]| decode_entry(token, Bytes::from_static(body), &mut StreamIdCache::default());
+        assert!(decode(br#"{"s":{"namespace":"a","key":"b"},"e":[]}"#).unwrap_err().contains("no event"));
+        assert!(decode(b"not json").unwrap_err().contains("entry 5-1"));
+        let both = br#"{"s":{"namespace":"a","key":"b"},"e":[{"id":"1","ts":1,"p":"x","b64":"eA=="}]}"#;
+        assert!(decode(both).unwrap_err().contains("exactly one"));
     }
 }
