@@ -394,16 +394,20 @@ impl QueueReceiver for MemoryReceiver {
         }
         if let Some(gone) = state.forgotten_through.filter(|gone| from <= *gone) {
             let reason = format!("containers up to {gone} are no longer held");
+            let oldest = state.history.front().map(|b| b.token).or_else(|| state.pending.front().map(|e| e.token));
             return Err(QueueError::CannotRewind {
                 adapter: NAME.into(),
                 queue: self.queue.id,
                 requested: from,
                 reason,
+                oldest,
             });
         }
         // Everything still held, read or not: the agent keeps what it lacks.
-        let pending = state.pending.iter().map(|e| &e.batch);
-        Ok(state.history.iter().chain(pending).filter(|b| b.token >= from).take(max).cloned().collect())
+        // Both lists are in token order, so the start is found by bisection.
+        let history = state.history.range(state.history.partition_point(|b| b.token < from)..);
+        let pending = state.pending.range(state.pending.partition_point(|e| e.batch.token < from)..);
+        Ok(history.chain(pending.map(|e| &e.batch)).take(max).cloned().collect())
     }
 
     async fn shutdown(&mut self, _timeout: Duration) -> Result<(), QueueError> {

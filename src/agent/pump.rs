@@ -143,6 +143,9 @@ struct PumpJob {
     read_max: usize,
 }
 
+/// Pumps in a row that serve rewinds without reading a quiet queue.
+const READS_SKIPPED_AT_MOST: u32 = 8;
+
 /// The pump's state and its schedule.
 pub(crate) struct Pump {
     io: Option<Io>,
@@ -158,6 +161,12 @@ pub(crate) struct Pump {
     empty_reads: u32,
     /// The receiver's wake is awaited (the agent sleeps until a write).
     armed: bool,
+    /// The last read that ran found nothing (the queue is quiet).
+    quiet: bool,
+    /// Whether the pump in flight reads.
+    reading: bool,
+    /// Consecutive pumps that served rewinds and skipped their read.
+    reads_skipped: u32,
     /// Containers read again at or below the progress already recorded:
     /// done, to be acked by the next pump.
     redelivered: Vec<SequenceToken>,
@@ -175,6 +184,9 @@ impl Pump {
             read_failures: 0,
             empty_reads: 0,
             armed: false,
+            quiet: false,
+            reading: false,
+            reads_skipped: 0,
             redelivered: Vec::new(),
         }
     }
@@ -247,7 +259,14 @@ impl Pump {
         let PumpWork { purged, progress, rewinds, paused, room } = work;
         self.blocked = paused;
         self.in_flight = true;
-        let read_max = if paused { 0 } else { room };
+        // On a quiet queue a read waits (the adapter's read wait) before it
+        // answers nothing: a pump that serves rewinds skips it, or each
+        // step of a catch-up would wait that long. Every few such pumps it
+        // reads anyway, so new events never wait long behind a replay.
+        let skip = !rewinds.is_empty() && self.quiet && self.reads_skipped < READS_SKIPPED_AT_MOST;
+        self.reads_skipped = if skip { self.reads_skipped + 1 } else { 0 };
+        let read_max = if paused || skip { 0 } else { room };
+        self.reading = read_max > 0;
         let job = PumpJob { queue, initialize: !self.initialized, init_timeout, purged, progress, rewinds, read_max };
         Some(PumpRun { io, job })
     }
@@ -268,6 +287,9 @@ impl Pump {
             return Ok(Pumped::InitFailed { error, wait: self.failed(options) });
         }
         self.initialized = true;
+        if self.reading {
+            self.quiet = outcome.read.as_ref().is_ok_and(Vec::is_empty);
+        }
         Ok(Pumped::Ran { rewinds: outcome.rewinds, read: outcome.read })
     }
 

@@ -68,8 +68,19 @@ impl Files {
         move |source| QueueError::Io { context, source }
     }
 
-    /// The first sealed file numbered `from` or later.
+    /// The first sealed file numbered `from` or later. The writer seals
+    /// in order, so file `from` itself, sealed, is the answer, and file
+    /// `from` still open means there is none yet: two probes, not a listing
+    /// of a directory that may hold many files (history kept); the listing
+    /// is for gaps in the numbers (after a restart).
     fn sealed(&self, from: u64) -> Result<Option<(u64, PathBuf)>, QueueError> {
+        let path = crate::handoff::sealed_path(&self.dir, &self.prefix, from);
+        if path.exists() {
+            return Ok(Some((from, path)));
+        }
+        if crate::handoff::file_path(&self.dir, &self.prefix, from, true).exists() {
+            return Ok(None);
+        }
         first_sealed(from, || self.list())
     }
 
@@ -154,20 +165,26 @@ impl Files {
         from: SequenceToken,
         max: usize,
     ) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
-        let files: Vec<_> = self.list()?.into_iter().filter(|f| !f.open && f.n >= from.major).collect();
-        if files.first().is_none_or(|f| f.n > from.major) && from.major < self.next_file {
+        let first = self.sealed(from.major)?;
+        if first.as_ref().is_none_or(|(n, _)| *n > from.major) && from.major < self.next_file {
+            // The oldest file still there past the one asked for, sealed or
+            // not: its first line is where a reader can start instead.
+            let listed = self.list()?;
+            let oldest = listed.iter().map(|f| f.n).filter(|n| *n > from.major).min().map(|n| SequenceToken::new(n, 0));
             return Err(QueueError::CannotRewind {
                 adapter: NAME.into(),
                 queue,
                 requested: from,
                 reason: format!("file {}-{}.jsonl was consumed and deleted", self.prefix, from.major),
+                oldest,
             });
         }
         let mut out = Vec::new();
         let mut ignored = Vec::new();
         let mut streams = StreamIdCache::default();
-        for file in files {
-            let mut loaded = self.load(file.n, &file.path)?;
+        let mut file = first;
+        while let Some((n, path)) = file {
+            let mut loaded = self.load(n, &path)?;
             while out.len() < max {
                 let Some(container) = next_container(&mut loaded, &mut ignored, &mut streams) else { break };
                 if container.token >= from {
@@ -177,6 +194,7 @@ impl Files {
             if out.len() >= max {
                 break;
             }
+            file = self.sealed(n + 1)?;
         }
         Ok(out)
     }
