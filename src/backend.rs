@@ -49,9 +49,40 @@ pub async fn build(config: &Config, owner: Option<&DataDirLock>) -> Result<Backe
             let store = Arc::new(factory.pubsub_store(config.pubsub.max_subscriptions_per_stream));
             (Arc::new(factory.with_cache(cache)), Some(store))
         }
+        "kafka" => (kafka(config).await?, None),
         other => {
-            return Err(QueueError::Config(format!("unknown queue adapter `{other}` (built in: file, memory, redis)")));
+            return Err(QueueError::Config(format!(
+                "unknown queue adapter `{other}` (built in: file, memory, redis, kafka)"
+            )));
         }
     };
     Ok(Backend { factory, store })
+}
+
+/// The Kafka adapter, its checkpoints in files or in the Redis of
+/// `[adapters.redis]` (`auto` means files here: `tailrace node` makes it
+/// Redis before it builds the backend).
+#[cfg(feature = "kafka")]
+async fn kafka(config: &Config) -> Result<Arc<dyn QueueAdapterFactory>, QueueError> {
+    use crate::adapters::kafka::{CheckpointStore, KafkaAdapterFactory};
+    let options = config.adapters.kafka.clone();
+    let checkpointer: Arc<dyn crate::queue::Checkpointer> = match options.checkpoints {
+        CheckpointStore::Redis => {
+            let redis = &config.adapters.redis;
+            let conn = redis::connect(redis).await?;
+            Arc::new(redis::RedisCheckpointer::new(conn, &redis.key_prefix).with_wait_replicas(redis.wait()))
+        }
+        CheckpointStore::File | CheckpointStore::Auto => Arc::new(
+            crate::checkpoint::FileCheckpointer::new(&options.checkpoint_dir)
+                .map_err(|e| QueueError::Config(format!("[adapters.kafka] checkpoint_dir: {e}")))?,
+        ),
+    };
+    let factory = KafkaAdapterFactory::connect(config.queues.count, options, checkpointer).await?;
+    Ok(Arc::new(factory.with_cache(config.cache.clone())))
+}
+
+/// This build has no Kafka adapter.
+#[cfg(not(feature = "kafka"))]
+async fn kafka(_config: &Config) -> Result<Arc<dyn QueueAdapterFactory>, QueueError> {
+    Err(QueueError::Config("this build of tailrace has no Kafka adapter (it was built without the `kafka` feature)".into()))
 }

@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::adapters::file::FileOptions;
+use crate::adapters::kafka::KafkaOptions;
 use crate::adapters::memory::MemoryOptions;
 use crate::adapters::redis::RedisOptions;
 use crate::agent::AgentOptions;
@@ -84,8 +85,8 @@ impl Default for NodeSection {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct QueuesSection {
-    /// The adapter's name: `file` (the embedded durable default), `redis`
-    /// or `memory`.
+    /// The adapter's name: `file` (the embedded durable default), `redis`,
+    /// `kafka` or `memory`.
     pub adapter: String,
     /// How many queues (every node and producer must agree).
     pub count: u32,
@@ -107,6 +108,8 @@ pub struct AdaptersSection {
     pub file: FileOptions,
     /// `[adapters.redis]`
     pub redis: RedisOptions,
+    /// `[adapters.kafka]`
+    pub kafka: KafkaOptions,
 }
 
 /// `[failure]`

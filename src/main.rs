@@ -52,7 +52,7 @@ enum Command {
     /// Run a benchmark scenario against its baseline; the last line is
     /// `RESULT scenario=... ratio=...`.
     Bench {
-        /// The scenario: pipeline, file, redis, sse, transport, failover, scale or viewer.
+        /// The scenario: pipeline, file, redis, kafka, sse, transport, failover, scale or viewer.
         scenario: String,
         /// A shorter run (CI).
         #[arg(long)]
@@ -71,6 +71,10 @@ enum Command {
         /// private single Redis, and compare.
         #[arg(long)]
         cluster: bool,
+        /// kafka: the brokers to run on (`host:port`; its topics stay);
+        /// without it, a private memory-only Tansu broker.
+        #[arg(long)]
+        kafka_brokers: Option<String>,
     },
 }
 
@@ -108,8 +112,8 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
             Command::Tail(args) => cli::tail::run(args).await,
             Command::BenchClient(args) => cli::bench::sse_client::run(args).await,
             Command::Handoff { command: HandoffCommand::Recover(args) } => cli::handoff::recover(args),
-            Command::Bench { scenario, quick, graceful, queues, redis_url, cluster } => {
-                let flags = cli::bench::BenchFlags { quick, graceful, queues, redis_url, cluster };
+            Command::Bench { scenario, quick, graceful, queues, redis_url, cluster, kafka_brokers } => {
+                let flags = cli::bench::BenchFlags { quick, graceful, queues, redis_url, cluster, kafka_brokers };
                 cli::bench::run(&scenario, flags).await
             }
         };

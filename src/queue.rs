@@ -72,6 +72,17 @@ pub enum QueueError {
         /// The queue's capacity in events.
         capacity: usize,
     },
+    /// One batch holds more bytes than the store takes in one write (a
+    /// Kafka record); nothing was written.
+    #[error("a batch of {bytes} bytes can never fit queue {queue} (it takes {limit} bytes at most in one write); split it")]
+    BatchTooManyBytes {
+        /// The queue it was meant for.
+        queue: QueueId,
+        /// The batch's size as stored.
+        bytes: usize,
+        /// The most one write takes.
+        limit: usize,
+    },
     /// An empty batch was offered.
     #[error("refusing an empty batch for stream {0}")]
     EmptyBatch(StreamId),

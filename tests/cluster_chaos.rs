@@ -56,18 +56,6 @@ fn cluster() -> Cluster {
 }
 
 impl Cluster {
-    /// Node `i` ends (`KILL` or `TERM`) and, after a moment, starts again.
-    async fn bounce(&mut self, i: usize, signal: &str) {
-        self.mark(i, false);
-        self.nodes[i].signal(signal);
-        tokio::task::block_in_place(|| self.nodes[i].wait_exit());
-        tokio::time::sleep(Duration::from_millis(rand::rng().random_range(500..2_000))).await;
-        let name = self.nodes[i].name.clone();
-        let old = std::mem::replace(&mut self.nodes[i], (self.spawn)(&name));
-        self.retired.push(format!("--- {name} (replaced):\n{}", old.log_text()));
-        self.mark(i, true);
-    }
-
     /// Node `i` is stopped (SIGSTOP) past its leases, then continues.
     async fn pause(&mut self, i: usize) {
         self.mark(i, false);

@@ -4,6 +4,7 @@
 mod entry;
 mod factory;
 pub mod file;
+pub mod kafka;
 pub mod memory;
 pub mod redis;
 

@@ -25,6 +25,7 @@ pub fn node_config(file: Option<&PathBuf>, data_dir: &Path, listen: Option<Socke
         None => Config::default(),
     };
     config.adapters.file.dir = data_dir.join("queues");
+    config.adapters.kafka.checkpoint_dir = data_dir.join("kafka");
     config.archive.dir = data_dir.join("runs");
     if let Some(listen) = listen {
         config.edge.listen = listen;

@@ -138,7 +138,7 @@ pub(crate) async fn post_lines(
 /// says to retry with the same event ids, which stores it once.
 fn not_accepted(error: QueueError) -> ApiError {
     let status = match &error {
-        QueueError::BatchTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        QueueError::BatchTooLarge { .. } | QueueError::BatchTooManyBytes { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         QueueError::Refused { .. } | QueueError::Full { .. } => StatusCode::SERVICE_UNAVAILABLE,
         error if error.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -148,6 +148,7 @@ fn not_accepted(error: QueueError) -> ApiError {
     // paths or OS errors: the client gets an incident id instead.
     let told = match &error {
         QueueError::BatchTooLarge { .. }
+        | QueueError::BatchTooManyBytes { .. }
         | QueueError::Refused { .. }
         | QueueError::Full { .. }
         | QueueError::DiskFull { .. } => format!("{error}; nothing was accepted"),

@@ -93,12 +93,26 @@ fn cluster_cookie(config: &Config) -> Result<String, ServerError> {
 /// queues; the run logs, leases and membership stay in Redis.
 fn check(config: &mut Config, own_adapter: bool) -> Result<(), ServerError> {
     config.balancer.get_or_insert(BalancerKind::Lease);
-    if !own_adapter && config.queues.adapter != "redis" {
+    if !own_adapter && !matches!(config.queues.adapter.as_str(), "redis" | "kafka") {
         return Err(ServerError::Refused(format!(
-            "`tailrace node` needs [queues] adapter = \"redis\" (got `{}`): the nodes of a cluster share their \
-             queues in Redis; for one node on the embedded file adapter use `tailrace serve`",
+            "`tailrace node` needs [queues] adapter = \"redis\" or \"kafka\" (got `{}`): the nodes of a cluster \
+             share their queues; for one node on the embedded file adapter use `tailrace serve`",
             config.queues.adapter
         )));
+    }
+    if !own_adapter && config.queues.adapter == "kafka" {
+        use crate::adapters::kafka::CheckpointStore;
+        match config.adapters.kafka.checkpoints {
+            CheckpointStore::Auto => config.adapters.kafka.checkpoints = CheckpointStore::Redis,
+            CheckpointStore::Redis => {}
+            CheckpointStore::File => {
+                return Err(ServerError::Refused(
+                    "`tailrace node` needs [adapters.kafka] checkpoints = \"redis\" (or \"auto\"): file checkpoints \
+                     are neither shared with the other nodes nor fenced by the leases"
+                        .into(),
+                ));
+            }
+        }
     }
     if let Some(tls) = &config.cluster.tls {
         let files = crate::cluster::TlsFiles { cert: tls.cert.clone(), key: tls.key.clone(), ca: tls.ca.clone() };

@@ -276,6 +276,18 @@ impl Cluster {
         tokio::spawn(view(self.client.clone(), self.live.clone(), run, until, tab))
     }
 
+    /// Node `i` ends (`KILL` or `TERM`) and, after a moment, starts again.
+    pub async fn bounce(&mut self, i: usize, signal: &str) {
+        self.mark(i, false);
+        self.nodes[i].signal(signal);
+        tokio::task::block_in_place(|| self.nodes[i].wait_exit());
+        tokio::time::sleep(Duration::from_millis(rand::rng().random_range(500..2_000))).await;
+        let name = self.nodes[i].name.clone();
+        let old = std::mem::replace(&mut self.nodes[i], (self.spawn)(&name));
+        self.retired.push(format!("--- {name} (replaced):\n{}", old.log_text()));
+        self.mark(i, true);
+    }
+
     /// Node `i` is down (or paused) for the clients, or back.
     pub fn mark(&self, i: usize, up: bool) {
         self.live.lock().unwrap()[i] = up.then_some(self.nodes[i].port);

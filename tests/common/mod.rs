@@ -176,6 +176,7 @@ pub mod certs;
 pub mod chaos;
 pub mod cluster;
 pub mod crash;
+pub mod kafka_broker;
 pub mod life;
 pub mod logs;
 pub mod powercut;

@@ -9,6 +9,8 @@
 mod cluster;
 mod failover;
 mod file;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod pipeline;
 mod redis;
 mod redis_cluster;
@@ -37,11 +39,13 @@ pub struct BenchFlags {
     pub redis_url: String,
     /// redis: a private Redis Cluster of three masters against one master.
     pub cluster: bool,
+    /// kafka: the brokers (a private Tansu without them).
+    pub kafka_brokers: Option<String>,
 }
 
 /// Runs one scenario by name, refusing a flag the scenario does not take.
 pub async fn run(scenario: &str, flags: BenchFlags) -> anyhow::Result<()> {
-    let BenchFlags { quick, graceful, queues, redis_url, cluster } = flags;
+    let BenchFlags { quick, graceful, queues, redis_url, cluster, kafka_brokers } = flags;
     if graceful && scenario != "failover" {
         anyhow::bail!("--graceful applies to the failover scenario only");
     }
@@ -51,19 +55,24 @@ pub async fn run(scenario: &str, flags: BenchFlags) -> anyhow::Result<()> {
     if cluster && scenario != "redis" {
         anyhow::bail!("--cluster applies to the redis scenario only");
     }
+    if kafka_brokers.is_some() && scenario != "kafka" {
+        anyhow::bail!("--kafka-brokers applies to the kafka scenario only");
+    }
     match scenario {
         "failover" => failover::run(quick, graceful).await,
         "pipeline" => pipeline::run(quick).await,
         "file" => file::run(quick).await,
         "redis" if cluster => redis_cluster::run(quick).await,
         "redis" => redis::run(quick, &redis_url).await,
+        #[cfg(feature = "kafka")]
+        "kafka" => kafka::run(quick, kafka_brokers.as_deref()).await,
         "sse" => sse::run(quick).await,
         "transport" => transport::run(quick).await,
         "scale" => scale::run(quick, queues).await,
         "viewer" => viewer::run(quick).await,
         other => {
             anyhow::bail!(
-                "unknown bench scenario `{other}` (known: pipeline, file, redis, sse, transport, failover, scale, viewer)"
+                "unknown bench scenario `{other}` (known: pipeline, file, redis, kafka, sse, transport, failover, scale, viewer)"
             )
         }
     }

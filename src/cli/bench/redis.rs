@@ -94,24 +94,24 @@ async fn clean(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) -> an
 /// The adapter's entry format (`{"s": stream, "e": [{id, ts, p}]}`), as the
 /// raw loop encodes and decodes it.
 #[derive(serde::Serialize, Deserialize)]
-struct Entry<'a> {
+pub(super) struct Entry<'a> {
     #[serde(borrow)]
-    s: StreamRef<'a>,
+    pub(super) s: StreamRef<'a>,
     #[serde(borrow)]
-    e: Vec<EntryEvent<'a>>,
+    pub(super) e: Vec<EntryEvent<'a>>,
 }
 
 #[derive(serde::Serialize, Deserialize)]
-struct StreamRef<'a> {
-    namespace: &'a str,
-    key: &'a str,
+pub(super) struct StreamRef<'a> {
+    pub(super) namespace: &'a str,
+    pub(super) key: &'a str,
 }
 
 #[derive(serde::Serialize, Deserialize)]
-struct EntryEvent<'a> {
-    id: &'a str,
-    ts: u64,
-    p: &'a str,
+pub(super) struct EntryEvent<'a> {
+    pub(super) id: &'a str,
+    pub(super) ts: u64,
+    pub(super) p: &'a str,
 }
 
 async fn baseline_run(shape: Shape, client: &redis::Client, prefix: &str) -> anyhow::Result<f64> {

@@ -1,0 +1,173 @@
+//! The `kafka` adapter: one topic, partition `n` is queue `n`; one record
+//! per batch container, its offset the container's token (`offset-0`).
+//! Kafka keeps the data; tailrace does what a consumer group would, its own
+//! way: the balancer (leases under `tailrace node`) decides which node
+//! reads a partition, and checkpoints live in the checkpointer the factory
+//! is given (Redis or files), fenced by the leases.
+//!
+//! - At connect the topic must have as many partitions as `[queues] count`
+//!   (or is created so, with `create_topic`): a mismatch is refused, naming
+//!   both numbers.
+//! - `enqueue` produces one record (`acks = all`; the client offers no
+//!   idempotent producer, so a produce retried after a lost answer may
+//!   store the container twice, with two offsets). Its value is the
+//!   container's JSON (the Redis entry's format), its key the stream.
+//! - A receiver fetches from the offset after the stored checkpoint (or
+//!   the partition's start) on a connection of its own: a broker serves one
+//!   connection's requests one at a time, so a fetch that waits must not
+//!   hold up producers or other partitions. Acks cost nothing: the
+//!   checkpoint is the ack.
+//! - An idle receiver waits on a fetch that the broker holds until a record
+//!   arrives (`idle_wait`), or on this process's own produce to the
+//!   partition.
+//! - `rewind` fetches from any offset the partition still holds; an offset
+//!   its retention removed is refused, naming the partition's start.
+//! - Every request is bounded by `response_timeout`; the client's own
+//!   retries end there too.
+
+//!
+//! The settings are always here; the adapter is built with the `kafka`
+//! cargo feature (on by default).
+
+#[cfg(feature = "kafka")]
+mod adapter;
+#[cfg(feature = "kafka")]
+mod connect;
+#[cfg(feature = "kafka")]
+mod receiver;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+#[cfg(feature = "kafka")]
+pub use adapter::{KafkaAdapter, KafkaAdapterFactory};
+
+#[cfg(feature = "kafka")]
+const NAME: &str = "kafka";
+
+/// Where a Kafka queue's checkpoints are kept.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckpointStore {
+    /// Redis under `tailrace node` (shared by the nodes, fenced by the
+    /// leases); files in `checkpoint_dir` for one process alone.
+    #[default]
+    Auto,
+    /// Files in `checkpoint_dir` (one process alone: not shared, not
+    /// fenced).
+    File,
+    /// The Redis of `[adapters.redis]`, under its `key_prefix`.
+    Redis,
+}
+
+/// A SASL mechanism the client speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SaslMechanism {
+    /// `PLAIN` (send it over TLS only).
+    Plain,
+    /// `SCRAM-SHA-256`.
+    ScramSha256,
+    /// `SCRAM-SHA-512`.
+    ScramSha512,
+}
+
+/// Settings of the Kafka adapter (`[adapters.kafka]`). `Debug` leaves the
+/// password out.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaOptions {
+    /// Bootstrap brokers, `host:port`.
+    pub brokers: Vec<String>,
+    /// The topic: partition `n` is queue `n`.
+    pub topic: String,
+    /// Create the topic (with `[queues] count` partitions) when it is missing.
+    pub create_topic: bool,
+    /// Replicas of each partition of a topic this adapter creates.
+    pub replication_factor: i16,
+    /// Where checkpoints are kept.
+    pub checkpoints: CheckpointStore,
+    /// The directory of file checkpoints.
+    pub checkpoint_dir: PathBuf,
+    /// How long a read with nothing new waits at the broker.
+    #[serde(with = "humantime_serde")]
+    pub read_wait: Duration,
+    /// How long an idle queue's fetch waits at the broker for a record
+    /// before it asks again.
+    #[serde(with = "humantime_serde")]
+    pub idle_wait: Duration,
+    /// Most bytes one fetch returns.
+    pub fetch_max_bytes: u32,
+    /// Largest container (one record's value) accepted; larger batches
+    /// are refused whole (the broker's `message.max.bytes` is 1 MiB by
+    /// default).
+    pub max_record_bytes: usize,
+    /// Limit of one request, the client's retries included.
+    #[serde(with = "humantime_serde")]
+    pub response_timeout: Duration,
+    /// Connect with TLS.
+    pub tls: bool,
+    /// PEM authority the brokers' certificates must chain to (with `tls`;
+    /// the system's roots without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate chain, for mutual TLS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<PathBuf>,
+    /// SASL authentication, if the brokers ask for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sasl_mechanism: Option<SaslMechanism>,
+    /// The SASL user.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sasl_username: Option<String>,
+    /// The SASL password (`TAILRACE_KAFKA_PASSWORD` wins).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sasl_password: Option<String>,
+}
+
+impl Default for KafkaOptions {
+    fn default() -> Self {
+        Self {
+            brokers: vec!["127.0.0.1:9092".into()],
+            topic: "tailrace".into(),
+            create_topic: true,
+            replication_factor: 1,
+            checkpoints: CheckpointStore::Auto,
+            checkpoint_dir: PathBuf::from("data/kafka"),
+            read_wait: Duration::from_millis(100),
+            idle_wait: Duration::from_millis(500),
+            fetch_max_bytes: 1024 * 1024,
+            max_record_bytes: 1024 * 1024,
+            response_timeout: Duration::from_secs(5),
+            tls: false,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            sasl_mechanism: None,
+            sasl_username: None,
+            sasl_password: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for KafkaOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaOptions")
+            .field("brokers", &self.brokers)
+            .field("topic", &self.topic)
+            .field("checkpoints", &self.checkpoints)
+            .field("tls", &self.tls)
+            .field("sasl_mechanism", &self.sasl_mechanism)
+            .field("sasl_username", &self.sasl_username)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The environment variable whose value, when set, is the SASL password.
+pub const PASSWORD_ENV: &str = "TAILRACE_KAFKA_PASSWORD";
+

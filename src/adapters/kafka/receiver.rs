@@ -1,0 +1,264 @@
+//! The receiver of one partition: fetches from the offset after the stored
+//! checkpoint on a connection of its own, hands out what a fetch returned
+//! a container at a time, and serves rewinds from any offset the partition
+//! still holds. Acks cost nothing (the agent's checkpoint is the ack).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use rskafka::client::error::{Error as KafkaError, ProtocolError};
+use rskafka::client::partition::{OffsetAt, PartitionClient};
+use rskafka::record::RecordAndOffset;
+use tokio::sync::Notify;
+
+use super::connect::{self, bounded, offset, token};
+use super::{KafkaOptions, NAME};
+use crate::adapters::entry::decode_entry;
+use crate::queue::{Checkpointer, QueueError, QueueReceiver, Wake};
+use crate::stream::{BatchContainer, QueueId, SequenceToken, StreamIdCache};
+
+/// Reads one partition. See the module documentation.
+pub(super) struct KafkaReceiver {
+    queue: QueueId,
+    options: KafkaOptions,
+    checkpointer: Arc<dyn Checkpointer>,
+    /// Signalled when this process produced to the partition.
+    written: Arc<Notify>,
+    /// The partition on this receiver's connection (made at initialize).
+    reader: Option<Arc<PartitionClient>>,
+    /// The partition on a second connection, for an idle queue's long
+    /// fetch: a broker serves one connection's requests in turn, so a
+    /// fetch left waiting there would hold up the next read.
+    waker: Option<Arc<PartitionClient>>,
+    /// The next offset to fetch.
+    next: i64,
+    /// Fetched and not yet handed out.
+    fetched: VecDeque<Arc<BatchContainer>>,
+    streams: StreamIdCache,
+    shut_down: bool,
+}
+
+impl KafkaReceiver {
+    pub(super) fn new(
+        queue: QueueId,
+        options: KafkaOptions,
+        checkpointer: Arc<dyn Checkpointer>,
+        written: Arc<Notify>,
+    ) -> Self {
+        Self {
+            queue,
+            options,
+            checkpointer,
+            written,
+            reader: None,
+            waker: None,
+            next: 0,
+            fetched: VecDeque::new(),
+            streams: StreamIdCache::default(),
+            shut_down: false,
+        }
+    }
+
+    fn check(&self) -> Result<&Arc<PartitionClient>, QueueError> {
+        if self.shut_down {
+            return Err(QueueError::ShutDown(self.queue));
+        }
+        self.reader.as_ref().ok_or_else(|| QueueError::Backend {
+            adapter: NAME.into(),
+            message: format!("the receiver of queue {} was used before initialize", self.queue),
+            transient: false,
+        })
+    }
+
+    /// A client of this receiver's partition on a new connection.
+    async fn connect(&self, role: &str) -> Result<Arc<PartitionClient>, QueueError> {
+        let client = connect::client(&self.options, role).await?;
+        Ok(Arc::new(connect::partition(&client, &self.options, self.queue.0).await?))
+    }
+
+    /// The partition's first offset still held.
+    async fn earliest(&self, partition: &PartitionClient) -> Result<i64, QueueError> {
+        bounded(&self.options, "reading the partition's start", partition.get_offset(OffsetAt::Earliest)).await
+    }
+
+    /// Fetches from `from`, waiting up to `wait` for a first record.
+    async fn fetch(
+        &self,
+        partition: &PartitionClient,
+        from: i64,
+        wait: Duration,
+    ) -> Result<Result<Vec<RecordAndOffset>, KafkaError>, QueueError> {
+        let bytes = 1..i32::try_from(self.options.fetch_max_bytes).unwrap_or(i32::MAX);
+        let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+        // The broker holds the fetch up to `wait`: the limit comes on top.
+        let limit = self.options.response_timeout + wait;
+        match tokio::time::timeout(limit, partition.fetch_records(from, bytes, wait_ms)).await {
+            Ok(fetched) => Ok(fetched.map(|(records, _high_watermark)| records)),
+            Err(_) => Err(QueueError::Backend {
+                adapter: NAME.into(),
+                message: format!("fetching partition {}: no answer within {limit:?}", self.queue.0),
+                transient: true,
+            }),
+        }
+    }
+
+    /// The records as containers (one that is not a container of this
+    /// adapter's is logged and skipped).
+    fn containers(&mut self, records: Vec<RecordAndOffset>) -> Vec<Arc<BatchContainer>> {
+        let mut out = Vec::with_capacity(records.len());
+        for RecordAndOffset { record, offset } in records {
+            let at = token(offset);
+            let decoded = match record.value {
+                Some(value) => decode_entry(at, Bytes::from(value), &mut self.streams),
+                None => Err(format!("record {at} has no value")),
+            };
+            match decoded {
+                Ok(container) => out.push(Arc::new(container)),
+                Err(error) => tracing::error!(queue = %self.queue, topic = %self.options.topic, %error,
+                    "unreadable record skipped (it stays in the topic)"),
+            }
+        }
+        out
+    }
+
+    /// Fetches what follows `next` into `fetched`.
+    async fn fetch_next(&mut self) -> Result<(), QueueError> {
+        let partition = self.check()?.clone();
+        match self.fetch(&partition, self.next, self.options.read_wait).await? {
+            Ok(records) => {
+                if let Some(last) = records.last() {
+                    self.next = last.offset + 1;
+                }
+                let containers = self.containers(records);
+                self.fetched.extend(containers);
+                Ok(())
+            }
+            Err(error) if out_of_range(&error) => {
+                // Retention removed records this queue never read, or the
+                // topic was made anew: go on from where it starts now.
+                let earliest = self.earliest(&partition).await?;
+                if earliest > self.next {
+                    tracing::error!(queue = %self.queue, topic = %self.options.topic, from = self.next, to = earliest,
+                        "the topic's retention removed records before they were read; going on from its start");
+                    self.next = earliest;
+                }
+                Ok(())
+            }
+            Err(error) => Err(connect::backend(&format!("fetching partition {}", self.queue.0), &error)),
+        }
+    }
+}
+
+/// The broker holds no record at the offset asked for.
+fn out_of_range(error: &KafkaError) -> bool {
+    matches!(error, KafkaError::ServerError { protocol_error: ProtocolError::OffsetOutOfRange, .. })
+}
+
+#[async_trait]
+impl QueueReceiver for KafkaReceiver {
+    /// Connects, then starts after the stored checkpoint, or at the
+    /// partition's start when there is none.
+    async fn initialize(&mut self, _timeout: Duration) -> Result<(), QueueError> {
+        if self.shut_down {
+            return Err(QueueError::ShutDown(self.queue));
+        }
+        if self.reader.is_none() {
+            self.reader = Some(self.connect("reader").await?);
+        }
+        if self.waker.is_none() {
+            self.waker = Some(self.connect("waker").await?);
+        }
+        let partition = self.check()?.clone();
+        let stored = self.checkpointer.load(self.queue).await.map_err(|e| QueueError::Backend {
+            adapter: NAME.into(),
+            message: e.to_string(),
+            transient: true,
+        })?;
+        let earliest = self.earliest(&partition).await?;
+        self.next = match stored {
+            Some(checkpoint) if offset(checkpoint) + 1 < earliest => {
+                tracing::error!(queue = %self.queue, topic = %self.options.topic, %checkpoint, earliest,
+                    "the topic's retention removed records after the checkpoint before they were read");
+                earliest
+            }
+            Some(checkpoint) => offset(checkpoint) + 1,
+            None => earliest,
+        };
+        self.fetched.clear();
+        Ok(())
+    }
+
+    async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        self.check()?;
+        if self.fetched.is_empty() {
+            self.fetch_next().await?;
+        }
+        let n = self.fetched.len().min(max);
+        Ok(self.fetched.drain(..n).collect())
+    }
+
+    /// Nothing to write: the agent's checkpoint is the ack.
+    async fn delivered(&mut self, _tokens: &[SequenceToken]) -> Result<(), QueueError> {
+        Ok(())
+    }
+
+    /// Until this process produces to the partition, or the broker answers
+    /// a fetch held open for `idle_wait` (at once when a record arrives, on
+    /// a broker that answers held fetches early).
+    fn wake_on_write(&mut self) -> Option<Wake> {
+        let (written, from, wait) = (self.written.clone(), self.next, self.options.idle_wait);
+        let waker = self.waker.clone()?;
+        let (limit, queue) = (wait + self.options.response_timeout, self.queue);
+        let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+        Some(Box::pin(async move {
+            let held = tokio::time::timeout(limit, waker.fetch_records(from, 1..2, wait_ms));
+            tokio::select! {
+                _ = written.notified() => {}
+                answered = held => {
+                    if let Ok(Err(error)) = answered {
+                        tracing::debug!(%queue, %error, "idle fetch failed; reading again");
+                    }
+                }
+            }
+        }))
+    }
+
+    /// Containers at or after `from` while the partition still holds it;
+    /// an offset its retention removed is refused, naming its start.
+    async fn rewind(&mut self, from: SequenceToken, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
+        let partition = self.check()?.clone();
+        let earliest = self.earliest(&partition).await?;
+        if offset(from) < earliest {
+            return Err(QueueError::CannotRewind {
+                adapter: NAME.into(),
+                queue: self.queue,
+                requested: from,
+                reason: format!("the topic's retention removed partition {}'s records below offset {earliest}", self.queue.0),
+                oldest: Some(token(earliest)),
+            });
+        }
+        // (Some brokers answer a fetch that may not wait at all with no
+        // partition in it: it may wait a millisecond.)
+        let records = match self.fetch(&partition, offset(from), Duration::from_millis(1)).await? {
+            Ok(records) => records,
+            // Past the end: nothing there yet.
+            Err(error) if out_of_range(&error) => Vec::new(),
+            Err(error) => return Err(connect::backend(&format!("rewinding partition {}", self.queue.0), &error)),
+        };
+        let mut out = self.containers(records);
+        out.retain(|c| c.token >= from);
+        out.truncate(max);
+        Ok(out)
+    }
+
+    async fn shutdown(&mut self, _timeout: Duration) -> Result<(), QueueError> {
+        self.shut_down = true;
+        self.reader = None;
+        self.waker = None;
+        self.fetched.clear();
+        Ok(())
+    }
+}
