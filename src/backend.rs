@@ -27,35 +27,34 @@ pub struct Backend {
 /// adapter recover what a crash left there.
 pub async fn build(config: &Config, owner: Option<&DataDirLock>) -> Result<Backend, QueueError> {
     let (count, cache) = (config.queues.count, config.cache.clone());
-    let (factory, store): (Arc<dyn QueueAdapterFactory>, Option<Arc<dyn PubSubStore>>) = match config
-        .queues
-        .adapter
-        .as_str()
-    {
-        "memory" => {
-            (Arc::new(memory::MemoryAdapterFactory::new(count, config.adapters.memory.clone()).with_cache(cache)), None)
-        }
-        "file" => {
-            let options = config.adapters.file.clone();
-            let factory = match owner {
-                Some(owner) => file::FileAdapterFactory::new_owned(count, options, owner)?,
-                None => file::FileAdapterFactory::new(count, options)?,
-            };
-            (Arc::new(factory.with_cache(cache)), None)
-        }
-        "redis" => {
-            let factory =
-                redis::RedisAdapterFactory::connect(count, config.adapters.redis.clone(), &config.node.name).await?;
-            let store = Arc::new(factory.pubsub_store(config.pubsub.max_subscriptions_per_stream));
-            (Arc::new(factory.with_cache(cache)), Some(store))
-        }
-        "kafka" => (kafka(config).await?, None),
-        other => {
-            return Err(QueueError::Config(format!(
-                "unknown queue adapter `{other}` (built in: file, memory, redis, kafka)"
-            )));
-        }
-    };
+    let (factory, store): (Arc<dyn QueueAdapterFactory>, Option<Arc<dyn PubSubStore>>) =
+        match config.queues.adapter.as_str() {
+            "memory" => (
+                Arc::new(memory::MemoryAdapterFactory::new(count, config.adapters.memory.clone()).with_cache(cache)),
+                None,
+            ),
+            "file" => {
+                let options = config.adapters.file.clone();
+                let factory = match owner {
+                    Some(owner) => file::FileAdapterFactory::new_owned(count, options, owner)?,
+                    None => file::FileAdapterFactory::new(count, options)?,
+                };
+                (Arc::new(factory.with_cache(cache)), None)
+            }
+            "redis" => {
+                let factory =
+                    redis::RedisAdapterFactory::connect(count, config.adapters.redis.clone(), &config.node.name)
+                        .await?;
+                let store = Arc::new(factory.pubsub_store(config.pubsub.max_subscriptions_per_stream));
+                (Arc::new(factory.with_cache(cache)), Some(store))
+            }
+            "kafka" => (kafka(config).await?, None),
+            other => {
+                return Err(QueueError::Config(format!(
+                    "unknown queue adapter `{other}` (built in: file, memory, redis, kafka)"
+                )));
+            }
+        };
     Ok(Backend { factory, store })
 }
 
@@ -84,5 +83,7 @@ async fn kafka(config: &Config) -> Result<Arc<dyn QueueAdapterFactory>, QueueErr
 /// This build has no Kafka adapter.
 #[cfg(not(feature = "kafka"))]
 async fn kafka(_config: &Config) -> Result<Arc<dyn QueueAdapterFactory>, QueueError> {
-    Err(QueueError::Config("this build of tailrace has no Kafka adapter (it was built without the `kafka` feature)".into()))
+    Err(QueueError::Config(
+        "this build of tailrace has no Kafka adapter (it was built without the `kafka` feature)".into(),
+    ))
 }

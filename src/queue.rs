@@ -74,7 +74,9 @@ pub enum QueueError {
     },
     /// One batch holds more bytes than the store takes in one write (a
     /// Kafka record); nothing was written.
-    #[error("a batch of {bytes} bytes can never fit queue {queue} (it takes {limit} bytes at most in one write); split it")]
+    #[error(
+        "a batch of {bytes} bytes can never fit queue {queue} (it takes {limit} bytes at most in one write); split it"
+    )]
     BatchTooManyBytes {
         /// The queue it was meant for.
         queue: QueueId,

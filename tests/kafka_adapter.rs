@@ -108,7 +108,10 @@ async fn a_stale_owners_checkpoint_is_refused_after_a_newer_lease() {
 }
 
 /// Reads until `n` containers came.
-async fn read_n(receiver: &mut Box<dyn tailrace::queue::QueueReceiver>, n: usize) -> Vec<tailrace::stream::SequenceToken> {
+async fn read_n(
+    receiver: &mut Box<dyn tailrace::queue::QueueReceiver>,
+    n: usize,
+) -> Vec<tailrace::stream::SequenceToken> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut got = Vec::new();
     while got.len() < n {
@@ -185,4 +188,31 @@ async fn three_nodes_on_kafka_lose_no_line_and_keep_every_viewer_exact_through_a
         Ok(summary) => println!("{summary}"),
         Err(problems) => panic!("{problems}"),
     }
+}
+
+/// Replay beyond the cache on Kafka: 100 000 events back (in batches of
+/// ten), then live while producers write, exactly; and random trials
+/// (`TAILRACE_REPLAY_CASES`, 50 here) of history then live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_100_000_events_back_then_goes_live_exactly() {
+    use common::replay::{Trial, node, run};
+    let Some(broker) = KafkaBroker::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let checkpointer: Arc<dyn Checkpointer> = Arc::new(FileCheckpointer::new(dir.path()).unwrap());
+    let node = node(factory(1, options(&broker, "replay"), checkpointer).await).await;
+    let trial = Trial { before: 100_000, per: 10, from: 0, after: false, live: 5_000 };
+    run(&node, "far", &trial, &mut 0).await.unwrap();
+}
+
+#[test]
+fn replays_exactly_in_random_trials() {
+    let Some(broker) = KafkaBroker::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let topic = std::sync::atomic::AtomicU32::new(0);
+    common::replay::trial_life(common::replay::cases(50), async || {
+        let n = topic.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let checkpointer: Arc<dyn Checkpointer> =
+            Arc::new(FileCheckpointer::new(dir.path().join(n.to_string())).unwrap());
+        factory(1, options(&broker, &format!("trials-{n}")), checkpointer).await
+    });
 }

@@ -547,3 +547,48 @@ async fn entries_handed_to_a_cancelled_read_are_read_again() {
     }
     assert_eq!(got, ["e0"]);
 }
+
+/// Replay beyond the cache on Redis (trimming off, so the stream keeps its
+/// history): 100 000 events back, then live, exactly; and 100 random trials
+/// (`TAILRACE_REPLAY_CASES`) of history then live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_100_000_events_back_then_goes_live_exactly() {
+    let server = RedisServer::start();
+    let options = RedisOptions { trim: TrimPolicy::Never, ..options(&server) };
+    let factory = Arc::new(RedisAdapterFactory::connect(1, options, "replay").await.unwrap());
+    common::replay::hundred_thousand_back(factory).await;
+}
+
+#[test]
+fn replays_exactly_in_random_trials() {
+    let server = RedisServer::start();
+    let prefix = std::sync::atomic::AtomicU32::new(0);
+    common::replay::trial_life(common::replay::cases(100), async || {
+        let key_prefix = format!("trial-{}", prefix.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let options = RedisOptions { trim: TrimPolicy::Never, key_prefix, ..options(&server) };
+        Arc::new(RedisAdapterFactory::connect(1, options, "replay").await.unwrap()) as Arc<dyn QueueAdapterFactory>
+    });
+}
+
+/// A start the stream was trimmed past is refused, naming the oldest entry
+/// it holds; from there a subscription gets everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_trimmed_away_is_refused_naming_the_oldest_entry_held() {
+    let server = RedisServer::start();
+    let factory = Arc::new(RedisAdapterFactory::connect(1, options(&server), "replay").await.unwrap());
+    let key = factory.adapter().key(QueueId(0));
+    let node = common::replay::node(factory).await;
+    let s = stream("replay", "trimmed");
+    let mut tokens = Vec::new();
+    for i in 0..300 {
+        tokens.push(node.node.produce(&s, common::replay::numbered(&s, i..i + 1)).await.unwrap());
+    }
+    node.wait_status(0, |status| status.acked >= 300).await;
+    let mut conn = common::cluster::redis(&server).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while redis::cmd("XLEN").arg(&key).query_async::<u64>(&mut conn).await.unwrap() >= 300 {
+        assert!(tokio::time::Instant::now() < deadline, "the stream was never trimmed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    common::replay::past_retention(node, s, tokens[0], 300).await;
+}

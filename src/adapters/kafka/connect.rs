@@ -96,7 +96,10 @@ pub(super) async fn topic(client: &Client, options: &KafkaOptions, count: u32) -
         if tokio::time::Instant::now() >= deadline {
             return Err(QueueError::Backend {
                 adapter: NAME.into(),
-                message: format!("topic `{name}` was created but its metadata did not show it within {:?}", options.response_timeout),
+                message: format!(
+                    "topic `{name}` was created but its metadata did not show it within {:?}",
+                    options.response_timeout
+                ),
                 transient: true,
             });
         }
@@ -129,7 +132,10 @@ pub(super) async fn bounded<T>(
         Ok(Err(error)) => Err(backend(doing, &error)),
         Err(_) => Err(QueueError::Backend {
             adapter: NAME.into(),
-            message: format!("{doing}: no answer within {:?} ([adapters.kafka] response_timeout)", options.response_timeout),
+            message: format!(
+                "{doing}: no answer within {:?} ([adapters.kafka] response_timeout)",
+                options.response_timeout
+            ),
             transient: true,
         }),
     }
@@ -176,9 +182,9 @@ fn tls(options: &KafkaOptions) -> Result<rustls::ClientConfig, QueueError> {
         (Some(cert), Some(key)) => {
             let chain = crate::tls::cert_chain("[adapters.kafka] tls_cert_file", cert).map_err(config)?;
             let key = crate::tls::private_key("[adapters.kafka] tls_key_file", key).map_err(config)?;
-            builder.with_client_auth_cert(chain, key).map_err(|e| {
-                QueueError::Config(format!("[adapters.kafka] tls_cert_file and tls_key_file: {e}"))
-            })
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| QueueError::Config(format!("[adapters.kafka] tls_cert_file and tls_key_file: {e}")))
         }
         (None, None) => Ok(builder.with_no_client_auth()),
         _ => Err(QueueError::Config("[adapters.kafka] tls_cert_file and tls_key_file go together".into())),

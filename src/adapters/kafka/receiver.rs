@@ -37,6 +37,10 @@ pub(super) struct KafkaReceiver {
     next: i64,
     /// Fetched and not yet handed out.
     fetched: VecDeque<Arc<BatchContainer>>,
+    /// What the last rewind fetched past what it handed out (a catch-up
+    /// asks for the rest next), and the last token it handed out.
+    rewound: VecDeque<Arc<BatchContainer>>,
+    rewound_through: Option<SequenceToken>,
     streams: StreamIdCache,
     shut_down: bool,
 }
@@ -57,6 +61,8 @@ impl KafkaReceiver {
             waker: None,
             next: 0,
             fetched: VecDeque::new(),
+            rewound: VecDeque::new(),
+            rewound_through: None,
             streams: StreamIdCache::default(),
             shut_down: false,
         }
@@ -90,13 +96,13 @@ impl KafkaReceiver {
         partition: &PartitionClient,
         from: i64,
         wait: Duration,
-    ) -> Result<Result<Vec<RecordAndOffset>, KafkaError>, QueueError> {
+    ) -> Result<Result<(Vec<RecordAndOffset>, i64), KafkaError>, QueueError> {
         let bytes = 1..i32::try_from(self.options.fetch_max_bytes).unwrap_or(i32::MAX);
         let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
         // The broker holds the fetch up to `wait`: the limit comes on top.
         let limit = self.options.response_timeout + wait;
         match tokio::time::timeout(limit, partition.fetch_records(from, bytes, wait_ms)).await {
-            Ok(fetched) => Ok(fetched.map(|(records, _high_watermark)| records)),
+            Ok(fetched) => Ok(fetched),
             Err(_) => Err(QueueError::Backend {
                 adapter: NAME.into(),
                 message: format!("fetching partition {}: no answer within {limit:?}", self.queue.0),
@@ -128,7 +134,7 @@ impl KafkaReceiver {
     async fn fetch_next(&mut self) -> Result<(), QueueError> {
         let partition = self.check()?.clone();
         match self.fetch(&partition, self.next, self.options.read_wait).await? {
-            Ok(records) => {
+            Ok((records, _)) => {
                 if let Some(last) = records.last() {
                     self.next = last.offset + 1;
                 }
@@ -151,6 +157,9 @@ impl KafkaReceiver {
         }
     }
 }
+
+/// Fetches a rewind tries before it calls an empty answer a failure.
+const REWIND_ATTEMPTS: u32 = 3;
 
 /// The broker holds no record at the offset asked for.
 fn out_of_range(error: &KafkaError) -> bool {
@@ -188,6 +197,7 @@ impl QueueReceiver for KafkaReceiver {
             None => earliest,
         };
         self.fetched.clear();
+        self.rewound.clear();
         Ok(())
     }
 
@@ -230,28 +240,63 @@ impl QueueReceiver for KafkaReceiver {
     /// an offset its retention removed is refused, naming its start.
     async fn rewind(&mut self, from: SequenceToken, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
         let partition = self.check()?.clone();
+        // The rest of the last rewind's fetch, when this one goes on from
+        // where it ended (nothing lies between).
+        let goes_on = self.rewound_through.is_some_and(|through| through < from)
+            && self.rewound.front().is_some_and(|next| from <= next.token);
+        if goes_on {
+            let n = self.rewound.len().min(max);
+            let out: Vec<_> = self.rewound.drain(..n).collect();
+            self.rewound_through = out.last().map(|c| c.token);
+            return Ok(out);
+        }
+        self.rewound.clear();
         let earliest = self.earliest(&partition).await?;
         if offset(from) < earliest {
             return Err(QueueError::CannotRewind {
                 adapter: NAME.into(),
                 queue: self.queue,
                 requested: from,
-                reason: format!("the topic's retention removed partition {}'s records below offset {earliest}", self.queue.0),
+                reason: format!(
+                    "the topic's retention removed partition {}'s records below offset {earliest}",
+                    self.queue.0
+                ),
                 oldest: Some(token(earliest)),
             });
         }
         // (Some brokers answer a fetch that may not wait at all with no
         // partition in it: it may wait a millisecond.)
-        let records = match self.fetch(&partition, offset(from), Duration::from_millis(1)).await? {
-            Ok(records) => records,
-            // Past the end: nothing there yet.
-            Err(error) if out_of_range(&error) => Vec::new(),
-            Err(error) => return Err(connect::backend(&format!("rewinding partition {}", self.queue.0), &error)),
+        let mut attempts = 0;
+        let records = loop {
+            let (records, high_watermark) = match self.fetch(&partition, offset(from), self.options.read_wait).await? {
+                Ok(fetched) => fetched,
+                // Past the end: nothing there yet.
+                Err(error) if out_of_range(&error) => break Vec::new(),
+                Err(error) => return Err(connect::backend(&format!("rewinding partition {}", self.queue.0), &error)),
+            };
+            // Some brokers (Tansu) gather records for the fetch's whole
+            // wait and may answer nothing though they hold records from
+            // `from` on: nothing is an answer only past the high watermark.
+            if !records.is_empty() || offset(from) >= high_watermark {
+                break records;
+            }
+            attempts += 1;
+            if attempts == REWIND_ATTEMPTS {
+                return Err(QueueError::Backend {
+                    adapter: NAME.into(),
+                    message: format!(
+                        "partition {} answered no record from offset {} though it holds records up to {high_watermark}",
+                        self.queue.0,
+                        offset(from)
+                    ),
+                    transient: true,
+                });
+            }
         };
-        let mut out = self.containers(records);
-        out.retain(|c| c.token >= from);
-        out.truncate(max);
-        Ok(out)
+        let mut out: VecDeque<_> = self.containers(records).into_iter().filter(|c| c.token >= from).collect();
+        self.rewound = out.split_off(max.min(out.len()));
+        self.rewound_through = out.back().map(|c| c.token);
+        Ok(out.into())
     }
 
     async fn shutdown(&mut self, _timeout: Duration) -> Result<(), QueueError> {

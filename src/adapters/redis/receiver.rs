@@ -257,7 +257,13 @@ impl QueueReceiver for RedisReceiver {
         self.check()?;
         if let Some((reason, oldest)) = self.gone_before(from).await {
             let requested = from;
-            return Err(QueueError::CannotRewind { adapter: NAME.into(), queue: self.queue, requested, reason, oldest });
+            return Err(QueueError::CannotRewind {
+                adapter: NAME.into(),
+                queue: self.queue,
+                requested,
+                reason,
+                oldest,
+            });
         }
         let reply: StreamRangeReply = redis::cmd("XRANGE")
             .arg(&self.key)
