@@ -43,7 +43,9 @@ impl KafkaBroker {
     /// under CI, where `.ci/run` installs one) when there is none to run.
     pub fn start() -> Option<Self> {
         let Some(binary) = binary() else {
-            assert!(std::env::var_os("CI").is_none(), "no Kafka broker under CI: {INSTALL_HINT}");
+            // Under CI `.ci/run` installs one, or says it could not.
+            let excused = std::env::var_os("TAILRACE_KAFKA_UNAVAILABLE").is_some();
+            assert!(std::env::var_os("CI").is_none() || excused, "no Kafka broker under CI: {INSTALL_HINT}");
             println!("skipped: no Kafka broker; {INSTALL_HINT}");
             return None;
         };
