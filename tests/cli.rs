@@ -97,7 +97,7 @@ fn an_unknown_bench_scenario_is_a_clear_error() {
     let out = tailrace().args(["bench", "nope", "--quick"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains(
-        "unknown bench scenario `nope` (known: pipeline, file, redis, sse, transport, failover, scale, viewer)"
+        "unknown bench scenario `nope` (known: pipeline, file, redis, kafka, sse, transport, failover, scale, viewer)"
     ));
 }
 
