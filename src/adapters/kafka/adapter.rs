@@ -145,7 +145,8 @@ impl QueueAdapter for KafkaAdapter {
             message: format!("producing to partition {}: the broker answered no offset", queue.0),
             transient: false,
         })?;
-        self.written[queue.0 as usize].notify_waiters();
+        // A permit stays if the receiver is not waiting yet: its next wait ends at once.
+        self.written[queue.0 as usize].notify_one();
         Ok(connect::token(offset))
     }
 

@@ -158,6 +158,18 @@ impl KafkaReceiver {
     }
 }
 
+/// The refusal of a rewind to `from` when the partition starts at `earliest`
+/// now (its retention removed what lay below).
+fn past_retention(queue: QueueId, from: SequenceToken, earliest: i64) -> Option<QueueError> {
+    (offset(from) < earliest).then(|| QueueError::CannotRewind {
+        adapter: NAME.into(),
+        queue,
+        requested: from,
+        reason: format!("the topic's retention removed partition {}'s records below offset {earliest}", queue.0),
+        oldest: Some(token(earliest)),
+    })
+}
+
 /// Fetches a rewind tries before it calls an empty answer a failure.
 const REWIND_ATTEMPTS: u32 = 3;
 
@@ -251,18 +263,8 @@ impl QueueReceiver for KafkaReceiver {
             return Ok(out);
         }
         self.rewound.clear();
-        let earliest = self.earliest(&partition).await?;
-        if offset(from) < earliest {
-            return Err(QueueError::CannotRewind {
-                adapter: NAME.into(),
-                queue: self.queue,
-                requested: from,
-                reason: format!(
-                    "the topic's retention removed partition {}'s records below offset {earliest}",
-                    self.queue.0
-                ),
-                oldest: Some(token(earliest)),
-            });
+        if let Some(refusal) = past_retention(self.queue, from, self.earliest(&partition).await?) {
+            return Err(refusal);
         }
         // (Some brokers answer a fetch that may not wait at all with no
         // partition in it: it may wait a millisecond.)
@@ -305,5 +307,28 @@ impl QueueReceiver for KafkaReceiver {
         self.waker = None;
         self.fetched.clear();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The decision a broker whose retention removed records leads to
+    /// (the Tansu test broker removes none, so the Kafka tests cannot
+    /// reach it there): below the partition's start, refused naming the
+    /// start; at or past it, served.
+    #[test]
+    fn a_rewind_below_the_partitions_start_is_refused_naming_it() {
+        let queue = QueueId(3);
+        let refusal = past_retention(queue, SequenceToken::new(10, 0), 1_200).expect("refused");
+        assert_eq!(refusal.oldest_held(), Some(SequenceToken::new(1_200, 0)));
+        let text = refusal.to_string();
+        assert!(
+            text.contains("below offset 1200") && text.contains("the oldest position it holds is 1200-0"),
+            "{text}"
+        );
+        assert!(past_retention(queue, SequenceToken::new(1_200, 0), 1_200).is_none());
+        assert!(past_retention(queue, SequenceToken::new(5_000, 0), 1_200).is_none());
     }
 }
