@@ -317,14 +317,14 @@ impl Agent {
             // for the next owner.
             Ok(_) if self.shutdown.is_some() => {}
             Ok(batch) => {
-                let got = !batch.is_empty();
-                if got {
+                let read = batch.len();
+                if read > 0 {
                     self.add_batch(batch)?;
                 }
                 let next = self.streams.read_completed(&mut self.cache, self.services.adapter.is_rewindable());
                 self.run(next);
                 let rewinds_waiting = self.streams.rewinds_waiting();
-                match self.pump.after_read(got, rewinds_waiting, &self.services.options) {
+                match self.pump.after_read(read, rewinds_waiting, &self.services.options) {
                     AfterRead::Pump(delay) => self.schedule_pump(delay),
                     AfterRead::Sleep(wake) => self.sleep(wake),
                 }

@@ -432,3 +432,32 @@ async fn a_receiver_that_hangs_at_the_handoff_does_not_hold_the_shutdown() {
     assert!(stopped.is_ok(), "the ordered shutdown waited on a hanging receiver");
     assert_eq!(node.node.running_agents().await.unwrap_or(usize::MAX), 0);
 }
+
+/// A busy queue that yields one container per read, of streams no one
+/// watches: after a few such thin reads the next waits `agent.read_linger`,
+/// so each read carries more (a read costs the same for one container as
+/// for dozens); with `0s` every container is read on its own. Every
+/// container is acked once, in order, either way.
+#[tokio::test(start_paused = true)]
+async fn thin_reads_of_a_busy_queue_linger_so_that_each_carries_more() {
+    for (linger, reads_within) in [(Duration::from_millis(10), 5..=40), (Duration::ZERO, 80..=200)] {
+        let factory = ScriptedFactory::new();
+        let recorder = Recorder::new();
+        let mut config = quick_config();
+        config.agent.read_linger = linger;
+        let node = TestNode::start(factory.clone(), config, implicit("t", &recorder)).await;
+        let unwatched = stream("u", "busy");
+        node.agent(0).await;
+        // One container a millisecond for 200 ms.
+        for n in 1..=200 {
+            factory.script.push(&unwatched, n, &[&format!("u{n}")]);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(eventually(WAIT, || factory.script.acked().len() == 200).await, "{:?}", factory.script.acked().len());
+        assert_eq!(factory.script.acked(), (1..=200).collect::<Vec<u64>>(), "every container acked once, in order");
+        let reads = node.status(0).await.reads as usize;
+        assert!(reads_within.contains(&reads), "read_linger {linger:?}: {reads} reads that found containers");
+        assert_eq!(recorder.total(), 0);
+        drop(node);
+    }
+}

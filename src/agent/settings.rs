@@ -61,6 +61,15 @@ pub struct AgentOptions {
     /// Most rewind reads per pump (catch-up of subscriptions that asked for
     /// positions older than the cache).
     pub max_rewinds_per_pump: usize,
+    /// After three reads in a row that each brought less than a
+    /// thirty-second of what they could (a dozen containers of a default
+    /// cache bucket), the next read waits this long, so that it carries
+    /// more: a busy queue read a container at a time spends its reads'
+    /// fixed cost on every container. A pump wanted sooner (a delivery
+    /// finished, a subscriber caught up, a rewind) comes at once. `0s`:
+    /// read again at once.
+    #[serde(with = "humantime_serde")]
+    pub read_linger: Duration,
 }
 
 impl Default for AgentOptions {
@@ -77,6 +86,7 @@ impl Default for AgentOptions {
             max_delivery_batch: 16,
             max_streams: 100_000,
             max_rewinds_per_pump: 4,
+            read_linger: Duration::from_millis(10),
         }
     }
 }

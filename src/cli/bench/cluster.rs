@@ -74,6 +74,11 @@ pub(super) async fn redis_pid(port: u16) -> Option<u32> {
     info.lines().find_map(|line| line.trim().strip_prefix("process_id:")?.parse().ok())
 }
 
+/// Sections added to every node's config, to measure a setting:
+/// `TAILRACE_BENCH_NODE_CONFIG='[agent]
+/// read_linger = "0s"' tailrace bench scale --quick`.
+pub(crate) const NODE_CONFIG_ENV: &str = "TAILRACE_BENCH_NODE_CONFIG";
+
 /// One `tailrace node` process.
 pub(super) struct NodeProc {
     pub(super) name: String,
@@ -120,8 +125,9 @@ listen = "127.0.0.1:{port}"
 [diagnostics]
 audit_namespace = "{NAMESPACE}"
 audit_path = "{}"
-"#,
-            audit.display()
+{}"#,
+            audit.display(),
+            std::env::var(NODE_CONFIG_ENV).unwrap_or_default()
         );
         let path = dir.join(format!("{name}.toml"));
         std::fs::write(&path, config).with_context(|| format!("writing {}", path.display()))?;

@@ -43,6 +43,13 @@ pub struct BenchFlags {
     pub kafka_brokers: Option<String>,
 }
 
+/// The config of a bench's nodes: the defaults, with the sections of
+/// `TAILRACE_BENCH_NODE_CONFIG` over them (to measure a setting).
+pub(crate) fn node_config() -> anyhow::Result<tailrace::config::Config> {
+    let extra = std::env::var(cluster::NODE_CONFIG_ENV).unwrap_or_default();
+    Ok(tailrace::config::Config::from_toml(&extra, cluster::NODE_CONFIG_ENV)?)
+}
+
 /// Runs one scenario by name, refusing a flag the scenario does not take.
 pub async fn run(scenario: &str, flags: BenchFlags) -> anyhow::Result<()> {
     let BenchFlags { quick, graceful, queues, redis_url, cluster, kafka_brokers } = flags;

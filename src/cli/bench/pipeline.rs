@@ -12,7 +12,6 @@ use anyhow::{Context, bail};
 use async_trait::async_trait;
 use bytes::Bytes;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-use tailrace::config::Config;
 use tailrace::node::Node;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use tailrace::queue::{QueueAdapterFactory, QueueMapper};
@@ -203,7 +202,7 @@ async fn tailrace_run(shape: Shape) -> anyhow::Result<f64> {
 /// subscribed, the producers enqueueing, until every event is delivered.
 pub(super) async fn run_node(shape: Shape, factory: Arc<dyn QueueAdapterFactory>) -> anyhow::Result<f64> {
     let adapter = factory.create_adapter().await?;
-    let node = Node::builder(NodeId::new("bench"), factory).config(Config::default()).start().await?;
+    let node = Node::builder(NodeId::new("bench"), factory).config(super::node_config()?).start().await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while node.running_agents().await? < shape.queues as usize {
         if Instant::now() > deadline {
