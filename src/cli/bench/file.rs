@@ -9,8 +9,9 @@
 //!   one container per batch, ack) against a sequential `read` of the same
 //!   files split into lines. The `RESULT` line reports the reader.
 //!
-//! Both run in rounds (3 with `--quick`, 5), the writer's sides each going
-//! first in every other round; each ratio is the median round's, with the
+//! Both run in rounds (3 with `--quick`, 5); the two writers write the same
+//! batches in turn within a round, so the shared disk's stalls fall on both;
+//! each ratio is the median round's, with the
 //! lowest and highest beside it (`…_min`, `…_max`).
 
 use std::io::Write;
@@ -69,17 +70,7 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
         let mut rounds = Vec::new();
         for round in 0..runs {
             let dir = root.path().join(format!("w-{round}"));
-            // Each side goes first in every other round, so neither always
-            // writes to a disk still busy with the other's files.
-            let (t, b) = tokio::task::block_in_place(|| -> anyhow::Result<(f64, f64)> {
-                if round % 2 == 0 {
-                    let t = writer_run(&dir.join("t"), policy, &batches)?;
-                    Ok((t, baseline_writer(&dir.join("b"), policy, &batches)?))
-                } else {
-                    let b = baseline_writer(&dir.join("b"), policy, &batches)?;
-                    Ok((writer_run(&dir.join("t"), policy, &batches)?, b))
-                }
-            })?;
+            let (t, b) = tokio::task::block_in_place(|| writers_run(&dir, policy, &batches))?;
             std::fs::remove_dir_all(&dir).ok();
             println!("  writer fsync={policy:<11} round {}: ratio {:.3}", round + 1, t / b.max(1e-9));
             rounds.push((t, b));
@@ -155,17 +146,39 @@ fn reader_input_options() -> WriterOptions {
     }
 }
 
-/// Events per second through the handoff writer.
-fn writer_run(dir: &Path, fsync: FsyncPolicy, batches: &[(StreamId, Vec<Event>)]) -> anyhow::Result<f64> {
+/// Events per second through the handoff writer and through the plain
+/// one, writing the same batches in turn (each side first in every other
+/// batch): both meet the disk in the same state, so a stall of the shared
+/// disk lands on both sides instead of on one round of one.
+fn writers_run(dir: &Path, fsync: FsyncPolicy, batches: &[(StreamId, Vec<Event>)]) -> anyhow::Result<(f64, f64)> {
+    let mut spent = [Duration::ZERO; 2];
     let options = WriterOptions { fsync, ..reader_input_options() };
-    let started = Instant::now();
-    let mut writer = LoggingConsumer::open(dir, PREFIX, options)?;
-    for (stream, batch) in batches {
-        writer.append_batch(stream, batch)?;
-        writer.flush()?;
+    let mut tailrace = timed(&mut spent[0], || Ok(LoggingConsumer::open(dir.join("t"), PREFIX, options)?))?;
+    let mut plain = timed(&mut spent[1], || PlainWriter::open(&dir.join("b"), fsync))?;
+    for (n, (stream, batch)) in batches.iter().enumerate() {
+        let [t, b] = &mut spent;
+        let mut ours = || timed(t, || Ok(tailrace.append_batch(stream, batch).and_then(|_| tailrace.flush())?));
+        let mut theirs = || timed(b, || plain.write(stream, batch));
+        if n % 2 == 0 {
+            ours()?;
+            theirs()?;
+        } else {
+            theirs()?;
+            ours()?;
+        }
     }
-    writer.close()?;
-    Ok((batches.len() * BATCH) as f64 / started.elapsed().as_secs_f64())
+    timed(&mut spent[0], || Ok(tailrace.close()?))?;
+    timed(&mut spent[1], || plain.close())?;
+    let events = (batches.len() * BATCH) as f64;
+    Ok((events / spent[0].as_secs_f64().max(1e-9), events / spent[1].as_secs_f64().max(1e-9)))
+}
+
+/// Runs `work`, adding the time it took to `spent`.
+fn timed<T>(spent: &mut Duration, work: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    let started = Instant::now();
+    let result = work();
+    *spent += started.elapsed();
+    result
 }
 
 #[derive(Serialize)]
@@ -176,37 +189,44 @@ struct PlainLine<'a> {
     payload: &'a str,
 }
 
-/// Events per second through a `BufWriter` of the same lines, synced at
-/// the same points.
-fn baseline_writer(dir: &Path, fsync: FsyncPolicy, batches: &[(StreamId, Vec<Event>)]) -> anyhow::Result<f64> {
-    std::fs::create_dir_all(dir)?;
-    let started = Instant::now();
-    let file = std::fs::File::create(dir.join("plain.jsonl"))?;
-    let mut out = std::io::BufWriter::with_capacity(64 * 1024, file);
-    let mut last_sync = Instant::now();
-    for (stream, batch) in batches {
+/// The baseline: a `BufWriter` of the same lines, synced at the same points.
+struct PlainWriter {
+    out: std::io::BufWriter<std::fs::File>,
+    fsync: FsyncPolicy,
+    last_sync: Instant,
+}
+
+impl PlainWriter {
+    fn open(dir: &Path, fsync: FsyncPolicy) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let file = std::fs::File::create(dir.join("plain.jsonl"))?;
+        Ok(Self { out: std::io::BufWriter::with_capacity(64 * 1024, file), fsync, last_sync: Instant::now() })
+    }
+
+    fn write(&mut self, stream: &StreamId, batch: &[Event]) -> anyhow::Result<()> {
         for event in batch {
             let payload = std::str::from_utf8(&event.payload)?;
-            serde_json::to_writer(
-                &mut out,
-                &PlainLine { id: event.id.as_str(), stream, ts: event.timestamp_ms, payload },
-            )?;
-            out.write_all(b"\n")?;
+            let line = PlainLine { id: event.id.as_str(), stream, ts: event.timestamp_ms, payload };
+            serde_json::to_writer(&mut self.out, &line)?;
+            self.out.write_all(b"\n")?;
         }
-        out.flush()?;
-        let sync = match fsync {
+        self.out.flush()?;
+        let sync = match self.fsync {
             FsyncPolicy::Never => false,
             FsyncPolicy::EveryFlush => true,
-            FsyncPolicy::Group(every) => last_sync.elapsed() >= every,
+            FsyncPolicy::Group(every) => self.last_sync.elapsed() >= every,
         };
         if sync {
-            out.get_ref().sync_data()?;
-            last_sync = Instant::now();
+            self.out.get_ref().sync_data()?;
+            self.last_sync = Instant::now();
         }
+        Ok(())
     }
-    out.flush()?;
-    out.get_ref().sync_all()?;
-    Ok((batches.len() * BATCH) as f64 / started.elapsed().as_secs_f64())
+
+    fn close(mut self) -> anyhow::Result<()> {
+        self.out.flush()?;
+        Ok(self.out.get_ref().sync_all()?)
+    }
 }
 
 /// Seconds for the file adapter's receiver to read and ack every event.
