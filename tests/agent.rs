@@ -461,3 +461,32 @@ async fn thin_reads_of_a_busy_queue_linger_so_that_each_carries_more() {
         drop(node);
     }
 }
+
+/// A queue that hands out again containers already read and acked (a
+/// backend redelivering after a lost ack) in one read with new ones: the
+/// agent acks them again, and every ack call lists its tokens in token
+/// order, as the adapter contract says, old ones first.
+#[tokio::test(start_paused = true)]
+async fn containers_read_again_are_acked_in_token_order_with_new_ones() {
+    let factory = ScriptedFactory::new();
+    let recorder = Recorder::new();
+    let node = TestNode::start(factory.clone(), quick_config(), implicit("t", &recorder)).await;
+    let unwatched = stream("u", "again");
+    node.agent(0).await;
+    for n in 1..=5 {
+        factory.script.push(&unwatched, n, &[&format!("u{n}")]);
+    }
+    assert!(eventually(WAIT, || factory.script.acked().len() == 5).await);
+    for n in [3, 4, 5, 6, 7] {
+        factory.script.push(&unwatched, n, &[&format!("u{n}")]);
+    }
+    assert!(eventually(WAIT, || factory.script.acked().len() == 10).await, "{:?}", factory.script.acked());
+    let calls: Vec<Vec<u64>> =
+        factory.script.acks.lock().unwrap().iter().map(|call| call.iter().map(|t| t.major).collect()).collect();
+    for call in &calls {
+        assert!(call.is_sorted(), "an ack out of token order: {calls:?}");
+    }
+    let mut acked = factory.script.acked();
+    acked.sort_unstable();
+    assert_eq!(acked, vec![1, 2, 3, 3, 4, 4, 5, 5, 6, 7]);
+}
