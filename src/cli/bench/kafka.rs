@@ -25,7 +25,7 @@ use tailrace::queue::QueueMapper;
 
 use super::Progress;
 use super::pipeline::{Counter, Shape, Tally, produce, run_node, stream_ids};
-use super::redis::{Entry, EntryEvent, StreamRef};
+use super::redis::{Entry, count_entry};
 
 fn shape(quick: bool) -> Shape {
     Shape {
@@ -102,7 +102,7 @@ async fn baseline_run(shape: Shape, brokers: &str, topic: &str) -> anyhow::Resul
     let index: Arc<HashMap<String, usize>> =
         Arc::new(streams.iter().enumerate().map(|(i, s)| (s.key().to_string(), i)).collect());
     let tally = Tally::new(shape.total());
-    let (delivered, disorder, done) = (tally.delivered.clone(), tally.disorder.clone(), tally.done.clone());
+    let delivered = tally.delivered.clone();
     let counters: Arc<Vec<Counter>> = Arc::new((0..shape.streams).map(|_| tally.counter()).collect());
     let mut consumers = Vec::new();
     for partition in 0..shape.queues as i32 {
@@ -117,11 +117,7 @@ async fn baseline_run(shape: Shape, brokers: &str, topic: &str) -> anyhow::Resul
                 for record in records {
                     offset = record.offset + 1;
                     let Some(value) = record.record.value else { bail!("a record without a value") };
-                    let decoded: Entry = serde_json::from_slice(&value)?;
-                    let stream = index.get(decoded.s.key).copied().context("an unknown stream")?;
-                    if let Some(first) = decoded.e.first() {
-                        counters[stream].take(first.id, decoded.e.len() as u64);
-                    }
+                    count_entry(&value, &index, &counters)?;
                 }
             }
             anyhow::Ok(())
@@ -143,16 +139,7 @@ async fn baseline_run(shape: Shape, brokers: &str, topic: &str) -> anyhow::Resul
             let (partitions, routes, streams) = (partitions.clone(), routes.clone(), streams.clone());
             async move {
                 let id = &streams[stream];
-                let e: Vec<EntryEvent> = events
-                    .iter()
-                    .map(|e| EntryEvent {
-                        id: e.id.as_str(),
-                        ts: e.timestamp_ms,
-                        p: std::str::from_utf8(&e.payload).unwrap_or_default(),
-                    })
-                    .collect();
-                let entry = Entry { s: StreamRef { namespace: id.namespace(), key: id.key() }, e };
-                let Ok(body) = serde_json::to_vec(&entry) else { return false };
+                let Some(body) = Entry::encode(id, &events) else { return false };
                 let record = Record {
                     key: Some(id.to_string().into_bytes()),
                     value: Some(body),
@@ -164,23 +151,7 @@ async fn baseline_run(shape: Shape, brokers: &str, topic: &str) -> anyhow::Resul
             }
         })));
     }
-    for producer in producers {
-        anyhow::ensure!(producer.await?, "a baseline producer failed to produce");
-    }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while delivered.load(Ordering::Relaxed) < shape.total() {
-        anyhow::ensure!(Instant::now() < deadline, "the baseline stalled");
-        let _ = tokio::time::timeout(Duration::from_millis(100), done.notified()).await;
-    }
-    let elapsed = started.elapsed();
-    progress.finish();
-    for consumer in consumers {
-        consumer.await??;
-    }
-    if disorder.load(Ordering::Relaxed) > 0 {
-        bail!("the baseline delivered {} batches out of order", disorder.load(Ordering::Relaxed));
-    }
-    Ok(shape.total() as f64 / elapsed.as_secs_f64())
+    tally.finish("the baseline", producers, consumers, started, progress).await
 }
 
 /// A private memory-only Tansu broker on a free loopback port.

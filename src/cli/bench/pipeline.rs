@@ -103,23 +103,30 @@ impl Tally {
         Counter { next: AtomicU64::new(0), tally: self.clone() }
     }
 
-    /// Waits for the producers, then for every event; fails on disorder.
-    /// Events per second since `started`.
-    async fn finish(
+    /// Waits for the producers, then for every event (at most two minutes),
+    /// then for the `consumers` of a raw loop; fails on disorder. Events
+    /// per second since `started`.
+    pub(super) async fn finish(
         &self,
         side: &str,
         producers: Vec<tokio::task::JoinHandle<bool>>,
+        consumers: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
         started: Instant,
         progress: Progress,
     ) -> anyhow::Result<f64> {
         for producer in producers {
             anyhow::ensure!(producer.await?, "a {side} producer failed to send");
         }
+        let deadline = Instant::now() + Duration::from_secs(120);
         while self.delivered.load(Ordering::Relaxed) < self.total {
-            self.done.notified().await;
+            anyhow::ensure!(Instant::now() < deadline, "{side} stalled");
+            let _ = tokio::time::timeout(Duration::from_millis(100), self.done.notified()).await;
         }
         let elapsed = started.elapsed();
         progress.finish();
+        for consumer in consumers {
+            consumer.await??;
+        }
         if self.disorder.load(Ordering::Relaxed) > 0 {
             bail!("{side} delivered {} batches out of order", self.disorder.load(Ordering::Relaxed));
         }
@@ -226,7 +233,7 @@ pub(super) async fn run_node(shape: Shape, factory: Arc<dyn QueueAdapterFactory>
             async move { tailrace::queue::QueueAdapter::enqueue(adapter.as_ref(), &streams[stream], events).await.is_ok() }
         })));
     }
-    let rate = tally.finish("tailrace", producers, started, progress).await?;
+    let rate = tally.finish("tailrace", producers, Vec::new(), started, progress).await?;
     node.shutdown().await?;
     Ok(rate)
 }
@@ -285,5 +292,5 @@ async fn baseline_run(shape: Shape) -> anyhow::Result<f64> {
             }
         })));
     }
-    tally.finish("baseline", producers, started, progress).await
+    tally.finish("baseline", producers, Vec::new(), started, progress).await
 }

@@ -7,13 +7,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
 use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
 use tailrace::queue::QueueMapper;
 use tailrace::redis_conn::RedisEndpoint;
+use tailrace::stream::{Event, StreamId};
 
 use super::Progress;
 use super::pipeline::{Counter, Shape, Tally, produce, run_node, stream_ids};
@@ -114,13 +115,39 @@ pub(super) struct EntryEvent<'a> {
     pub(super) p: &'a str,
 }
 
+impl Entry<'_> {
+    /// `stream`'s batch as the raw loops write it.
+    pub(super) fn encode(stream: &StreamId, events: &[Event]) -> Option<Vec<u8>> {
+        let e = events
+            .iter()
+            .map(|e| EntryEvent {
+                id: e.id.as_str(),
+                ts: e.timestamp_ms,
+                p: std::str::from_utf8(&e.payload).unwrap_or_default(),
+            })
+            .collect();
+        serde_json::to_vec(&Entry { s: StreamRef { namespace: stream.namespace(), key: stream.key() }, e }).ok()
+    }
+}
+
+/// The raw loops' read side: counts an entry's events on its stream's
+/// counter (`index`: stream key to counter).
+pub(super) fn count_entry(body: &[u8], index: &HashMap<String, usize>, counters: &[Counter]) -> anyhow::Result<()> {
+    let decoded: Entry = serde_json::from_slice(body)?;
+    let stream = index.get(decoded.s.key).copied().context("an unknown stream")?;
+    if let Some(first) = decoded.e.first() {
+        counters[stream].take(first.id, decoded.e.len() as u64);
+    }
+    Ok(())
+}
+
 async fn baseline_run(shape: Shape, client: &redis::Client, prefix: &str) -> anyhow::Result<f64> {
     let streams = stream_ids(shape);
     let mapper = QueueMapper::new(shape.queues);
     let index: Arc<HashMap<String, usize>> =
         Arc::new(streams.iter().enumerate().map(|(i, s)| (s.key().to_string(), i)).collect());
     let tally = Tally::new(shape.total());
-    let (delivered, disorder, done) = (tally.delivered.clone(), tally.disorder.clone(), tally.done.clone());
+    let delivered = tally.delivered.clone();
     let counters: Arc<Vec<Counter>> = Arc::new((0..shape.streams).map(|_| tally.counter()).collect());
     let key = |q: u32| format!("{prefix}:q{q}");
     let mut consumers = Vec::new();
@@ -155,11 +182,7 @@ async fn baseline_run(shape: Shape, client: &redis::Client, prefix: &str) -> any
                     let Some(redis::Value::BulkString(body)) = entry.map.get("b") else {
                         bail!("an entry without `b`")
                     };
-                    let decoded: Entry = serde_json::from_slice(body)?;
-                    let stream = index.get(decoded.s.key).copied().context("an unknown stream")?;
-                    if let Some(first) = decoded.e.first() {
-                        counters[stream].take(first.id, decoded.e.len() as u64);
-                    }
+                    count_entry(body, &index, &counters)?;
                     ids.push(entry.id);
                 }
                 if !ids.is_empty() {
@@ -182,16 +205,7 @@ async fn baseline_run(shape: Shape, client: &redis::Client, prefix: &str) -> any
             let (mut conn, routes, streams, prefix) = (conn.clone(), routes.clone(), streams.clone(), prefix.clone());
             async move {
                 let id = &streams[stream];
-                let e: Vec<EntryEvent> = events
-                    .iter()
-                    .map(|e| EntryEvent {
-                        id: e.id.as_str(),
-                        ts: e.timestamp_ms,
-                        p: std::str::from_utf8(&e.payload).unwrap_or_default(),
-                    })
-                    .collect();
-                let entry = Entry { s: StreamRef { namespace: id.namespace(), key: id.key() }, e };
-                let Ok(body) = serde_json::to_vec(&entry) else { return false };
+                let Some(body) = Entry::encode(id, &events) else { return false };
                 redis::cmd("XADD")
                     .arg(format!("{prefix}:q{}", routes[stream]))
                     .arg("*")
@@ -203,21 +217,5 @@ async fn baseline_run(shape: Shape, client: &redis::Client, prefix: &str) -> any
             }
         })));
     }
-    for producer in producers {
-        anyhow::ensure!(producer.await?, "a baseline producer failed to XADD");
-    }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while delivered.load(Ordering::Relaxed) < shape.total() {
-        anyhow::ensure!(Instant::now() < deadline, "the baseline stalled");
-        let _ = tokio::time::timeout(Duration::from_millis(100), done.notified()).await;
-    }
-    let elapsed = started.elapsed();
-    progress.finish();
-    for consumer in consumers {
-        consumer.await??;
-    }
-    if disorder.load(Ordering::Relaxed) > 0 {
-        bail!("the baseline delivered {} batches out of order", disorder.load(Ordering::Relaxed));
-    }
-    Ok(shape.total() as f64 / elapsed.as_secs_f64())
+    tally.finish("the baseline", producers, consumers, started, progress).await
 }
