@@ -66,8 +66,9 @@ pub struct AgentOptions {
     /// cache bucket), the next read waits this long, so that it carries
     /// more: a busy queue read a container at a time spends its reads'
     /// fixed cost on every container. A pump wanted sooner (a delivery
-    /// finished, a subscriber caught up, a rewind) comes at once. `0s`:
-    /// read again at once.
+    /// finished, a subscriber caught up, a rewind) comes at once. What
+    /// arrives meanwhile reaches its subscribers up to this much later.
+    /// `0s`: read again at once.
     #[serde(with = "humantime_serde")]
     pub read_linger: Duration,
 }
