@@ -178,8 +178,12 @@ async fn idle_latency(nodes: &[NodeProc], url: &str, queues: u32, count: u64) ->
             }
         }
     }
-    let mut latencies: Vec<f64> =
-        sent.iter().map(|(id, at)| delivered[id].saturating_sub(*at) as f64 / 1000.0).collect();
+    let mut slowest: Vec<(f64, &String)> =
+        sent.iter().map(|(id, at)| (delivered[id].saturating_sub(*at) as f64 / 1000.0, id)).collect();
+    slowest.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let named: Vec<String> = slowest.iter().take(3).map(|(ms, id)| format!("{id} {ms:.1} ms")).collect();
+    println!("scale: slowest idle events: {}", named.join(", "));
+    let mut latencies: Vec<f64> = slowest.iter().map(|(ms, _)| *ms).collect();
     latencies.sort_by(f64::total_cmp);
     let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize];
     println!("scale: idle produce-to-delivery over {count} events: p50 {:.2} ms, p99 {:.2} ms", at(0.5), at(0.99));
