@@ -191,3 +191,30 @@ async fn a_momentary_empty_read_runs_no_script_and_an_idle_reader_still_wakes() 
         receiver.delivered(&read.iter().map(|b| b.token).collect::<Vec<_>>()).await.unwrap();
     }
 }
+
+/// A queue that ran dry is polled only briefly before its agent sleeps on
+/// the receiver's wake, life after life: a few reads `min_poll_period`
+/// apart and doubling (1, 2, 4 ms), then asleep until a producer's write on
+/// another connection ends the sleep. (Polling on with doubling delays up
+/// to `poll_period` first took eight reads and 127 ms, and an event in that
+/// stretch waited up to 63 ms for the next poll: the slow first line of a
+/// quiet pipeline in `bench scale`, p99 58 ms.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_that_ran_dry_is_polled_briefly_then_sleeps_on_its_wake() {
+    let server = RedisServer::start();
+    let options = adapter_options(&server);
+    let producer = RedisAdapterFactory::connect(1, options.clone(), "producer").await.unwrap().adapter();
+    let factory = Arc::new(RedisAdapterFactory::connect(1, options, "n1").await.unwrap());
+    let recorder = Recorder::new();
+    let node = TestNode::start(factory, quick_config(), implicit("dry", &recorder)).await;
+    let s = stream("dry", "a");
+    node.wait_status(0, |status| status.asleep).await;
+    for life in 0..20u64 {
+        producer.enqueue(&s, events("e", life..life + 1)).await.unwrap();
+        let delivered = node.wait_status(0, |status| status.events_delivered == life + 1).await;
+        let asleep = node.wait_status(0, |status| status.asleep && status.cached == 0).await;
+        let polls = asleep.read_calls - delivered.read_calls;
+        assert!(polls <= 5, "life {life}: {polls} reads of a dry queue before its agent slept on the wake");
+    }
+    assert_eq!(recorder.ids(&s), ids("e", 0..20));
+}

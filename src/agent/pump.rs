@@ -152,6 +152,14 @@ const THIN_READ: usize = 32;
 /// Thin reads in a row after which the next read lingers.
 const THIN_READS_TO_LINGER: u32 = 3;
 
+/// Empty reads in a row, `min_poll_period` apart and doubling (1, 2, 4
+/// ms), before the agent sleeps on its receiver's wake: a queue between
+/// two bursts is read again within milliseconds without a wake's cost
+/// (two commands on Redis), and the first event after a pause waits at
+/// most the last of those delays. (Polling on up to `poll_period` first
+/// had that event wait up to 64 ms.)
+const POLLS_BEFORE_WAKE: u32 = 3;
+
 /// Pumps in a row that serve rewinds without reading a quiet queue.
 const READS_SKIPPED_AT_MOST: u32 = 8;
 
@@ -324,10 +332,10 @@ impl Pump {
     /// that was not paused, or when rewinds wait; after the third thin read
     /// in a row, `read_linger` later, unless a pump is asked for sooner (a
     /// delivery finished, a rewind, a purge). After an empty read,
-    /// `min_poll_period` doubled per consecutive empty read; once that
-    /// reaches `poll_period` (the queue is idle, not between two bursts),
-    /// sleep until the receiver's wake if it has one, or poll every
-    /// `poll_period`.
+    /// `min_poll_period` doubled per consecutive empty read; after
+    /// [`POLLS_BEFORE_WAKE`] of them (the queue is dry, not between two
+    /// bursts), sleep until the receiver's wake if it has one, or go on
+    /// doubling up to `poll_period`.
     pub(crate) fn after_read(&mut self, read: usize, rewinds_waiting: bool, options: &AgentOptions) -> AfterRead {
         self.read_failures = 0;
         let got = read > 0;
@@ -349,10 +357,11 @@ impl Pump {
             .min_poll_period
             .saturating_mul(1 << shift)
             .clamp(options.min_poll_period.min(options.poll_period), options.poll_period);
-        // Backed off all the way: idle, so sleep until a write (a queue
-        // that only paused between bursts is read again before that).
+        // Dry for a few polls: sleep until a write (a queue that only
+        // paused between bursts is read again before that).
+        let dry = self.empty_reads > POLLS_BEFORE_WAKE || delay >= options.poll_period;
         if !self.blocked
-            && delay >= options.poll_period
+            && dry
             && let Some(wake) = self.io.as_mut().and_then(|io| io.receiver.wake_on_write())
         {
             self.armed = true;

@@ -26,8 +26,9 @@ pub struct AgentOptions {
     pub poll_period: Duration,
     /// The shortest wait after an empty read. The wait doubles with every
     /// empty read up to `poll_period`, so a busy queue is read again within
-    /// milliseconds and an idle one every `poll_period`. Set it equal to
-    /// `poll_period` for Orleans' fixed period.
+    /// milliseconds and an idle one every `poll_period`; a receiver that
+    /// can wake on a write is slept on after the fourth empty read instead.
+    /// Set it equal to `poll_period` for Orleans' fixed period.
     #[serde(with = "humantime_serde")]
     pub min_poll_period: Duration,
     /// Limit of every receiver and checkpoint call: `initialize`, each
