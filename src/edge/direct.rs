@@ -295,7 +295,10 @@ async fn serve_stream(
     let cut_off = cut.cancelled();
     tokio::pin!(cut_off);
     loop {
+        // A ready frame first: the close probe and the cut are polled only
+        // while the viewer waits (a write to a closed or cut socket fails).
         let first = tokio::select! {
+            biased;
             frame = body.next() => frame,
             () = &mut closed => return,
             // The viewer stalled: its tailer cut it.
@@ -329,6 +332,7 @@ async fn serve_stream(
         }
         if !frames.is_empty() {
             let written = tokio::select! {
+                biased;
                 written = write_frames(&mut writer, &frames, chunked) => written.is_ok(),
                 () = &mut cut_off => false,
             };
@@ -353,6 +357,7 @@ async fn serve_stream(
 
 /// Writes `frames` with one write (each its own chunk when `chunked`).
 async fn write_frames(writer: &mut (impl AsyncWrite + Unpin), frames: &[Bytes], chunked: bool) -> std::io::Result<()> {
+    use std::io::Write as _;
     match (frames, chunked) {
         ([frame], false) => writer.write_all(frame).await?,
         _ => {
@@ -360,7 +365,8 @@ async fn write_frames(writer: &mut (impl AsyncWrite + Unpin), frames: &[Bytes], 
             let mut out = Vec::with_capacity(size);
             for frame in frames {
                 if chunked {
-                    out.extend_from_slice(format!("{:x}\r\n", frame.len()).as_bytes());
+                    // (Into the buffer: no string per frame.)
+                    let _ = write!(out, "{:x}\r\n", frame.len());
                     out.extend_from_slice(frame);
                     out.extend_from_slice(b"\r\n");
                 } else {
