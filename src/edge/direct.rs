@@ -296,7 +296,9 @@ async fn serve_stream(
     tokio::pin!(cut_off);
     loop {
         // A ready frame first: the close probe and the cut are polled only
-        // while the viewer waits (a write to a closed or cut socket fails).
+        // while the viewer waits (a write to a closed socket fails, one to a
+        // stalled socket waits and sees the cut), and a cut (the node
+        // stopping) is looked at once per write.
         let first = tokio::select! {
             biased;
             frame = body.next() => frame,
@@ -304,6 +306,9 @@ async fn serve_stream(
             // The viewer stalled: its tailer cut it.
             () = &mut cut_off => return,
         };
+        if cut.is_cancelled() {
+            return;
+        }
         // Frames that are ready too go out in the same write: a viewer
         // that fell behind catches up with one system call, not one per
         // frame. `after` is what ended the batch (an end or an error).
