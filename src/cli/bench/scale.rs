@@ -183,8 +183,8 @@ async fn idle_latency(nodes: &[NodeProc], url: &str, queues: u32, count: u64) ->
     slowest.sort_by(|a, b| b.0.total_cmp(&a.0));
     let named: Vec<String> = slowest.iter().take(3).map(|(ms, id)| format!("{id} {ms:.1} ms")).collect();
     println!("scale: slowest idle events: {}", named.join(", "));
-    let mut latencies: Vec<f64> = slowest.iter().map(|(ms, _)| *ms).collect();
-    latencies.sort_by(f64::total_cmp);
+    // Slowest first, so ascending is the reverse.
+    let latencies: Vec<f64> = slowest.iter().rev().map(|(ms, _)| *ms).collect();
     let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize];
     println!("scale: idle produce-to-delivery over {count} events: p50 {:.2} ms, p99 {:.2} ms", at(0.5), at(0.99));
     Ok(format!("idle_latency_p50_ms={:.2} idle_latency_p99_ms={:.2}", at(0.5), at(0.99)))
