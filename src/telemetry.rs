@@ -68,6 +68,10 @@ pub const EDGE_VIEWERS_DROPPED: &str = "tailrace_edge_viewers_dropped_total";
 /// 1 while a queue's writer finds its disk full (its appends are refused),
 /// by queue.
 pub const QUEUE_DISK_FULL: &str = "tailrace_queue_disk_full";
+/// Offsets a queue's read found missing below where the broker's answer
+/// went on, by `outcome`: `filled` (read again until they showed), or
+/// `skipped` (still missing after the adapter's patience).
+pub const QUEUE_OFFSET_GAPS: &str = "tailrace_queue_offset_gaps_total";
 /// Tailers re-based on the run log store after a gap in their run's
 /// stream (events their subscription skipped: a batch given up, a
 /// catch-up the queue could no longer serve).
@@ -132,6 +136,11 @@ pub fn describe() {
             Unit::Count,
             "SSE viewers cut because their socket took nothing for stall_timeout_seconds.",
         ),
+        (
+            QUEUE_OFFSET_GAPS,
+            Unit::Count,
+            "Gaps a queue's read found in the offsets a broker answered: filled when read again, or skipped.",
+        ),
         (EDGE_REBASES, Unit::Count, "Tailers re-based on the run log store after a gap in their run's stream."),
         (EDGE_STORE_READS, Unit::Count, "Reads the edge made from the run log store."),
     ];
@@ -155,7 +164,7 @@ pub fn describe() {
 }
 
 /// Every name above, for tests that check each one is described.
-pub const ALL: [&str; 36] = [
+pub const ALL: [&str; 37] = [
     AGENT_EVENTS_READ,
     AGENT_EVENTS_DELIVERED,
     AGENT_EVENTS_UNSUBSCRIBED,
@@ -192,6 +201,7 @@ pub const ALL: [&str; 36] = [
     EDGE_REBASES,
     EDGE_STORE_READS,
     QUEUE_DISK_FULL,
+    QUEUE_OFFSET_GAPS,
 ];
 
 #[cfg(test)]

@@ -7,14 +7,19 @@
 //! (SIGSTOP, then SIGCONT), Redis killed and started again. Then every run
 //! ends (`success`) and every viewer reads on to its `complete`.
 //!
+//! The same life runs with the queues in Redis streams and with the
+//! queues on a Kafka topic (a Kafka-wire broker that is never killed;
+//! checkpoints, leases, membership and run logs stay in the Redis that
+//! is), with shorter leases there (ttl 6 s, renew 2 s).
+//!
 //! What must hold: every acknowledged line is stored once, in order; every
 //! viewer saw exactly the stored log, line by line, and no cursor it was
 //! handed skipped a line; no viewer got a truncation notice (the store
 //! holds every line, so none is ever due); no request was answered `500`.
 //!
-//! `cargo test` runs a short life (each kind of chaos once). The same code
-//! runs a long one with `TAILRACE_CHAOS_ROUNDS=N` (N rounds, the kinds in
-//! turn in a random order), `TAILRACE_CHAOS_LIVES=M` times.
+//! `cargo test` runs a short life of each (each kind of chaos once). The
+//! same code runs long ones with `TAILRACE_CHAOS_ROUNDS=N` (N rounds, the
+//! kinds in turn in a random order), `TAILRACE_CHAOS_LIVES=M` times.
 
 mod common;
 
@@ -22,6 +27,7 @@ use std::time::Duration;
 
 use common::chaos::{Cluster, END_RULES, NAMES, PATIENCE, Tab, from_env};
 use common::cluster::Proc;
+use common::kafka_broker::KafkaBroker;
 use common::redis_server::RedisServer;
 use rand::RngExt;
 use tokio::time::Instant;
@@ -44,6 +50,17 @@ enum Chaos {
 
 const KINDS: [Chaos; 4] = [Chaos::Pause, Chaos::Kill, Chaos::RedisKill, Chaos::Term];
 
+/// Where the cluster's queues live.
+#[derive(Clone, Copy, Debug)]
+enum Queues {
+    Redis,
+    Kafka,
+}
+
+/// Leases of the Kafka life: shorter than the default 8 s, as a deployment
+/// that wants a dead node's partitions to move sooner sets them.
+const KAFKA_LEASES: &str = "[lease]\nttl = \"6s\"\nrenew = \"2s\"\n";
+
 fn start(redis: &str, name: &str) -> Proc {
     tokio::task::block_in_place(|| common::cluster::node_on_defaults(redis, name, END_RULES))
 }
@@ -53,6 +70,19 @@ fn cluster() -> Cluster {
     let server = RedisServer::start();
     let url = server.url();
     Cluster::start(server, Box::new(move |name| start(&url, name)))
+}
+
+/// The same with the queues on a Kafka broker (kept for the life), or
+/// `None` when there is no broker to run.
+fn kafka_cluster() -> Option<(Cluster, KafkaBroker)> {
+    let broker = KafkaBroker::start()?;
+    let server = RedisServer::start();
+    let (url, brokers) = (server.url(), broker.address());
+    let extra = format!("{END_RULES}{KAFKA_LEASES}");
+    let spawn = move |name: &str| {
+        tokio::task::block_in_place(|| common::kafka_broker::node(&url, &brokers, "chaos", name, &extra))
+    };
+    Some((Cluster::start(server, Box::new(spawn)), broker))
 }
 
 impl Cluster {
@@ -84,8 +114,14 @@ impl Cluster {
 }
 
 /// One life of `rounds` rounds of chaos; what went wrong, if anything.
-async fn life(rounds: usize) -> Result<String, String> {
-    let mut cluster = cluster();
+async fn life(queues: Queues, rounds: usize) -> Result<String, String> {
+    let (mut cluster, _broker) = match queues {
+        Queues::Redis => (cluster(), None),
+        Queues::Kafka => match kafka_cluster() {
+            Some((cluster, broker)) => (cluster, Some(broker)),
+            None => return Ok("skipped: no Kafka broker".into()),
+        },
+    };
     let stop = CancellationToken::new();
     let mut producers = Vec::new();
     for run in 0..RUNS {
@@ -112,14 +148,15 @@ async fn life(rounds: usize) -> Result<String, String> {
     cluster.finish(stop, producers, viewers).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_viewer_sees_every_stored_line_once_through_kills_pauses_handoffs_and_a_redis_restart() {
+/// `TAILRACE_CHAOS_LIVES` lives of `TAILRACE_CHAOS_ROUNDS` rounds (one of
+/// each kind by default) with the queues in `queues`.
+async fn lives(queues: Queues) {
     let rounds = from_env("TAILRACE_CHAOS_ROUNDS").unwrap_or(KINDS.len());
     let lives = from_env("TAILRACE_CHAOS_LIVES").unwrap_or(1);
     let mut failed = Vec::new();
     for number in 0..lives {
-        eprintln!("life {number}");
-        match life(rounds).await {
+        eprintln!("life {number} ({queues:?} queues)");
+        match life(queues, rounds).await {
             Ok(summary) => eprintln!("life {number} of {rounds} rounds: {summary}"),
             Err(problems) => {
                 eprintln!("life {number} of {rounds} rounds failed: {problems}");
@@ -128,6 +165,16 @@ async fn every_viewer_sees_every_stored_line_once_through_kills_pauses_handoffs_
         }
     }
     assert!(failed.is_empty(), "{} of {lives} lives failed; the first:\n{}", failed.len(), failed[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_viewer_sees_every_stored_line_once_through_kills_pauses_handoffs_and_a_redis_restart() {
+    lives(Queues::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_queues_every_acknowledged_line_is_stored_and_seen_through_the_same_chaos() {
+    lives(Queues::Kafka).await;
 }
 
 /// The transition under the gap, on purpose: a viewer stays on a node that

@@ -122,37 +122,6 @@ async fn read_n(
     got
 }
 
-/// `tailrace node` `name` with its queues on Kafka (leases, membership,
-/// subscriptions, checkpoints and run logs in Redis), on the defaults
-/// otherwise, waited for until it serves.
-fn kafka_node(redis: &str, brokers: &str, name: &str) -> common::cluster::Proc {
-    let port = common::free_port();
-    let cluster = common::free_port();
-    let text = format!(
-        r#"[node]
-name = "{name}"
-[queues]
-adapter = "kafka"
-[adapters.kafka]
-brokers = ["{brokers}"]
-topic = "life"
-[adapters.redis]
-url = "{redis}"
-[archive]
-store = "redis"
-redis_url = "{redis}"
-[cluster]
-listen = "127.0.0.1:{cluster}"
-[edge]
-listen = "127.0.0.1:{port}"
-{}"#,
-        common::chaos::END_RULES
-    );
-    let mut node = common::cluster::Proc::spawn(name, port, &text, &["node"], &[]);
-    node.wait_serving();
-    node
-}
-
 /// Three nodes on Kafka through a life: runs posted through random live
 /// nodes, a viewer per run (half reloading with their cursor on random
 /// nodes, half staying), a node killed with `kill -9` and started again,
@@ -168,7 +137,11 @@ async fn three_nodes_on_kafka_lose_no_line_and_keep_every_viewer_exact_through_a
     let Some(broker) = KafkaBroker::start() else { return };
     let redis = common::redis_server::RedisServer::start();
     let (url, brokers) = (redis.url(), broker.address());
-    let start = move |name: &str| tokio::task::block_in_place(|| kafka_node(&url, &brokers, name));
+    let start = move |name: &str| {
+        tokio::task::block_in_place(|| {
+            common::kafka_broker::node(&url, &brokers, "life", name, common::chaos::END_RULES)
+        })
+    };
     let mut cluster = Cluster::start(redis, Box::new(start));
     const RUNS: usize = 6;
     let stop = CancellationToken::new();
@@ -189,6 +162,62 @@ async fn three_nodes_on_kafka_lose_no_line_and_keep_every_viewer_exact_through_a
         Ok(summary) => println!("{summary}"),
         Err(problems) => panic!("{problems}"),
     }
+}
+
+/// A node whose broker stops answering (its connections held open, as a
+/// network that drops packets does) long enough for reads to fail reads
+/// again as soon as the broker answers, not after the rest of its read
+/// backoff (10 to 20 s): the failed receiver probes the brokers on a new
+/// connection every 250 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_the_broker_answers_again_the_node_reads_within_a_second() {
+    use common::logs::Sse;
+    use common::tcp_proxy::{Fault, TcpProxy};
+    use tokio::time::Instant;
+
+    let proxy_port = common::free_port();
+    let Some(broker) = KafkaBroker::start_advertising(Some(proxy_port)) else { return };
+    let proxy = TcpProxy::start_at(([127, 0, 0, 1], proxy_port).into(), broker.port()).await;
+    let redis = common::redis_server::RedisServer::start();
+    let address = format!("127.0.0.1:{proxy_port}");
+    let node = tokio::task::block_in_place(|| common::kafka_broker::node(&redis.url(), &address, "outage", "n1", ""));
+    let client = common::http().timeout(Duration::from_secs(30)).build().unwrap();
+    let lines = node.url("/api/v1/logs/svc.outage/runs/r-1/lines");
+    let post = |line: &str, id: &str| {
+        let body = format!("{{\"line\":\"{line}\",\"id\":\"{id}\"}}\n");
+        client.post(&lines).header("content-type", "application/x-ndjson").body(body).send()
+    };
+    assert_eq!(post("before", "l-0").await.unwrap().status(), 202);
+    let stream = node.url("/api/v1/services/ingestionPipelines/logs/svc.outage/stream/r-1");
+    let mut viewer = Sse::open(&client, &stream).await;
+    assert_eq!(viewer.event().await.unwrap()["logs"], "before");
+
+    // Past a read's limit (read wait + response_timeout, 5.1 s) and the
+    // idle fetch's (5.5 s): the agent's read fails and it backs off.
+    proxy.set(Fault::Drop);
+    let read_errors = || node.metric_sum("tailrace_agent_read_errors_total", None);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read_errors().await.unwrap_or(0.0) < 1.0 {
+        assert!(Instant::now() < deadline, "no read failed while the broker was silent");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    proxy.set(Fault::Pass);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = post("after", "l-1").await.unwrap();
+        if answer.status() == 202 {
+            break;
+        }
+        assert_eq!(answer.status(), 503, "{}", answer.text().await.unwrap_or_default());
+        assert!(Instant::now() < deadline, "no write was accepted once the broker answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let accepted = Instant::now();
+    let event = viewer.event_within(Duration::from_secs(60)).await.unwrap();
+    let took = accepted.elapsed();
+    assert_eq!(event["logs"], "after");
+    eprintln!("first delivery {took:?} after the write was accepted");
+    assert!(took < Duration::from_secs(2), "the node read {took:?} after the broker answered again");
 }
 
 /// Replay beyond the cache on Kafka: 100 000 events back (in batches of

@@ -42,6 +42,12 @@ impl KafkaBroker {
     /// A broker on a free 127.0.0.1 port, or `None` (said, and a failure
     /// under CI, where `.ci/run` installs one) when there is none to run.
     pub fn start() -> Option<Self> {
+        Self::start_advertising(None)
+    }
+
+    /// A broker that tells its clients to reach it at `127.0.0.1:advertised`
+    /// (a proxy's port in front of it, say) instead of its own port.
+    pub fn start_advertising(advertised: Option<u16>) -> Option<Self> {
         let Some(binary) = binary() else {
             // Under CI `.ci/run` installs one, or says it could not.
             let excused = std::env::var_os("TAILRACE_KAFKA_UNAVAILABLE").is_some();
@@ -51,8 +57,9 @@ impl KafkaBroker {
         };
         let port = super::free_port();
         let url = format!("tcp://127.0.0.1:{port}");
+        let advertised = format!("tcp://127.0.0.1:{}", advertised.unwrap_or(port));
         let child = Command::new(&binary)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &advertised])
             .args(["--storage-engine", "memory://tansu/"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -70,6 +77,11 @@ impl KafkaBroker {
         Some(broker)
     }
 
+    /// Its listener's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// `host:port` of its listener.
     pub fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)
@@ -81,4 +93,35 @@ impl Drop for KafkaBroker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `tailrace node` `name` with its queues on the topic `topic` of
+/// `brokers` (leases, membership, subscriptions, checkpoints and run logs
+/// in the Redis at `redis`), on the defaults otherwise plus `extra`
+/// sections, waited for until it serves.
+pub fn node(redis: &str, brokers: &str, topic: &str, name: &str, extra: &str) -> super::cluster::Proc {
+    let port = super::free_port();
+    let cluster = super::free_port();
+    let text = format!(
+        r#"[node]
+name = "{name}"
+[queues]
+adapter = "kafka"
+[adapters.kafka]
+brokers = ["{brokers}"]
+topic = "{topic}"
+[adapters.redis]
+url = "{redis}"
+[archive]
+store = "redis"
+redis_url = "{redis}"
+[cluster]
+listen = "127.0.0.1:{cluster}"
+[edge]
+listen = "127.0.0.1:{port}"
+{extra}"#
+    );
+    let mut node = super::cluster::Proc::spawn(name, port, &text, &["node"], &[]);
+    node.wait_serving();
+    node
 }

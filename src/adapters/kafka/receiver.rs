@@ -13,12 +13,14 @@ use rskafka::client::error::{Error as KafkaError, ProtocolError};
 use rskafka::client::partition::{OffsetAt, PartitionClient};
 use rskafka::record::RecordAndOffset;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::connect::{self, bounded, offset, token};
 use super::{KafkaOptions, NAME};
 use crate::adapters::entry::decode_entry;
 use crate::queue::{Checkpointer, QueueError, QueueReceiver, Wake};
 use crate::stream::{BatchContainer, QueueId, SequenceToken, StreamIdCache};
+use crate::telemetry;
 
 /// Reads one partition. See the module documentation.
 pub(super) struct KafkaReceiver {
@@ -42,6 +44,9 @@ pub(super) struct KafkaReceiver {
     rewound: VecDeque<Arc<BatchContainer>>,
     rewound_through: Option<SequenceToken>,
     streams: StreamIdCache,
+    /// The gap being read again, if any: its first missing offset, and
+    /// since when.
+    gap_since: Option<(i64, Instant)>,
     shut_down: bool,
 }
 
@@ -64,19 +69,9 @@ impl KafkaReceiver {
             rewound: VecDeque::new(),
             rewound_through: None,
             streams: StreamIdCache::default(),
+            gap_since: None,
             shut_down: false,
         }
-    }
-
-    fn check(&self) -> Result<&Arc<PartitionClient>, QueueError> {
-        if self.shut_down {
-            return Err(QueueError::ShutDown(self.queue));
-        }
-        self.reader.as_ref().ok_or_else(|| QueueError::Backend {
-            adapter: NAME.into(),
-            message: format!("the receiver of queue {} was used before initialize", self.queue),
-            transient: false,
-        })
     }
 
     /// A client of this receiver's partition on a new connection.
@@ -90,25 +85,31 @@ impl KafkaReceiver {
         bounded(&self.options, "reading the partition's start", partition.get_offset(OffsetAt::Earliest)).await
     }
 
-    /// Fetches from `from`, waiting up to `wait` for a first record.
+    /// Fetches from `from` on the reader's connection, waiting up to `wait`
+    /// for a first record. A fetch that failed (other than for an offset
+    /// the partition does not hold) drops the connection: one the broker
+    /// stopped answering on (a node paused past the broker's patience, a
+    /// broker restarted) would otherwise fail every read until the client
+    /// noticed; the next call dials anew.
     async fn fetch(
-        &self,
-        partition: &PartitionClient,
+        &mut self,
         from: i64,
         wait: Duration,
     ) -> Result<Result<(Vec<RecordAndOffset>, i64), KafkaError>, QueueError> {
+        let partition = self.reader().await?;
         let bytes = 1..i32::try_from(self.options.fetch_max_bytes).unwrap_or(i32::MAX);
         let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
         // The broker holds the fetch up to `wait`: the limit comes on top.
         let limit = self.options.response_timeout + wait;
-        match tokio::time::timeout(limit, partition.fetch_records(from, bytes, wait_ms)).await {
-            Ok(fetched) => Ok(fetched),
-            Err(_) => Err(QueueError::Backend {
-                adapter: NAME.into(),
-                message: format!("fetching partition {}: no answer within {limit:?}", self.queue.0),
-                transient: true,
-            }),
+        let fetched = tokio::time::timeout(limit, partition.fetch_records(from, bytes, wait_ms)).await;
+        if !matches!(&fetched, Ok(Ok(_))) && !matches!(&fetched, Ok(Err(e)) if out_of_range(e)) {
+            self.reader = None;
         }
+        fetched.map_err(|_| QueueError::Backend {
+            adapter: NAME.into(),
+            message: format!("fetching partition {}: no answer within {limit:?}", self.queue.0),
+            transient: true,
+        })
     }
 
     /// The records as containers (one that is not a container of this
@@ -130,21 +131,40 @@ impl KafkaReceiver {
         out
     }
 
-    /// Fetches what follows `next` into `fetched`.
+    /// The reader's partition client, on a new connection if a failure
+    /// dropped the last one.
+    async fn reader(&mut self) -> Result<Arc<PartitionClient>, QueueError> {
+        if self.shut_down {
+            return Err(QueueError::ShutDown(self.queue));
+        }
+        match &self.reader {
+            Some(reader) => Ok(reader.clone()),
+            None => {
+                let reader = self.connect("reader").await?;
+                self.reader = Some(reader.clone());
+                Ok(reader)
+            }
+        }
+    }
+
+    /// Fetches what follows `next` into `fetched`: the records up to the
+    /// first offset missing from the answer (see [`Gap`]).
     async fn fetch_next(&mut self) -> Result<(), QueueError> {
-        let partition = self.check()?.clone();
-        match self.fetch(&partition, self.next, self.options.read_wait).await? {
-            Ok((records, _)) => {
+        match self.fetch(self.next, self.options.read_wait).await? {
+            Ok((mut records, _)) => {
+                let gap = contiguous(self.next, &mut records);
                 if let Some(last) = records.last() {
                     self.next = last.offset + 1;
                 }
                 let containers = self.containers(records);
                 self.fetched.extend(containers);
+                self.gap(gap);
                 Ok(())
             }
             Err(error) if out_of_range(&error) => {
                 // Retention removed records this queue never read, or the
                 // topic was made anew: go on from where it starts now.
+                let partition = self.reader().await?;
                 let earliest = self.earliest(&partition).await?;
                 if earliest > self.next {
                     tracing::error!(queue = %self.queue, topic = %self.options.topic, from = self.next, to = earliest,
@@ -156,7 +176,65 @@ impl KafkaReceiver {
             Err(error) => Err(connect::backend(&format!("fetching partition {}", self.queue.0), &error)),
         }
     }
+
+    /// After a fetch: a gap right at `next` is read again until it fills;
+    /// one still there after [`GAP_PATIENCE`] is passed, said aloud and
+    /// counted (records a compaction or an aborted transaction removed).
+    fn gap(&mut self, gap: Option<Gap>) {
+        let Some(Gap { missing, resumes }) = gap else {
+            if let Some((_, since)) = self.gap_since.take() {
+                tracing::debug!(queue = %self.queue, waited = ?since.elapsed(), "a gap in the partition filled");
+                metrics::counter!(telemetry::QUEUE_OFFSET_GAPS, "outcome" => "filled").increment(1);
+            }
+            return;
+        };
+        let since = match self.gap_since {
+            Some((at, since)) if at == missing => since,
+            _ => self.gap_since.insert((missing, Instant::now())).1,
+        };
+        if since.elapsed() < GAP_PATIENCE {
+            return;
+        }
+        tracing::error!(queue = %self.queue, topic = %self.options.topic, from = missing, to = resumes,
+            "partition offsets missing for {GAP_PATIENCE:?} (compacted, or an aborted transaction); going on past them");
+        metrics::counter!(telemetry::QUEUE_OFFSET_GAPS, "outcome" => "skipped").increment(1);
+        self.next = resumes;
+        self.gap_since = None;
+    }
 }
+
+/// Offsets missing from a fetch's answer: `missing` was asked for (or
+/// follows a record handed out) and the answer goes on at `resumes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Gap {
+    missing: i64,
+    resumes: i64,
+}
+
+/// Keeps the records of an answer from `from` up to the first offset it
+/// lacks, and says where that gap is. Some brokers make a record visible
+/// before one produced just ahead of it on another connection (the Tansu
+/// test broker answered a fetch from 259 with 260.. while 259 was stored
+/// and showed a moment later): going on from the last record handed out
+/// would skip the late one for good. Records below `from` (the rest of a
+/// batch the broker sends whole) are dropped.
+fn contiguous(from: i64, records: &mut Vec<RecordAndOffset>) -> Option<Gap> {
+    records.retain(|r| r.offset >= from);
+    let mut expected = from;
+    let gap = records.iter().position(|r| {
+        let skips = r.offset != expected;
+        expected = r.offset + 1;
+        skips
+    })?;
+    let resumes = records[gap].offset;
+    let missing = if gap == 0 { from } else { records[gap - 1].offset + 1 };
+    records.truncate(gap);
+    Some(Gap { missing, resumes })
+}
+
+/// How long a gap in a partition's offsets is read again before it is
+/// taken for records that will not come.
+const GAP_PATIENCE: Duration = Duration::from_secs(10);
 
 /// The refusal of a rewind to `from` when the partition starts at `earliest`
 /// now (its retention removed what lay below).
@@ -169,6 +247,9 @@ fn past_retention(queue: QueueId, from: SequenceToken, earliest: i64) -> Option<
         oldest: Some(token(earliest)),
     })
 }
+
+/// How often a failed receiver probes the brokers.
+const PROBE_EVERY: Duration = Duration::from_millis(250);
 
 /// Fetches a rewind tries before it calls an empty answer a failure.
 const REWIND_ATTEMPTS: u32 = 3;
@@ -183,16 +264,10 @@ impl QueueReceiver for KafkaReceiver {
     /// Connects, then starts after the stored checkpoint, or at the
     /// partition's start when there is none.
     async fn initialize(&mut self, _timeout: Duration) -> Result<(), QueueError> {
-        if self.shut_down {
-            return Err(QueueError::ShutDown(self.queue));
-        }
-        if self.reader.is_none() {
-            self.reader = Some(self.connect("reader").await?);
-        }
+        let partition = self.reader().await?;
         if self.waker.is_none() {
             self.waker = Some(self.connect("waker").await?);
         }
-        let partition = self.check()?.clone();
         let stored = self.checkpointer.load(self.queue).await.map_err(|e| QueueError::Backend {
             adapter: NAME.into(),
             message: e.to_string(),
@@ -208,13 +283,13 @@ impl QueueReceiver for KafkaReceiver {
             Some(checkpoint) => offset(checkpoint) + 1,
             None => earliest,
         };
+        tracing::debug!(queue = %self.queue, ?stored, earliest, next = self.next, "kafka receiver positioned");
         self.fetched.clear();
         self.rewound.clear();
         Ok(())
     }
 
     async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
-        self.check()?;
         if self.fetched.is_empty() {
             self.fetch_next().await?;
         }
@@ -248,10 +323,31 @@ impl QueueReceiver for KafkaReceiver {
         }))
     }
 
+    /// After a failed read: until a new connection to the brokers answers
+    /// for the partition's end (tried every [`PROBE_EVERY`], each try
+    /// bounded by `response_timeout`), so that the agent reads again as
+    /// soon as the broker is back instead of waiting out its backoff.
+    fn reachable(&mut self) -> Option<Wake> {
+        let (options, queue) = (self.options.clone(), self.queue);
+        Some(Box::pin(async move {
+            loop {
+                tokio::time::sleep(PROBE_EVERY).await;
+                let probe = async {
+                    let client = connect::client(&options, "probe").await?;
+                    let partition = connect::partition(&client, &options, queue.0).await?;
+                    bounded(&options, "probing the partition", partition.get_offset(OffsetAt::Latest)).await
+                };
+                if probe.await.is_ok() {
+                    return;
+                }
+            }
+        }))
+    }
+
     /// Containers at or after `from` while the partition still holds it;
     /// an offset its retention removed is refused, naming its start.
     async fn rewind(&mut self, from: SequenceToken, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
-        let partition = self.check()?.clone();
+        let partition = self.reader().await?;
         // The rest of the last rewind's fetch, when this one goes on from
         // where it ended (nothing lies between).
         let goes_on = self.rewound_through.is_some_and(|through| through < from)
@@ -270,24 +366,30 @@ impl QueueReceiver for KafkaReceiver {
         // partition in it: it may wait a millisecond.)
         let mut attempts = 0;
         let records = loop {
-            let (records, high_watermark) = match self.fetch(&partition, offset(from), self.options.read_wait).await? {
+            let (mut records, high_watermark) = match self.fetch(offset(from), self.options.read_wait).await? {
                 Ok(fetched) => fetched,
                 // Past the end: nothing there yet.
                 Err(error) if out_of_range(&error) => break Vec::new(),
                 Err(error) => return Err(connect::backend(&format!("rewinding partition {}", self.queue.0), &error)),
             };
+            // Only what follows `from` without a gap (see `contiguous`).
+            let gap = contiguous(offset(from), &mut records);
             // Some brokers (Tansu) gather records for the fetch's whole
             // wait and may answer nothing though they hold records from
             // `from` on: nothing is an answer only past the high watermark.
-            if !records.is_empty() || offset(from) >= high_watermark {
+            if !records.is_empty() || (gap.is_none() && offset(from) >= high_watermark) {
                 break records;
             }
             attempts += 1;
             if attempts == REWIND_ATTEMPTS {
+                let answered = match gap {
+                    Some(gap) => format!("records from offset {} but not {}", gap.resumes, gap.missing),
+                    None => format!("no record though it holds records up to {high_watermark}"),
+                };
                 return Err(QueueError::Backend {
                     adapter: NAME.into(),
                     message: format!(
-                        "partition {} answered no record from offset {} though it holds records up to {high_watermark}",
+                        "partition {} answered a fetch from offset {} with {answered}",
                         self.queue.0,
                         offset(from)
                     ),
@@ -295,7 +397,7 @@ impl QueueReceiver for KafkaReceiver {
                 });
             }
         };
-        let mut out: VecDeque<_> = self.containers(records).into_iter().filter(|c| c.token >= from).collect();
+        let mut out: VecDeque<_> = self.containers(records).into();
         self.rewound = out.split_off(max.min(out.len()));
         self.rewound_through = out.back().map(|c| c.token);
         Ok(out.into())
@@ -313,6 +415,41 @@ impl QueueReceiver for KafkaReceiver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn answer(offsets: &[i64]) -> Vec<RecordAndOffset> {
+        let record = rskafka::record::Record {
+            key: None,
+            value: None,
+            headers: Default::default(),
+            timestamp: connect::timestamp(0),
+        };
+        offsets.iter().map(|&offset| RecordAndOffset { record: record.clone(), offset }).collect()
+    }
+
+    fn offsets(records: &[RecordAndOffset]) -> Vec<i64> {
+        records.iter().map(|r| r.offset).collect()
+    }
+
+    /// What the test broker answered in the life that lost a batch: a
+    /// fetch from 1441 came back with 1442 alone (high watermark 1443),
+    /// and 1441 showed later. Nothing past a missing offset is handed out.
+    #[test]
+    fn an_answer_is_kept_up_to_its_first_missing_offset() {
+        let mut records = answer(&[1442]);
+        assert_eq!(contiguous(1441, &mut records), Some(Gap { missing: 1441, resumes: 1442 }));
+        assert!(records.is_empty(), "nothing past the gap");
+
+        let mut records = answer(&[10, 11, 13, 14]);
+        assert_eq!(contiguous(10, &mut records), Some(Gap { missing: 12, resumes: 13 }));
+        assert_eq!(offsets(&records), [10, 11]);
+
+        let mut records = answer(&[8, 9, 10, 11]);
+        assert_eq!(contiguous(10, &mut records), None, "the start of a whole batch below `from` is dropped");
+        assert_eq!(offsets(&records), [10, 11]);
+
+        let mut records = answer(&[]);
+        assert_eq!(contiguous(10, &mut records), None);
+    }
 
     /// The decision a broker whose retention removed records leads to
     /// (the Tansu test broker removes none, so the Kafka tests cannot
