@@ -2,7 +2,7 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --bin tailrace
+RUN cargo build --release --locked -p tailrace-server --bin tailrace
 
 FROM debian:bookworm-slim
 RUN apt-get update \

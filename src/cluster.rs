@@ -27,4 +27,6 @@ pub use membership::Membership;
 pub use redis_leases::{RedisLeases, queue_tag};
 pub use redis_membership::{Member, MembershipError, RedisMembership};
 pub use settings::{LeaseOptions, MembershipOptions};
-pub use transport::{ClusterTransport, RactorTransport, Served, TlsFiles, TransportError, TransportSettings};
+pub use transport::{ClusterTransport, Served, TransportError};
+#[cfg(feature = "cluster")]
+pub use transport::{RactorTransport, TlsFiles, TransportSettings};

@@ -23,6 +23,7 @@ use crate::pubsub::PubSubOptions;
 use crate::queue::CacheOptions;
 pub use cluster::{COOKIE_ENV, ClusterSection, ClusterTls, MIN_COOKIE_LEN};
 pub use diagnostics::DiagnosticsSection;
+#[cfg(feature = "edge")]
 pub(crate) use edge::secs;
 pub use edge::{AuthOptions, EdgeOptions, EdgeTls, LogStreamSettings, Scope, TokenEntry};
 

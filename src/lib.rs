@@ -31,6 +31,7 @@ pub mod checkpoint;
 pub mod cluster;
 pub mod config;
 pub mod conformance;
+#[cfg(feature = "edge")]
 pub mod edge;
 pub mod failure;
 pub mod handoff;
@@ -43,6 +44,7 @@ pub mod queue;
 pub mod redis_conn;
 #[doc(hidden)]
 pub mod retry;
+#[cfg(all(feature = "edge", feature = "cluster"))]
 pub mod server;
 pub mod stream;
 #[doc(hidden)]

@@ -67,6 +67,7 @@ pub enum ManagerMsg {
     Internal(ManagerInternal),
 }
 
+#[cfg(feature = "cluster")]
 impl ractor::Message for ManagerMsg {}
 
 /// An internal message of the manager.

@@ -2,7 +2,7 @@
 //! `PersistentStreamPullingAgentTests` (reference §3, 1–16) ported to
 //! tailrace's semantics, driven through a scripted adapter.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -2,7 +2,7 @@
 //! line per delivered event, in the file before the delivery is
 //! acknowledged, in order per stream.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! crashes and joins loses nothing, a graceful move delivers nothing twice,
 //! and a consumer on one node receives a stream pulled by another.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};

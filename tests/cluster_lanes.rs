@@ -10,7 +10,7 @@
 //! the same reason the tests run one at a time (the remote actors of two
 //! node servers in one process are numbered alike).
 
-mod common;
+use tailrace_testkit as common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

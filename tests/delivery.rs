@@ -2,7 +2,7 @@
 //! subscribe barrier, retries, poison events, faults, resume, multiplicity
 //! (Orleans §3 scenarios 32–37) and isolation of slow consumers.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};

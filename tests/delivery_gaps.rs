@@ -4,7 +4,7 @@
 //! serve. Every other delivery carries no gap. (The edge's tailers re-base
 //! on the run log store when they see one; `src/edge/tailer/tests.rs`.)
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

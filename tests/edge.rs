@@ -1,6 +1,6 @@
 //! The HTTP edge: Prometheus can scrape a running node.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::Arc;
 use std::time::Duration;

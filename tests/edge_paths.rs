@@ -6,7 +6,7 @@
 //! `date`, and `connection`, since the direct path always closes) and the
 //! decoded body, byte for byte.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::time::Duration;
 

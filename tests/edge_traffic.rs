@@ -3,7 +3,7 @@
 //! reconnects with the server's own cursor while lines arrive, and large
 //! request heads.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::time::Duration;
 

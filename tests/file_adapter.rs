@@ -1,7 +1,7 @@
 //! The `file` adapter: the conformance kit, restarts, corrupt lines,
 //! deletion of consumed files, the budget, recovery, external writers.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::Arc;
 use std::time::Duration;

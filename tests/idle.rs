@@ -5,7 +5,7 @@
 //! Redis Cluster (no command while idle, every event of many refills
 //! delivered in order).
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::Arc;
 use std::time::Duration;

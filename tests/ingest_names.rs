@@ -3,7 +3,7 @@
 //! inside the server reach clients as an incident id, never as its error
 //! text.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::atomic::Ordering;
 

@@ -1,7 +1,8 @@
-//! The module graph reads one way: from the CLI down to `stream.rs`.
+//! The library's module graph reads one way: from `server` down to
+//! `stream.rs`.
 //!
-//! Reads every `src/*.rs` and `src/*/**.rs`, maps each `crate::x` (and, in
-//! the binary, `tailrace::x`) it names to its top-level module, and checks
+//! Reads every `src/*.rs` and `src/*/**.rs`, maps each `crate::x` it names
+//! to its top-level module, and checks
 //! two things: the graph of top-level modules has no cycle, and every edge
 //! goes down the layer order that `docs/architecture.md` states under
 //! "Layers". A new module must be placed in that list.
@@ -98,9 +99,7 @@ fn module_graph() -> Graph {
             continue;
         }
         let code = code_of(&fs::read_to_string(&file).expect("a source file is readable"));
-        // The binary's modules reach the library as `tailrace::`.
-        let root = if from == "cli" { "tailrace" } else { "crate" };
-        for to in named_modules(&code, root) {
+        for to in named_modules(&code, "crate") {
             if to != from && modules.contains(&to) {
                 graph.entry(from.clone()).or_default().insert(to);
             }
@@ -173,7 +172,7 @@ fn documented_layers() -> Vec<Vec<String>> {
 #[test]
 fn the_top_level_modules_form_no_cycle() {
     let graph = module_graph();
-    assert!(graph.contains_key("stream") && graph.contains_key("cli"), "the scan found no modules: {graph:?}");
+    assert!(graph.contains_key("stream") && graph.contains_key("server"), "the scan found no modules: {graph:?}");
     if let Some(cycle) = find_cycle(&graph) {
         panic!("the modules of src/ import each other in a circle: {}", cycle.join(" -> "));
     }

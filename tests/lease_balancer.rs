@@ -4,7 +4,7 @@
 //! once they were handed over. In process (memory leases), then across
 //! "processes" sharing only a Redis (leases that must expire).
 
-mod common;
+use tailrace_testkit as common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

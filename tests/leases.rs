@@ -4,7 +4,7 @@
 //! checkpoint; a fenced read is not restarted like a crash; a crashed agent
 //! restarts only under a fresh lease.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

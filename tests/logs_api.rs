@@ -2,7 +2,7 @@
 //! its validation, run states, the paginated and download endpoints,
 //! listings, bearer-token auth, the viewer page.
 
-mod common;
+use tailrace_testkit as common;
 
 use common::logs::*;
 use serde_json::{Value, json};

@@ -2,7 +2,7 @@
 //! start/stop commands (Orleans scenario 30), handoff on this node, and
 //! restarts of crashed agents.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -1,6 +1,6 @@
 //! The memory adapter: the conformance kit, bounded back-pressure, fencing.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::Arc;
 use std::time::Duration;

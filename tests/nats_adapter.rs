@@ -15,7 +15,7 @@ mod receiver;
 #[path = "../examples/nats_jetstream/server.rs"]
 mod server;
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,10 +56,10 @@ async fn passes_the_conformance_kit() {
     assert_eq!(report.checks_run(), 17, "{report}");
 }
 
-/// The example binary, built beside `tailrace` by `cargo test`.
+/// The example binary, built by `cargo test` beside this test
+/// (`target/<profile>/examples`).
 fn example() -> std::path::PathBuf {
-    let tailrace = std::path::Path::new(env!("CARGO_BIN_EXE_tailrace"));
-    tailrace.parent().unwrap().join("examples").join("nats_jetstream")
+    common::tailrace_bin().with_file_name("examples").join("nats_jetstream")
 }
 
 /// Node `name` of a cluster whose queues are JetStream streams on `nats`

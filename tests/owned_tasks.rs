@@ -2,7 +2,7 @@
 //! stopping either one waits for them: once a node's `shutdown` or an
 //! edge's server task returned, none of their tasks runs any more.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! conformance kit, takeover of pending entries, rewind and trimming, the
 //! Redis checkpointer and pub-sub store, and surviving a Redis restart.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! on holds: a write one replica confirmed (`WAIT 1`) survives a `kill -9`
 //! of its master, whose replica takes over.
 
-mod common;
+use tailrace_testkit as common;
 
 use common::redis_cluster::RedisCluster;
 use redis::AsyncCommands;

@@ -6,7 +6,7 @@
 //! delivers the rest under a fresh token; and keys of the old layout move
 //! under the queue's hash tag once.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! once, and tokens never go back (not across releases, expiries or a
 //! restart of the store's client).
 
-mod common;
+use tailrace_testkit as common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! process is refused; members follow heartbeats, leaves and expiry; a node
 //! whose agents are stopped leaves the active set.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -10,7 +10,7 @@
 //! `TAILRACE_REPLAY_CASES=N` runs N trials per adapter instead of 1 000.
 //! The trials and checks are `common/replay.rs`'s.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! before; a removed run reads as never seen. The stores are stamped by a
 //! clock the test sets, and prunes are given their time, so nothing sleeps.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

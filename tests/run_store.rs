@@ -2,7 +2,7 @@
 //! idempotent by token, reads address lines by offset, states and listings
 //! are kept; the file store survives a crash between its two writes.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-mod common;
+use tailrace_testkit as common;
 
 use std::sync::Arc;
 use std::time::Duration;

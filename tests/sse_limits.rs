@@ -2,7 +2,7 @@
 //! their exact texts, heartbeats, a stalled viewer dropped while others go
 //! on, slots freed at once, a persistent failure as an `error` event.
 
-mod common;
+use tailrace_testkit as common;
 
 use std::time::Duration;
 

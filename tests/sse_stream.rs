@@ -2,7 +2,7 @@
 //! join, resume and end. Scenario numbers refer to OpenMetadata's tests
 //! (docs/sse.md lists which apply).
 
-mod common;
+use tailrace_testkit as common;
 
 use std::time::Duration;
 

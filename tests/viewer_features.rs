@@ -4,7 +4,7 @@
 //! line 900 000 back, search in parts never loaded, a bounded DOM) and the
 //! keys.
 
-mod common;
+use tailrace_testkit as common;
 
 use common::browser::Browser;
 use common::logs::*;

@@ -5,7 +5,7 @@
 //! Needs `chromium` and `chromedriver` (Debian: `chromium`,
 //! `chromium-driver`); the test fails, not skips, without them.
 
-mod common;
+use tailrace_testkit as common;
 
 use common::browser::Browser;
 use common::logs::*;

@@ -93,6 +93,7 @@ pub(super) enum InternalMsg {
     SettleMore,
 }
 
+#[cfg(feature = "cluster")]
 impl ractor::Message for AgentMsg {}
 
 /// Where the agent's own messages and its waiting work go.

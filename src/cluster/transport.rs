@@ -17,38 +17,61 @@
 //!   while they are open (`cluster.lane`; the `lane` module says how).
 
 mod error;
+#[cfg(feature = "cluster")]
 mod gateway;
+#[cfg(feature = "cluster")]
 mod lane;
+#[cfg(feature = "cluster")]
 mod lanes;
+#[cfg(feature = "cluster")]
 mod peers;
+#[cfg(feature = "cluster")]
 mod proxy;
+#[cfg(feature = "cluster")]
 mod sessions;
+#[cfg(feature = "cluster")]
+mod settings;
+#[cfg(feature = "cluster")]
 mod tls;
 
-use std::collections::{BTreeSet, HashMap};
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+#[cfg(feature = "cluster")]
+use std::{collections::BTreeSet, collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use ractor::ActorRef;
-use ractor::rpc::CallResult;
+#[cfg(feature = "cluster")]
+use ractor::{ActorRef, rpc::CallResult};
+#[cfg(feature = "cluster")]
 use ractor_cluster::{NodeServer, NodeServerMessage};
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
+#[cfg(feature = "cluster")]
+use {tokio::sync::watch, tokio_util::sync::CancellationToken};
 
+#[cfg(feature = "cluster")]
 use super::redis_membership::Member;
-use super::wire::{self, Refusal, Reply, Request};
-use crate::pubsub::{ConsumerAddress, ConsumerResolver, Origin, StreamConsumer};
+#[cfg(feature = "cluster")]
+use super::wire::{self, Refusal};
+use super::wire::{Reply, Request};
+use crate::pubsub::ConsumerResolver;
+#[cfg(feature = "cluster")]
+use crate::pubsub::{ConsumerAddress, Origin, StreamConsumer};
+#[cfg(feature = "cluster")]
 use crate::retry::Backoff;
 use crate::stream::NodeId;
+#[cfg(feature = "cluster")]
 use crate::tasks::Tasks;
+#[cfg(feature = "cluster")]
 use crate::telemetry::TRANSPORT_SESSIONS;
 pub use error::TransportError;
+#[cfg(feature = "cluster")]
 pub use gateway::GatewayMsg;
+#[cfg(feature = "cluster")]
 use gateway::{HandlerSlot, Serving};
+#[cfg(feature = "cluster")]
 use sessions::{Link, Sessions};
+#[cfg(feature = "cluster")]
+pub use settings::TransportSettings;
+#[cfg(feature = "cluster")]
 use tls::Tls;
+#[cfg(feature = "cluster")]
 pub use tls::TlsFiles;
 
 /// What a node answers calls with (the node installs it once it runs).
@@ -70,37 +93,14 @@ pub trait ClusterTransport: ConsumerResolver {
     fn is_live(&self, peer: &NodeId) -> bool;
 }
 
-/// `[cluster]` as the transport needs it.
-#[derive(Clone, Debug)]
-pub struct TransportSettings {
-    /// This node.
-    pub me: NodeId,
-    /// Where to listen for other nodes.
-    pub listen: SocketAddr,
-    /// The shared secret.
-    pub cookie: String,
-    /// Limit of one call.
-    pub call_timeout: Duration,
-    /// Largest message, either way.
-    pub max_message_bytes: usize,
-    /// Most calls in flight to one peer, and served at once.
-    pub max_inflight: usize,
-    /// How often the dialer looks for peers to connect to.
-    pub redial: Duration,
-    /// TLS between nodes, if configured.
-    pub tls: Option<TlsFiles>,
-    /// The port of the lane listener, on `listen`'s IP (0: any free port,
-    /// told to peers over the session); `None`: no lanes, every call goes
-    /// over the session.
-    pub lane_port: Option<u16>,
-}
-
+#[cfg(feature = "cluster")]
 /// The `ractor_cluster` transport. Clones share it.
 #[derive(Clone)]
 pub struct RactorTransport {
     inner: Arc<Inner>,
 }
 
+#[cfg(feature = "cluster")]
 struct Inner {
     settings: TransportSettings,
     tls: Option<Tls>,
@@ -115,10 +115,12 @@ struct Inner {
 }
 
 /// The `pg` group of `node`'s gateway.
+#[cfg(feature = "cluster")]
 fn group(node: &NodeId) -> String {
     format!("tailrace-gateway:{node}")
 }
 
+#[cfg(feature = "cluster")]
 impl RactorTransport {
     /// Starts the node server and the gateway, and dials every live member
     /// of `members` from then on (until [`RactorTransport::shutdown`]).
@@ -443,15 +445,18 @@ impl RactorTransport {
 
 /// The inbound frame limit: the largest message plus the protocol's own
 /// framing.
+#[cfg(feature = "cluster")]
 fn frame_limit(max_message_bytes: usize) -> u64 {
     u64::try_from(max_message_bytes).unwrap_or(u64::MAX).saturating_add(64 * 1024)
 }
 
 /// Whether a member accepts node connections (a `serve` process does not).
+#[cfg(feature = "cluster")]
 fn dialable(member: &Member) -> bool {
     member.advertise.rsplit_once(':').is_some_and(|(host, _)| !host.is_empty())
 }
 
+#[cfg(feature = "cluster")]
 #[async_trait]
 impl ClusterTransport for RactorTransport {
     async fn call(&self, peer: &NodeId, request: Request) -> Result<Reply, TransportError> {
@@ -474,6 +479,7 @@ impl ClusterTransport for RactorTransport {
     }
 }
 
+#[cfg(feature = "cluster")]
 impl ConsumerResolver for RactorTransport {
     fn resolve(&self, address: &ConsumerAddress) -> Option<Arc<dyn StreamConsumer>> {
         Some(Arc::new(proxy::Proxy::new(Arc::new(self.clone()), address.clone(), None)))

@@ -4,8 +4,6 @@
 //! the edge (the edge reads the node, which reads the config);
 //! `crate::edge` re-exports them.
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 
 /// `[edge]`
@@ -226,9 +224,10 @@ impl Default for LogStreamSettings {
     }
 }
 
+#[cfg(feature = "edge")]
 /// Seconds from the config as a duration (negative or NaN: zero).
-pub(crate) fn secs(value: f64) -> Duration {
-    Duration::try_from_secs_f64(value).unwrap_or(Duration::ZERO)
+pub(crate) fn secs(value: f64) -> std::time::Duration {
+    std::time::Duration::try_from_secs_f64(value).unwrap_or_default()
 }
 
 impl LogStreamSettings {

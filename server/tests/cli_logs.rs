@@ -1,0 +1,132 @@
+//! `tailrace produce` and `tailrace tail` as a user runs them, against a
+//! real edge (and a scripted one for reconnects).
+
+use tailrace_testkit as common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Query, State};
+use axum::routing::get;
+use common::logs::*;
+
+fn tailrace() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tailrace"))
+}
+
+/// `produce` sends stdin's lines and the final status; `tail` prints the
+/// run and stops when it finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_then_tail_a_run() {
+    let server = LogServer::start(quick_settings()).await;
+    let base = server.base.clone();
+    let produced = tokio::task::spawn_blocking(move || {
+        let mut child = tailrace()
+            .args(["produce", "--url", &base, "--fqn", "svc.etl", "--run", "run 1", "--status", "success"])
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        for i in 0..2_500 {
+            writeln!(stdin, "line {i}").unwrap();
+        }
+        drop(stdin);
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(produced.status.success(), "{}", String::from_utf8_lossy(&produced.stderr));
+    assert!(String::from_utf8_lossy(&produced.stderr).contains("2500 lines sent"));
+    let base = server.base.clone();
+    let tailed = tokio::task::spawn_blocking(move || {
+        tailrace().args(["tail", "--url", &base, "--fqn", "svc.etl", "--run", "run 1"]).output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(tailed.status.success(), "{}", String::from_utf8_lossy(&tailed.stderr));
+    let expected: String = (0..2_500).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(String::from_utf8(tailed.stdout).unwrap(), expected);
+    assert!(String::from_utf8_lossy(&tailed.stderr).contains("run finished"));
+}
+
+#[derive(Default)]
+struct Script {
+    /// The `after` of each request, in order.
+    seen: Mutex<Vec<Option<String>>>,
+}
+
+#[derive(serde::Deserialize)]
+struct After {
+    after: Option<String>,
+}
+
+/// Serves, per connection: two chunks then a close without `complete`; a
+/// refusal (503); a truncation reset and its replay, then `complete`.
+async fn scripted(State(script): State<Arc<Script>>, Query(query): Query<After>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let n = {
+        let mut seen = script.seen.lock().unwrap();
+        seen.push(query.after);
+        seen.len()
+    };
+    let frames = match n {
+        1 => concat!(
+            "data: {\"eventType\":\"logs\",\"runId\":\"r\",\"logs\":\"a\",\"after\":\"1\",\"replay\":false}\n\n",
+            ": heartbeat\n\n",
+            "data: {\"eventType\":\"logs\",\"runId\":\"r\",\"logs\":\"b\",\"after\":\"2\",\"replay\":false}\n\n",
+        ),
+        2 => return axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response(),
+        _ => concat!(
+            "data: {\"eventType\":\"logs\",\"runId\":\"r\",\"logs\":\"\",\"replay\":true,\"truncated\":true}\n\n",
+            "data: {\"eventType\":\"logs\",\"runId\":\"r\",\"logs\":\"b\\nc\",\"after\":\"3\",\"replay\":true}\n\n",
+            "data: {\"eventType\":\"complete\",\"runId\":\"r\",\"after\":\"3\",\"reason\":\"runFinished\"}\n\n",
+        ),
+    };
+    ([("content-type", "text/event-stream")], frames).into_response()
+}
+
+/// A close without `complete` reconnects with the cursor, after a failed
+/// attempt; a truncation notice resets the view before the replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_resumes_with_its_cursor_and_resets_on_truncation() {
+    let script = Arc::new(Script::default());
+    let router = axum::Router::new()
+        .route("/api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run}", get(scripted))
+        .with_state(script.clone());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (bound, _task) = tailrace::edge::serve("127.0.0.1:0".parse().unwrap(), router, stop.clone()).await.unwrap();
+    let url = format!("http://{bound}");
+    let out = tokio::task::spawn_blocking(move || {
+        tailrace()
+            .args(["tail", "--url", &url, "--fqn", "p", "--run", "r", "--max-backoff-ms", "300"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    stop.cancel();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "a\nb\n--- the view was reset: replaying what the server holds ---\nb\nc\n"
+    );
+    let seen = script.seen.lock().unwrap().clone();
+    assert_eq!(seen, [None, Some("2".to_string()), Some("2".to_string())]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("reconnecting in"));
+}
+
+/// Against nothing, `tail` gives up after its failures, saying how to resume.
+#[test]
+fn tail_gives_up_after_repeated_failures() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let out = tailrace()
+        .args(["tail", "--url", &format!("http://127.0.0.1:{port}"), "--fqn", "p", "--run", "r"])
+        .args(["--max-failures", "3", "--max-backoff-ms", "250", "--after", "41"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("giving up after 3 failed attempts in a row") && stderr.contains("--after 41"), "{stderr}");
+}

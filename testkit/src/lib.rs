@@ -1,0 +1,380 @@
+//! tailrace's test kit (not published): one implementation of each
+//! fixture the tests and the benches share. Here: a recording consumer, a
+//! bounded eventually-check, small constructors, and where the `tailrace`
+//! binary is; in the modules, private Redis servers and Redis Clusters, a
+//! Kafka-wire broker, headless Chromium, node processes and the clients of
+//! a cluster's life, fault proxies, and file systems that cut power or run
+//! out of room.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tailrace::pubsub::{
+    ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer, SubscriptionInfo,
+};
+use tailrace::stream::{Event, EventId, NodeId, QueueId, SequenceToken, StreamId};
+
+/// The `tailrace` binary the process tests run: `TAILRACE_TEST_BIN` (a
+/// build of another commit, a mutant), or the one cargo built beside the
+/// running test (`target/<profile>/tailrace`: cargo builds it before the
+/// tests of the server crate).
+pub fn tailrace_bin() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("TAILRACE_TEST_BIN") {
+        return path.into();
+    }
+    let test = std::env::current_exe().expect("the running test's path");
+    // target/<profile>/deps/<test> -> target/<profile>/tailrace
+    let dir = test.parent().and_then(|deps| deps.parent()).expect("the test runs from target/<profile>/deps");
+    dir.join(format!("tailrace{}", std::env::consts::EXE_SUFFIX))
+}
+
+/// Polls `check` every 10 ms until it holds or `timeout` passes; returns
+/// whether it held. Use it instead of sleeping.
+pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// What a recording consumer saw.
+#[derive(Default, Clone, Debug)]
+pub struct Seen {
+    /// Event ids per stream, in delivery order.
+    pub events: BTreeMap<StreamId, Vec<String>>,
+    /// Tokens per stream, in delivery order (one per container).
+    pub tokens: BTreeMap<StreamId, Vec<SequenceToken>>,
+    /// Errors reported through `on_error`.
+    pub errors: Vec<String>,
+    /// Deliveries received.
+    pub deliveries: usize,
+}
+
+impl Seen {
+    pub fn ids(&self, stream: &StreamId) -> Vec<String> {
+        self.events.get(stream).cloned().unwrap_or_default()
+    }
+
+    pub fn total(&self) -> usize {
+        self.events.values().map(Vec::len).sum()
+    }
+}
+
+/// Records every delivery; shared between clones.
+#[derive(Clone, Default)]
+pub struct Recorder {
+    pub seen: Arc<Mutex<Seen>>,
+}
+
+impl Recorder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn snapshot(&self) -> Seen {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub fn ids(&self, stream: &StreamId) -> Vec<String> {
+        self.seen.lock().unwrap().ids(stream)
+    }
+
+    pub fn total(&self) -> usize {
+        self.seen.lock().unwrap().total()
+    }
+
+    pub fn record(&self, delivery: &Delivery) {
+        let mut seen = self.seen.lock().unwrap();
+        seen.deliveries += 1;
+        for batch in &delivery.batches {
+            seen.tokens.entry(delivery.stream.clone()).or_default().push(batch.token);
+        }
+        let ids = seen.events.entry(delivery.stream.clone()).or_default();
+        for (event, _) in delivery.events() {
+            ids.push(event.id.to_string());
+        }
+    }
+}
+
+#[async_trait]
+impl StreamConsumer for Recorder {
+    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        self.record(delivery);
+        Ok(DeliveryOutcome::Continue)
+    }
+
+    async fn on_error(&self, _: &SubscriptionInfo, error: &str) {
+        self.seen.lock().unwrap().errors.push(error.to_string());
+    }
+}
+
+/// An implicit-subscription factory whose consumers all record into one
+/// recorder.
+pub struct RecordingFactory {
+    pub name: String,
+    pub recorder: Recorder,
+}
+
+impl ConsumerFactory for RecordingFactory {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn create(&self, _: &StreamId) -> Arc<dyn StreamConsumer> {
+        Arc::new(self.recorder.clone())
+    }
+}
+
+/// Enqueues `events` of `stream` after `delay`, in a task (a write that
+/// comes while a reader waits).
+pub fn enqueue_after<A: tailrace::queue::QueueAdapter + ?Sized + 'static>(
+    adapter: &Arc<A>,
+    stream: &StreamId,
+    events: Vec<Event>,
+    delay: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let (adapter, stream) = (adapter.clone(), stream.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        adapter.enqueue(&stream, events).await.unwrap();
+    })
+}
+
+/// Enqueues `events` as a producer does through an outage: a transient
+/// error is retried every 50 ms for at most `within`; any other error, or
+/// an outage longer than that, fails the test.
+pub async fn enqueue_retrying<A: tailrace::queue::QueueAdapter + ?Sized>(
+    adapter: &A,
+    stream: &StreamId,
+    events: Vec<Event>,
+    within: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match adapter.enqueue(stream, events.clone()).await {
+            Ok(_) => return,
+            Err(error) if error.is_transient() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(error) => panic!("{error}"),
+        }
+    }
+}
+
+/// Events with ids `{prefix}{i}` and payloads `payload {i}`, for `i` in
+/// `range`.
+pub fn events(prefix: &str, range: std::ops::Range<u64>) -> Vec<Event> {
+    range.map(|i| Event::new(EventId::new(format!("{prefix}{i}")), format!("payload {i}"))).collect()
+}
+
+/// The ids `events` would produce.
+pub fn ids(prefix: &str, range: std::ops::Range<u64>) -> Vec<String> {
+    range.map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// The ids of the events in containers a receiver read, in order.
+pub fn read_ids(batches: &[Arc<tailrace::stream::BatchContainer>]) -> Vec<String> {
+    batches.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect()
+}
+
+pub fn stream(ns: &str, key: &str) -> StreamId {
+    StreamId::new(ns, key)
+}
+
+pub mod browser;
+pub mod certs;
+pub mod chaos;
+pub mod cluster;
+pub mod crash;
+pub mod kafka_broker;
+pub mod life;
+pub mod logs;
+pub mod powercut;
+pub mod redis_cluster;
+pub mod redis_server;
+pub mod replay;
+pub mod scripted;
+pub mod store;
+pub mod tcp_proxy;
+
+use tailrace::agent::{AgentMsg, AgentStatus};
+use tailrace::config::Config;
+use tailrace::manager::AgentDirectory;
+use tailrace::node::Node;
+use tailrace::queue::QueueAdapterFactory;
+
+/// One node over a factory, with its agent directory and store exposed.
+pub struct TestNode {
+    pub node: Node,
+    pub agents: Arc<AgentDirectory>,
+    pub store: Arc<store::GatedStore>,
+}
+
+impl TestNode {
+    pub async fn start(factory: Arc<dyn QueueAdapterFactory>, config: Config, implicit: ImplicitSubscriptions) -> Self {
+        Self::start_with(factory, config, implicit, |b| b).await
+    }
+
+    pub async fn start_with(
+        factory: Arc<dyn QueueAdapterFactory>,
+        config: Config,
+        implicit: ImplicitSubscriptions,
+        extra: impl FnOnce(tailrace::node::NodeBuilder) -> tailrace::node::NodeBuilder,
+    ) -> Self {
+        let agents = Arc::new(AgentDirectory::new());
+        let store = store::GatedStore::new();
+        let builder = Node::builder(NodeId::new("test"), factory)
+            .config(config)
+            .implicit(implicit)
+            .agents(agents.clone())
+            .store(store.clone());
+        let node = extra(builder).start().await.unwrap();
+        Self { node, agents, store }
+    }
+
+    /// The agent of `queue`, once it runs.
+    pub async fn agent(&self, queue: u32) -> ractor::ActorRef<AgentMsg> {
+        for _ in 0..2_000 {
+            if let Some(agent) = self.agents.get(QueueId(queue)) {
+                return agent;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("no agent for queue {queue}");
+    }
+
+    /// Polls the agent's status until `done` holds (panics after 10 s).
+    pub async fn wait_status(&self, queue: u32, done: impl Fn(&AgentStatus) -> bool) -> AgentStatus {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = self.status(queue).await;
+            if done(&status) {
+                return status;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "agent status never matched: {status:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub async fn status(&self, queue: u32) -> AgentStatus {
+        let agent = self.agent(queue).await;
+        ractor::call!(agent, AgentMsg::GetStatus).unwrap()
+    }
+}
+
+/// Test settings: quick retries, quick polls.
+pub fn quick_config() -> Config {
+    let mut config = Config::default();
+    config.agent.delivery_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(10));
+    config.agent.reader_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(10));
+    config.agent.max_delivery_time = Duration::from_secs(2);
+    config.agent.delivery_attempt_timeout = Duration::from_secs(1);
+    config.checkpoint.persist_interval = Duration::ZERO;
+    config.pubsub.attach_timeout = Duration::from_secs(5);
+    config
+}
+
+/// Implicit subscriptions of namespace `ns` recording into `recorder`.
+pub fn implicit(ns: &str, recorder: &Recorder) -> ImplicitSubscriptions {
+    ImplicitSubscriptions::new()
+        .bind(ns, Arc::new(RecordingFactory { name: "recorder".into(), recorder: recorder.clone() }))
+}
+
+/// A consumer whose deliveries wait for a permit each; counts arrivals.
+#[derive(Clone)]
+pub struct GatedConsumer {
+    pub recorder: Recorder,
+    pub gate: Arc<tokio::sync::Semaphore>,
+    pub entered: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Default for GatedConsumer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GatedConsumer {
+    pub fn new() -> Self {
+        Self { recorder: Recorder::new(), gate: Arc::new(tokio::sync::Semaphore::new(0)), entered: Default::default() }
+    }
+
+    pub fn entered(&self) -> usize {
+        self.entered.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn open(&self) {
+        self.gate.add_permits(1_000_000);
+    }
+}
+
+#[async_trait]
+impl StreamConsumer for GatedConsumer {
+    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        self.entered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Ok(permit) = self.gate.acquire().await {
+            permit.forget();
+        }
+        self.recorder.record(delivery);
+        Ok(DeliveryOutcome::Continue)
+    }
+}
+
+/// An implicit factory handing out one shared consumer.
+pub struct SharedFactory {
+    pub name: String,
+    pub consumer: Arc<dyn StreamConsumer>,
+}
+
+impl ConsumerFactory for SharedFactory {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn create(&self, _: &StreamId) -> Arc<dyn StreamConsumer> {
+        self.consumer.clone()
+    }
+}
+
+pub fn bind(
+    implicit: ImplicitSubscriptions,
+    ns: &str,
+    name: &str,
+    consumer: Arc<dyn StreamConsumer>,
+) -> ImplicitSubscriptions {
+    implicit.bind(ns, Arc::new(SharedFactory { name: name.into(), consumer }))
+}
+
+/// An HTTP client builder: ring is made the process's TLS provider first
+/// (reqwest builds its TLS from the process default, and panics without).
+pub fn http() -> reqwest::ClientBuilder {
+    tailrace::tls::use_ring_by_default();
+    reqwest::Client::builder()
+}
+
+/// An HTTP client with the defaults (see [`http`]).
+pub fn http_client() -> reqwest::Client {
+    http().build().unwrap()
+}
+
+/// A free loopback port, never the same twice in one test binary: the
+/// tests of a binary run at once, and the kernel may hand a port that was
+/// just released to the next `bind(0)`. Two servers on one port would
+/// have the second fail to bind while its test talks to the first.
+pub fn free_port() -> u16 {
+    static HANDED_OUT: Mutex<std::collections::BTreeSet<u16>> = Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if HANDED_OUT.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
+}
