@@ -55,9 +55,10 @@ pub mod tls;
 
 // The front door: what a program that runs a node, produces, subscribes or
 // plugs in a queue needs. Each is also at its module's path, its one home.
+pub use agent::AttachError;
 pub use archive::{Archiver, RunKey, RunLogStore};
 pub use config::Config;
-pub use node::{Node, NodeBuilder};
+pub use node::{Node, NodeBuilder, NodeError, SubscribeError};
 pub use pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionId};
 pub use queue::{Checkpointer, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
 pub use stream::{BatchContainer, Event, EventId, NodeId, QueueId, SequenceToken, StreamId};

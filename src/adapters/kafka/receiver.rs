@@ -153,12 +153,13 @@ impl KafkaReceiver {
         match self.fetch(self.next, self.options.read_wait).await? {
             Ok((mut records, _)) => {
                 let gap = contiguous(self.next, &mut records);
+                let handed_out = !records.is_empty();
                 if let Some(last) = records.last() {
                     self.next = last.offset + 1;
                 }
                 let containers = self.containers(records);
                 self.fetched.extend(containers);
-                self.gap(gap);
+                self.gap(gap, handed_out);
                 Ok(())
             }
             Err(error) if out_of_range(&error) => {
@@ -177,12 +178,14 @@ impl KafkaReceiver {
         }
     }
 
-    /// After a fetch: a gap right at `next` is read again until it fills;
-    /// one still there after [`GAP_PATIENCE`] is passed, said aloud and
-    /// counted (records a compaction or an aborted transaction removed).
-    fn gap(&mut self, gap: Option<Gap>) {
+    /// After a fetch: a gap right at `next` is read again until it fills
+    /// (an answer that hands out records with no gap first); one still
+    /// there after [`GAP_PATIENCE`] is passed, said aloud and counted
+    /// (records a compaction or an aborted transaction removed). An empty
+    /// answer changes nothing.
+    fn gap(&mut self, gap: Option<Gap>, handed_out: bool) {
         let Some(Gap { missing, resumes }) = gap else {
-            if let Some((_, since)) = self.gap_since.take() {
+            if handed_out && let Some((_, since)) = self.gap_since.take() {
                 tracing::debug!(queue = %self.queue, waited = ?since.elapsed(), "a gap in the partition filled");
                 metrics::counter!(telemetry::QUEUE_OFFSET_GAPS, "outcome" => "filled").increment(1);
             }
@@ -190,7 +193,13 @@ impl KafkaReceiver {
         };
         let since = match self.gap_since {
             Some((at, since)) if at == missing => since,
-            _ => self.gap_since.insert((missing, Instant::now())).1,
+            earlier => {
+                // An earlier gap filled: this answer handed out its records.
+                if earlier.is_some() && handed_out {
+                    metrics::counter!(telemetry::QUEUE_OFFSET_GAPS, "outcome" => "filled").increment(1);
+                }
+                self.gap_since.insert((missing, Instant::now())).1
+            }
         };
         if since.elapsed() < GAP_PATIENCE {
             return;
@@ -428,6 +437,29 @@ mod tests {
 
     fn offsets(records: &[RecordAndOffset]) -> Vec<i64> {
         records.iter().map(|r| r.offset).collect()
+    }
+
+    /// A gap is read again while it may still fill, then passed once it
+    /// stayed for `GAP_PATIENCE`; an empty answer changes nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_gap_is_waited_for_then_passed_after_its_patience() {
+        let checkpoints = Arc::new(crate::checkpoint::MemoryCheckpointer::new());
+        let mut receiver = KafkaReceiver::new(QueueId(0), KafkaOptions::default(), checkpoints, Arc::default());
+        receiver.next = 12;
+        let gap = Some(Gap { missing: 12, resumes: 13 });
+        receiver.gap(gap, false);
+        tokio::time::advance(GAP_PATIENCE / 2).await;
+        receiver.gap(None, false);
+        receiver.gap(gap, false);
+        assert_eq!(receiver.next, 12, "still read again");
+        receiver.gap(None, true);
+        assert_eq!(receiver.gap_since, None, "it filled");
+
+        receiver.gap(gap, false);
+        tokio::time::advance(GAP_PATIENCE).await;
+        receiver.gap(gap, false);
+        assert_eq!(receiver.next, 13, "passed after its patience");
+        assert_eq!(receiver.gap_since, None);
     }
 
     /// What the test broker answered in the life that lost a batch: a
