@@ -4,13 +4,11 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
+use tailrace_testkit::cluster::Proc;
 use tailrace_testkit::redis_server::RedisServer;
-use tokio::io::AsyncBufReadExt;
-use tokio::process::{Child, Command};
 
 /// The audited namespace of the nodes' audit logs.
 pub(super) const NAMESPACE: &str = "audit";
@@ -33,18 +31,17 @@ pub(super) fn private_redis() -> (RedisServer, String) {
 /// read_linger = "0s"' tailrace-bench scale --quick`.
 pub(crate) const NODE_CONFIG_ENV: &str = "TAILRACE_BENCH_NODE_CONFIG";
 
-/// One `tailrace node` process.
+/// One `tailrace node` process (the test kit's `Proc`) and its audit log.
 pub(super) struct NodeProc {
     pub(super) name: String,
-    pub(super) port: u16,
-    pub(super) child: Child,
+    node: Proc,
     pub(super) audit: PathBuf,
     pub(super) alive: bool,
 }
 
 impl NodeProc {
     /// Starts node `name` with `queues` queues on `redis_url`, and waits
-    /// until it serves.
+    /// until it serves; its audit log goes to `dir`.
     pub(super) async fn spawn(
         dir: &Path,
         name: &str,
@@ -83,39 +80,14 @@ audit_path = "{}"
             audit.display(),
             std::env::var(NODE_CONFIG_ENV).unwrap_or_default()
         );
-        let path = dir.join(format!("{name}.toml"));
-        std::fs::write(&path, config).with_context(|| format!("writing {}", path.display()))?;
-        let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
-        let mut child = Command::new(tailrace_bin()?)
-            .arg("node")
-            .arg("--config")
-            .arg(&path)
-            .env("RUST_LOG", "warn")
-            .env(tailrace::config::COOKIE_ENV, cookie)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting a node process")?;
-        let stdout = child.stdout.take().context("the node's stdout")?;
-        let (ready, serving) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(stdout).lines();
-            let mut ready = Some(ready);
-            while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("viewer:")
-                    && let Some(ready) = ready.take()
-                {
-                    let _ = ready.send(());
-                }
-            }
+        let binary = tailrace_bin()?;
+        let env = [(tailrace::config::COOKIE_ENV, cookie)];
+        let node = tokio::task::block_in_place(|| {
+            let mut node = Proc::spawn_program(&binary, name, port, &config, &["node"], &[], &env);
+            node.wait_serving();
+            node
         });
-        tokio::time::timeout(Duration::from_secs(60), serving)
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .with_context(|| format!("node {name} did not start serving (see {name}.log)"))?;
-        Ok(Self { name: name.to_string(), port, child, audit, alive: true })
+        Ok(Self { name: name.to_string(), node, audit, alive: true })
     }
 
     /// Queue → holder, from this node's admin API; `None` if unreachable.
@@ -124,7 +96,7 @@ audit_path = "{}"
         let mut held = BTreeMap::new();
         let mut from = Some(0);
         while let Some(start) = from {
-            let url = format!("http://127.0.0.1:{}/api/v1/admin/cluster?from={start}&limit=10000", self.port);
+            let url = self.node.url(&format!("/api/v1/admin/cluster?from={start}&limit=10000"));
             let body: serde_json::Value =
                 http.get(url).send().await.ok()?.error_for_status().ok()?.json().await.ok()?;
             for queue in body["queues"].as_array()? {
@@ -136,22 +108,23 @@ audit_path = "{}"
     }
 
     /// The sum of a metric's samples on this node; `None` if unreachable.
-    pub(super) async fn metric_sum(&self, http: &reqwest::Client, name: &str) -> Option<f64> {
-        let url = format!("http://127.0.0.1:{}/metrics", self.port);
-        let text = http.get(url).send().await.ok()?.error_for_status().ok()?.text().await.ok()?;
-        Some(
-            text.lines()
-                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum(),
-        )
+    pub(super) async fn metric_sum(&self, name: &str) -> Option<f64> {
+        self.node.metric_sum(name, None).await
     }
 
-    pub(super) fn signal(&self, signal: &str) -> anyhow::Result<()> {
-        let pid = self.child.id().context("the node already exited")?;
-        let status = std::process::Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status()?;
-        anyhow::ensure!(status.success(), "kill -{signal} {pid} failed");
-        Ok(())
+    /// Sends `signal` (`TERM`, `KILL`).
+    pub(super) fn signal(&self, signal: &str) {
+        self.node.signal(signal);
+    }
+
+    /// Its process id, while it runs.
+    pub(super) fn pid(&self) -> Option<u32> {
+        self.node.pid()
+    }
+
+    /// Waits for the process to exit after a signal.
+    pub(super) fn wait_exit(&mut self) {
+        tokio::task::block_in_place(|| self.node.wait_exit());
     }
 
     /// SIGTERM, then waits for the exit (SIGKILL after `within`).
@@ -160,16 +133,7 @@ audit_path = "{}"
             return true;
         }
         self.alive = false;
-        if self.signal("TERM").is_err() {
-            return false;
-        }
-        match tokio::time::timeout(within, self.child.wait()).await {
-            Ok(Ok(status)) => status.success(),
-            _ => {
-                let _ = self.child.kill().await;
-                false
-            }
-        }
+        tokio::task::block_in_place(|| self.node.stop(within))
     }
 }
 

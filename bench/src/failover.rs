@@ -179,7 +179,7 @@ impl Bench {
         let (redis, redis_url) = private_redis();
         println!(
             "failover: {NODES} node processes, {QUEUES} queues, leases {}s/2s/1s, {} events/s over {STREAMS} streams, \
-             redis on {redis_url}, logs in {}",
+             redis on {redis_url}, audit logs in {}",
             LEASE_TTL.as_secs(),
             shape.containers_per_sec * shape.batch,
             dir.display()
@@ -305,9 +305,9 @@ impl Bench {
                 held.iter().filter(|(_, v)| v.as_deref() == Some(&name)).map(|(q, _)| *q).collect();
             let killed_at = Instant::now();
             if graceful {
-                self.nodes[victim].signal("TERM")?;
+                self.nodes[victim].signal("TERM");
             } else {
-                self.nodes[victim].child.start_kill()?;
+                self.nodes[victim].signal("KILL");
             }
             self.nodes[victim].alive = false;
             println!(
@@ -357,7 +357,7 @@ impl Bench {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             // The stopped node's exit (graceful: it handed its queues over).
-            let _ = tokio::time::timeout(Duration::from_secs(30), self.nodes[victim].child.wait()).await;
+            self.nodes[victim].wait_exit();
             anyhow::Ok((reown.unwrap_or_default(), first.unwrap_or_default()))
         }
         .await;

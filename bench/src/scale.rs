@@ -36,7 +36,7 @@ pub async fn run(quick: bool, queues: Option<u32>) -> anyhow::Result<()> {
     anyhow::ensure!(queues > 0, "--queues must be at least 1");
     let dir = tempfile::Builder::new().prefix("tailrace-scale-").tempdir().context("creating a work directory")?;
     let (mut redis, url) = private_redis();
-    println!("scale: {NODES} node processes, {queues} queues, redis on {url}, logs in {}", dir.path().display());
+    println!("scale: {NODES} node processes, {queues} queues, redis on {url}, audit logs in {}", dir.path().display());
     let cookie = format!("{:032x}{:032x}", rand::random::<u128>(), rand::random::<u128>());
     let started = Instant::now();
     let mut nodes = Vec::new();
@@ -131,7 +131,7 @@ async fn measure(
     let total: f64 = rates.iter().map(|(_, r)| r).sum();
     let cpu_max =
         before.1.iter().zip(&after.1).map(|(b, a)| (a - b) as f64 / ticks / seconds * 100.0).fold(0.0, f64::max);
-    let rss_max = nodes.iter().filter_map(|n| n.child.id()).filter_map(rss_kib).max().unwrap_or(0);
+    let rss_max = nodes.iter().filter_map(|n| n.pid()).filter_map(rss_kib).max().unwrap_or(0);
     let clients = info_field(&mut conn, "clients", "connected_clients").await?.saturating_sub(1);
     let top: Vec<String> = rates.iter().take(6).map(|(cmd, rate)| format!("{cmd}:{rate:.0}")).collect();
     Ok(format!(
@@ -298,7 +298,7 @@ pub(super) fn cpu_ticks(nodes: &[NodeProc]) -> anyhow::Result<Vec<u64>> {
         .iter()
         .filter(|node| node.alive)
         .map(|node| {
-            let pid = node.child.id().context("a node exited")?;
+            let pid = node.pid().context("a node exited")?;
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("reading /proc")?;
             // Fields after the command name: state is the first, utime the
             // 12th, stime the 13th.

@@ -178,11 +178,10 @@ async fn cluster_round(
     seconds: u64,
     round: usize,
 ) -> anyhow::Result<(f64, Round)> {
-    let http = reqwest::Client::new();
     let read = || async {
         let mut total = 0.0;
         for node in nodes.iter().filter(|n| n.alive) {
-            total += node.metric_sum(&http, tailrace::telemetry::AGENT_EVENTS_READ).await.unwrap_or(0.0);
+            total += node.metric_sum(tailrace::telemetry::AGENT_EVENTS_READ).await.unwrap_or(0.0);
         }
         total as u64
     };

@@ -326,6 +326,11 @@ impl Proc {
         assert!(Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap().success());
     }
 
+    /// Its process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// `http://127.0.0.1:<edge port><path>`.
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
