@@ -14,7 +14,7 @@
 //!    cut from its peers while they still reach each other, with its own
 //!    Redis path intact, is what a proxy in front of each node's advertised
 //!    address can build: the others cannot dial it and what was open closes;
-//!    `tests/link_faults.rs` holds the case where every peer link drops
+//!    `server/tests/link_faults.rs` holds the case where every peer link drops
 //!    packets past the TTL without anybody being evicted;
 //! 3. every node's Redis answering in 2 s for longer than a lease TTL;
 //! 4. the `serve`'s disk full (`ENOSPC`) for a few seconds.

@@ -1,5 +1,5 @@
 //! The clients of a cluster's life, shared by the lives that put a
-//! cluster through faults (`tests/cluster_chaos.rs`, `tests/fault_life.rs`):
+//! cluster through faults (`server/tests/cluster_chaos.rs`, `server/tests/fault_life.rs`):
 //! producers that post runs through random live nodes and retry what is
 //! refused, viewers (browser tabs) that open a run's stream on a random live
 //! node and resume with their last cursor, and the reckoning at the end:
