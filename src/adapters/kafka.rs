@@ -68,9 +68,12 @@ pub enum CheckpointStore {
 pub enum SaslMechanism {
     /// `PLAIN` (send it over TLS only).
     Plain,
-    /// `SCRAM-SHA-256`.
+    /// `SCRAM-SHA-256`: `"scram-sha-256"` (`"scram-sha256"`, which
+    /// earlier builds took, is read too).
+    #[serde(rename = "scram-sha-256", alias = "scram-sha256")]
     ScramSha256,
-    /// `SCRAM-SHA-512`.
+    /// `SCRAM-SHA-512`: `"scram-sha-512"` (or `"scram-sha512"`).
+    #[serde(rename = "scram-sha-512", alias = "scram-sha512")]
     ScramSha512,
 }
 
@@ -170,3 +173,30 @@ impl std::fmt::Debug for KafkaOptions {
 
 /// The environment variable whose value, when set, is the SASL password.
 pub const PASSWORD_ENV: &str = "TAILRACE_KAFKA_PASSWORD";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every spelling the docs and `defaults.toml` show parses (the docs
+    /// said `scram-sha-256` while only `scram-sha256` was taken: a user
+    /// who copied them got `unknown variant` and no node).
+    #[test]
+    fn every_documented_sasl_mechanism_parses() {
+        let parse = |name: &str| toml::from_str::<KafkaOptions>(&format!("sasl_mechanism = \"{name}\"\n"));
+        for (name, mechanism) in [
+            ("plain", SaslMechanism::Plain),
+            ("scram-sha-256", SaslMechanism::ScramSha256),
+            ("scram-sha-512", SaslMechanism::ScramSha512),
+            ("scram-sha256", SaslMechanism::ScramSha256),
+            ("scram-sha512", SaslMechanism::ScramSha512),
+        ] {
+            assert_eq!(parse(name).map(|o| o.sasl_mechanism).ok(), Some(Some(mechanism)), "{name}");
+        }
+        let shown =
+            toml::to_string(&KafkaOptions { sasl_mechanism: Some(SaslMechanism::ScramSha256), ..Default::default() });
+        assert!(shown.is_ok_and(|text| text.contains("\"scram-sha-256\"")), "written as the docs spell it");
+        let refused = parse("scram-sha-1").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.contains("scram-sha-256"), "the refusal lists the spellings: {refused}");
+    }
+}
