@@ -109,18 +109,11 @@ impl Browser {
     /// Polls `script` until it returns something other than `null`,
     /// `false` or `undefined`; panics with `what` after [`PAGE_WAIT`].
     pub async fn until(&self, what: &str, script: &str) -> Value {
-        let deadline = Instant::now() + PAGE_WAIT;
-        loop {
-            let value = self.js(script).await;
-            if !matches!(value, Value::Null | Value::Bool(false)) {
-                return value;
-            }
-            if Instant::now() >= deadline {
-                let status = self.js("return document.getElementById('status').textContent").await;
-                panic!("the page never showed {what} within {PAGE_WAIT:?} (status {status})");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        if let Some(value) = self.within(PAGE_WAIT, script).await {
+            return value;
         }
+        let status = self.js("return document.getElementById('status').textContent").await;
+        panic!("the page never showed {what} within {PAGE_WAIT:?} (status {status})");
     }
 
     /// The texts of the log lines in the DOM now, in order.
