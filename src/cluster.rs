@@ -29,4 +29,4 @@ pub use redis_membership::{Member, MembershipError, RedisMembership};
 pub use settings::{LeaseOptions, MembershipOptions};
 pub use transport::{ClusterTransport, Served, TransportError};
 #[cfg(feature = "cluster")]
-pub use transport::{RactorTransport, TlsFiles, TransportSettings};
+pub use transport::{TcpTransport, TlsFiles, TransportSettings};

@@ -167,6 +167,9 @@ impl Config {
         let config: Config =
             toml::from_str(text).map_err(|e| ConfigError::Invalid { path: origin.into(), message: e.to_string() })?;
         config.validate(origin)?;
+        for removed in config.cluster.removed_settings() {
+            tracing::warn!(config = origin, "{removed}");
+        }
         Ok(config)
     }
 

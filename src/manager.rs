@@ -67,9 +67,6 @@ pub enum ManagerMsg {
     Internal(ManagerInternal),
 }
 
-#[cfg(feature = "cluster")]
-impl ractor::Message for ManagerMsg {}
-
 /// An internal message of the manager.
 pub struct ManagerInternal(Internal);
 

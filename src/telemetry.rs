@@ -82,11 +82,8 @@ pub const EDGE_STORE_READS: &str = "tailrace_edge_store_reads_total";
 /// Calls to another node's gateway, by peer and outcome (`ok`, `link`,
 /// `timeout`, `refused`, `fenced`, `not_member`).
 pub const TRANSPORT_CALLS: &str = "tailrace_transport_calls_total";
-/// Peers with an authenticated session now.
-pub const TRANSPORT_SESSIONS: &str = "tailrace_transport_sessions";
-/// Peers whose calls take a lane (a direct connection beside the session)
-/// now.
-pub const TRANSPORT_LANES: &str = "tailrace_transport_lanes";
+/// Peers this node has an open link to now (its lane to them).
+pub const TRANSPORT_LINKS: &str = "tailrace_transport_links";
 /// Calls this node refused because they carried a stale lease token.
 pub const FENCED_CALLS: &str = "tailrace_fenced_calls_total";
 /// Deliveries and handshakes of this node's agents that a consumer's node
@@ -154,8 +151,7 @@ pub fn describe() {
         (LEASES_HELD, "Queue leases the node holds."),
         (EDGE_RUNS, "Runs with a tailer on this node (someone watches them)."),
         (EDGE_CONNECTIONS, "SSE viewers connected."),
-        (TRANSPORT_SESSIONS, "Other nodes with an authenticated session now."),
-        (TRANSPORT_LANES, "Other nodes whose calls take a lane (a direct connection beside the session) now."),
+        (TRANSPORT_LINKS, "Other nodes this node has an open link to now."),
         (QUEUE_DISK_FULL, "1 while a queue's writer finds its disk full and refuses appends."),
     ];
     for (name, help) in gauges {
@@ -164,7 +160,7 @@ pub fn describe() {
 }
 
 /// Every name above, for tests that check each one is described.
-pub const ALL: [&str; 37] = [
+pub const ALL: [&str; 36] = [
     AGENT_EVENTS_READ,
     AGENT_EVENTS_DELIVERED,
     AGENT_EVENTS_UNSUBSCRIBED,
@@ -182,8 +178,7 @@ pub const ALL: [&str; 37] = [
     CHECKPOINT_WRITES,
     FENCED_WRITES,
     TRANSPORT_CALLS,
-    TRANSPORT_SESSIONS,
-    TRANSPORT_LANES,
+    TRANSPORT_LINKS,
     FENCED_CALLS,
     FENCED_DELIVERIES,
     PURGED_SUBSCRIPTIONS,

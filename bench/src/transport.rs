@@ -1,7 +1,7 @@
 //! `tailrace-bench transport`: deliveries from an agent to a consumer on
 //! another node. Two cluster transports run in this process on loopback
-//! ports (two node servers, a session between them, the gateway on the
-//! far side); callers deliver through the proxy an agent would use, each
+//! ports (the first's lane to the second, the second's listener serving
+//! it); callers deliver through the proxy an agent would use, each
 //! delivery 16 containers of 4 log lines taken from the caller's cache of
 //! containers, as an agent's cursor takes them (built before the clock
 //! starts; each delivery holds `Arc` clones). The baseline sends the same
@@ -20,7 +20,7 @@ use anyhow::Context;
 use async_trait::async_trait;
 use bytes::Bytes;
 use tailrace::cluster::wire::{self, Reply, Request, WireDelivery};
-use tailrace::cluster::{Member, RactorTransport, Served, TransportSettings};
+use tailrace::cluster::{Member, Served, TcpTransport, TransportSettings};
 use tailrace::pubsub::{
     ConsumerAddress, ConsumerError, ConsumerResolver, Delivery, DeliveryOutcome, Origin, SubscriptionId,
 };
@@ -93,7 +93,7 @@ fn free_addr() -> anyhow::Result<std::net::SocketAddr> {
 }
 
 /// Two transports linked to each other; the consumer on the second.
-async fn linked(cookie: &str) -> anyhow::Result<(RactorTransport, RactorTransport, Arc<AtomicU64>)> {
+async fn linked(cookie: &str) -> anyhow::Result<(TcpTransport, TcpTransport, Arc<AtomicU64>)> {
     let (a, b) = (free_addr()?, free_addr()?);
     let member = |name: &str, at: std::net::SocketAddr| Member {
         name: NodeId::new(name),
@@ -113,25 +113,18 @@ async fn linked(cookie: &str) -> anyhow::Result<(RactorTransport, RactorTranspor
         max_inflight: 256,
         redial: Duration::from_millis(200),
         tls: None,
-        lane_port: Some(0),
     };
-    let first = RactorTransport::start(settings("bench-a", a), view.clone()).await?;
-    let second = RactorTransport::start(settings("bench-b", b), view).await?;
+    let first = TcpTransport::start(settings("bench-a", a), view.clone()).await?;
+    let second = TcpTransport::start(settings("bench-b", b), view).await?;
 
     let count = Arc::new(AtomicU64::new(0));
     second.serve_with(Arc::new(Counter(count.clone())));
     first.authenticate(&members[1..], Duration::from_secs(10)).await.context("linking the two transports")?;
-    // The lane opens on the dialer's first round after the session.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !first.laned().contains(&NodeId::new("bench-b")) {
-        anyhow::ensure!(Instant::now() < deadline, "no lane between the two transports within 10 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     Ok((first, second, count))
 }
 
 /// Deliveries per second through the transport's proxy.
-async fn through_transport(transport: &RactorTransport, per_caller: u64) -> anyhow::Result<f64> {
+async fn through_transport(transport: &TcpTransport, per_caller: u64) -> anyhow::Result<f64> {
     let address = ConsumerAddress { node: NodeId::new("bench-b"), name: "viewer".into() };
     let origin = Origin { queue: QueueId(0), fence: Some(1) };
     let caches: Vec<_> = (0..CALLERS as u64).map(cache).collect();
@@ -260,7 +253,7 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
     let delivered = count.load(Ordering::Relaxed);
     let transport_rounds = if only == "baseline" { 0 } else { rounds as u64 };
     let expected = (transport_rounds * per_caller + 10) * CALLERS as u64 * (CONTAINERS * EVENTS_PER_CONTAINER) as u64;
-    // At least once: a delivery whose reply was lost with its session is
+    // At least once: a delivery whose reply was lost with its link is
     // sent again.
     anyhow::ensure!(delivered >= expected, "the consumer counted {delivered} events, {expected} were sent");
     first.shutdown().await;

@@ -1,6 +1,6 @@
 //! Nodes that talk TLS (`[cluster.tls]`): with certificates from the
-//! cluster's authority they link up, open lanes to each other and deliver
-//! across nodes; a node whose
+//! cluster's authority they link up, each with a link to the other, and
+//! deliver across nodes; a node whose
 //! certificate comes from another authority is refused (even with the
 //! right cookie) and takes no lease. Certificates are made with `openssl`.
 
@@ -42,13 +42,13 @@ async fn nodes_link_over_tls_and_a_node_of_another_authority_is_refused() {
     let mut n2 = tls_node(&server, "n2", certs.path(), "cluster-ca");
     n2.wait_serving();
     let held = settle(&n1, &[("n1", 3), ("n2", 3)]).await;
-    // Each calls the other over a lane, over TLS too.
+    // Each has its link to the other, over TLS.
     for node in [&n1, &n2] {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while node.metric_sum("tailrace_transport_lanes", None).await != Some(1.0) {
+        while node.metric_sum("tailrace_transport_links", None).await != Some(1.0) {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "no lane from {} within 20 s:\n{}",
+                "no link from {} within 20 s:\n{}",
                 node.name,
                 node.log_text()
             );

@@ -106,10 +106,10 @@ fn kubernetes_waits_out_a_handoff_and_its_ports_probes_and_config_agree() {
     let container = |name: &str| find(&manifest, &format!(r"\{{ name: {name}, containerPort: (\d+) \}}"));
     assert_eq!(container("edge").parse::<u16>().unwrap(), config.edge.listen.port());
     assert_eq!(container("cluster").parse::<u16>().unwrap(), port(&config.cluster.listen));
-    assert_eq!(container("lanes").parse::<u16>().unwrap(), config.cluster.lane_port);
     let peers = manifest.split("name: tailrace-peers\nspec:").nth(1).unwrap();
     assert_eq!(find(peers, r"name: cluster\n\s+port: (\d+)").parse::<u16>().unwrap(), port(&config.cluster.listen));
-    assert_eq!(find(peers, r"name: lanes\n\s+port: (\d+)").parse::<u16>().unwrap(), config.cluster.lane_port);
+    assert!(config.cluster.removed_settings().is_empty(), "the manifest sets no removed setting");
+    assert!(!manifest.contains("8588"), "one node-to-node port");
     let advertise = config.cluster.advertise.clone().unwrap();
     assert_eq!(advertise, format!("tailrace-0.tailrace-peers:{}", port(&config.cluster.listen)));
     assert_eq!(find(&manifest, r"readinessProbe:\n\s+httpGet: \{ path: (\S+), port: edge \}"), "/readyz");

@@ -93,9 +93,6 @@ pub(super) enum InternalMsg {
     SettleMore,
 }
 
-#[cfg(feature = "cluster")]
-impl ractor::Message for AgentMsg {}
-
 /// Where the agent's own messages and its waiting work go.
 pub(super) struct Outbox {
     myself: ActorRef<AgentMsg>,

@@ -57,7 +57,7 @@ pub struct FailureDetector {
 
 impl FailureDetector {
     /// Runs until `stop`, on `lost` (the transport's
-    /// [`super::RactorTransport::lost_links`]).
+    /// [`super::TcpTransport::lost_links`]).
     pub async fn run(self, mut lost: broadcast::Receiver<NodeId>, stop: CancellationToken) {
         loop {
             let peer = tokio::select! {

@@ -47,12 +47,13 @@ pub struct ClusterSection {
     /// its consumers' subscriptions from the store.
     #[serde(with = "humantime_serde")]
     pub purge_after: Duration,
-    /// Calls to a peer take a direct connection (a lane) beside the
-    /// session, opened with a ticket the peer issues over the session.
-    pub lane: bool,
-    /// The port of this node's lane listener, on `listen`'s IP (0: any
-    /// free port; peers learn it over the session).
-    pub lane_port: u16,
+    /// Removed (every call between nodes goes over `listen` now); read so
+    /// that an older config still starts, with a warning.
+    #[serde(default, skip_serializing)]
+    pub(crate) lane: Option<bool>,
+    /// Removed, as `lane`.
+    #[serde(default, skip_serializing)]
+    pub(crate) lane_port: Option<u16>,
 }
 
 impl std::fmt::Debug for ClusterSection {
@@ -67,8 +68,6 @@ impl std::fmt::Debug for ClusterSection {
             .field("max_message_bytes", &self.max_message_bytes)
             .field("max_inflight_calls", &self.max_inflight_calls)
             .field("purge_after", &self.purge_after)
-            .field("lane", &self.lane)
-            .field("lane_port", &self.lane_port)
             .finish()
     }
 }
@@ -85,8 +84,8 @@ impl Default for ClusterSection {
             max_message_bytes: 16 * 1024 * 1024,
             max_inflight_calls: 256,
             purge_after: Duration::from_secs(30),
-            lane: true,
-            lane_port: 0,
+            lane: None,
+            lane_port: None,
         }
     }
 }
@@ -109,9 +108,19 @@ impl ClusterSection {
         self.advertise.as_deref().unwrap_or(&self.listen)
     }
 
-    /// The lane listener's port, if lanes are on.
-    pub fn lane_port(&self) -> Option<u16> {
-        self.lane.then_some(self.lane_port)
+    /// What an older config sets that this release ignores, each with what
+    /// replaced it.
+    pub fn removed_settings(&self) -> Vec<String> {
+        let replaced = "every call between nodes now goes over cluster.listen, one port (see docs/upgrading.md); \
+                        delete the line";
+        let mut removed = Vec::new();
+        if self.lane.is_some() {
+            removed.push(format!("cluster.lane is ignored: {replaced}"));
+        }
+        if self.lane_port.is_some() {
+            removed.push(format!("cluster.lane_port is ignored: {replaced}"));
+        }
+        removed
     }
 
     /// The cookie: `env` (the value of [`COOKIE_ENV`], if set) wins over
@@ -241,5 +250,20 @@ mod tests {
         let missing = ClusterSection { cookie_file: Some(dir.path().join("none")), ..Default::default() };
         assert!(missing.resolve_cookie(None).unwrap_err().contains("cluster.cookie_file"));
         assert_eq!(ClusterSection::default().resolve_cookie(None), Ok(None));
+    }
+
+    #[test]
+    fn the_removed_lane_settings_still_parse_and_name_what_replaced_them() {
+        let old = "[cluster]\nlane = true\nlane_port = 8588\n";
+        let config = crate::config::Config::from_toml(old, "old.toml").unwrap();
+        let removed = config.cluster.removed_settings();
+        assert_eq!(removed.len(), 2, "{removed:?}");
+        assert!(
+            removed[0].starts_with("cluster.lane is ignored: every call between nodes now goes over cluster.listen")
+        );
+        assert!(removed[1].starts_with("cluster.lane_port is ignored"), "{removed:?}");
+        assert!(ClusterSection::default().removed_settings().is_empty());
+        let written = toml::to_string(&config.cluster).unwrap();
+        assert!(!written.contains("lane"), "not written back: {written}");
     }
 }

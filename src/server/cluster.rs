@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{SERVE_ADVERTISE, ServerError, failed};
 use crate::cluster::{
-    Member, Membership, MembershipError, RactorTransport, RedisLeases, RedisMembership, TlsFiles, TransportSettings,
+    Member, Membership, MembershipError, RedisLeases, RedisMembership, TcpTransport, TlsFiles, TransportSettings,
 };
 use crate::config::Config;
 use crate::redis_conn::durability::Persistence;
@@ -120,7 +120,7 @@ pub(super) async fn connect(
     config: &Config,
     cookie: String,
     membership: &RedisMembership,
-) -> Result<RactorTransport, ServerError> {
+) -> Result<TcpTransport, ServerError> {
     let listen: std::net::SocketAddr = config.cluster.listen.parse().map_err(|_| {
         ServerError::Refused(format!("cluster.listen must be ip:port (got `{}`)", config.cluster.listen))
     })?;
@@ -137,11 +137,9 @@ pub(super) async fn connect(
             key: tls.key.clone(),
             ca: tls.ca.clone(),
         }),
-        lane_port: config.cluster.lane_port(),
     };
-    let transport = RactorTransport::start(settings, membership.everyone())
-        .await
-        .map_err(failed("starting the cluster transport"))?;
+    let transport =
+        TcpTransport::start(settings, membership.everyone()).await.map_err(failed("starting the cluster transport"))?;
     let members = membership.members().await.map_err(failed("reading the cluster's members"))?;
     let peers: Vec<Member> = members.into_iter().filter(|m| m.advertise != SERVE_ADVERTISE).collect();
     if let Err(error) = transport.authenticate(&peers, config.cluster.call_timeout * 2).await {

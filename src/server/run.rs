@@ -13,7 +13,7 @@ use tracing::Instrument;
 use super::{ServerError, StopOn, failed};
 use crate::archive::{Archiver, LOGS_NAMESPACE};
 use crate::backend::Backend;
-use crate::cluster::{Membership, QueueLeases, RactorTransport, RedisMembership};
+use crate::cluster::{Membership, QueueLeases, RedisMembership, TcpTransport};
 use crate::config::Config;
 use crate::edge::{ClusterView, LogEdge};
 use crate::handoff::DataDirLock;
@@ -33,7 +33,7 @@ pub(super) struct Plan {
     /// the node runs, reported by the admin API.
     pub membership: Option<RedisMembership>,
     /// The transport to the other nodes (a member's).
-    pub transport: Option<RactorTransport>,
+    pub transport: Option<TcpTransport>,
 }
 
 /// The given adapter, or the one `[queues] adapter` names.

@@ -156,7 +156,7 @@ pub fn config_on_defaults(redis: &str, name: &str, port: u16, extra: &str) -> St
 }
 
 /// [`config_on_defaults`] with `cluster` as the body of its `[cluster]`
-/// section (where it listens, what it advertises, its lane port).
+/// section (where it listens and what it advertises).
 pub fn config_on_defaults_linked(redis: &str, name: &str, port: u16, cluster: &str, extra: &str) -> String {
     format!(
         r#"[node]

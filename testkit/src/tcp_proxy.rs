@@ -224,38 +224,32 @@ impl Drop for TcpProxy {
     }
 }
 
-/// A node's cluster addresses behind proxies: the peers dial its session
-/// port and its lane port on `127.0.0.2` (what it advertises), and the
-/// proxies pass that on to where it listens on `127.0.0.1`, so that a
-/// fault set here holds every byte between it and its peers that it was
-/// dialed for.
+/// A node's cluster address behind a proxy: the peers dial it on
+/// `127.0.0.2` (what it advertises), and the proxy passes that on to where
+/// it listens on `127.0.0.1`, so that a fault set here holds every byte
+/// between it and the peers that dial it.
 pub struct PeerLink {
     /// The body of the node's `[cluster]` section.
     pub cluster: String,
-    session: TcpProxy,
-    lane: TcpProxy,
+    proxy: TcpProxy,
 }
 
 impl PeerLink {
     pub async fn start() -> Self {
-        let (listen, lane) = (super::free_port(), super::free_port());
-        let behind = |port: u16| SocketAddr::from(([127, 0, 0, 2], port));
-        let cluster =
-            format!("listen = \"127.0.0.1:{listen}\"\nadvertise = \"127.0.0.2:{listen}\"\nlane_port = {lane}\n");
-        let session = TcpProxy::start_at(behind(listen), listen).await;
-        let lane = TcpProxy::start_at(behind(lane), lane).await;
-        Self { cluster, session, lane }
+        let listen = super::free_port();
+        let cluster = format!("listen = \"127.0.0.1:{listen}\"\nadvertise = \"127.0.0.2:{listen}\"\n");
+        let proxy = TcpProxy::start_at(SocketAddr::from(([127, 0, 0, 2], listen)), listen).await;
+        Self { cluster, proxy }
     }
 
-    /// From now on, `fault` on both.
+    /// From now on, `fault`.
     pub fn set(&self, fault: Fault) {
-        self.session.set(fault);
-        self.lane.set(fault);
+        self.proxy.set(fault);
     }
 
     /// Closes every connection, and keeps accepting new ones.
     pub async fn reset(&self) -> usize {
-        let closed = self.session.cut().await + self.lane.cut().await;
+        let closed = self.proxy.cut().await;
         self.mend();
         closed
     }
@@ -263,12 +257,11 @@ impl PeerLink {
     /// Closes every connection and refuses every dial (see
     /// [`TcpProxy::reject`]).
     pub async fn reject(&self) -> usize {
-        self.session.reject().await + self.lane.reject().await
+        self.proxy.reject().await
     }
 
     /// Passes everything again.
     pub fn mend(&self) {
-        self.session.mend();
-        self.lane.mend();
+        self.proxy.mend();
     }
 }

@@ -13,9 +13,9 @@ pub enum TransportError {
     /// The peer is not a live member (it left, or died and its record lapsed).
     #[error("node {0} is not a live member of the cluster")]
     NotMember(NodeId),
-    /// No authenticated session with the peer now (it is being dialed).
-    #[error("no session with node {0} yet (re-dialing)")]
-    NoSession(NodeId),
+    /// No open link to the peer now (it is being dialed).
+    #[error("no link to node {0} yet (re-dialing)")]
+    NoLink(NodeId),
     /// The peer did not answer in time.
     #[error("node {peer} did not answer within {after:?} (cluster.call_timeout)")]
     Timeout {
@@ -24,7 +24,7 @@ pub enum TransportError {
         /// How long it waited.
         after: Duration,
     },
-    /// The session broke during the call.
+    /// The link broke during the call.
     #[error("the link to node {peer} broke: {message}")]
     Link {
         /// The peer.
@@ -58,7 +58,7 @@ pub enum TransportError {
         /// Why.
         message: String,
     },
-    /// The node server could not start.
+    /// The listener could not start.
     #[error("cannot start the cluster listener on {listen} (cluster.listen): {message}")]
     Start {
         /// Where it tried.
@@ -86,7 +86,7 @@ impl TransportError {
     /// load was the problem).
     pub fn is_transient(&self) -> bool {
         match self {
-            TransportError::NoSession(_) | TransportError::Timeout { .. } | TransportError::Link { .. } => true,
+            TransportError::NoLink(_) | TransportError::Timeout { .. } | TransportError::Link { .. } => true,
             TransportError::Refused { refusal, .. } => matches!(refusal, Refusal::NotReady | Refusal::Busy(_)),
             _ => false,
         }

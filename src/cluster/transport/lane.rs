@@ -1,26 +1,20 @@
-//! The lane: direct connections to one peer that carry calls beside the
-//! `ractor_cluster` session. Through the session a call passes six actors
-//! each way and a task for its reply (`docs/benchmarks.md`, `transport`);
-//! through a lane it passes one writer task and one reader task on each
-//! side. A lane has a connection (a strand) per core, taken in turn: a
+//! The lane: this node's connections to one peer, which carry its calls to
+//! that peer. A lane has a connection (a strand) per core, taken in turn: a
 //! peer answers each strand's calls in its reader, so it decodes as many
-//! calls at once as there are strands.
+//! calls at once as there are strands. Calls pass one writer task and one
+//! reader task on each side.
 //!
-//! A node opens a lane to a peer once their session is ready: for each
-//! strand it asks the peer's gateway, over the authenticated session, for
-//! an offer (the lane listener's port and a one-time ticket), connects to
-//! the peer's advertised host on that port (over TLS when `[cluster.tls]`
-//! is set), and presents the ticket; the peer answers with an empty frame
-//! and serves calls from then on. So a lane is trusted exactly as far as the
-//! session that issued its ticket. Calls take the lane while it is open
-//! and the session otherwise (a peer that offers no lane, an older build,
-//! a port that cannot be reached); a lane closes with its session, with its
-//! peer's membership, or when its connection breaks, and is opened again
-//! on the dialer's next round.
+//! A node opens a lane to every live member (the dialer's rounds): each
+//! strand connects to the peer's advertised address (over TLS when
+//! `[cluster.tls]` is set) and runs the [`super::handshake`], in which both
+//! sides prove they hold the cluster cookie; the peer serves calls from
+//! then on. A lane closes when one of its connections breaks (the peer is
+//! told lost, for the failure detector) or the peer leaves the membership,
+//! and is opened again on the dialer's next round.
 //!
 //! Frames are length-delimited (read with `tokio_util`'s codec, written in
-//! its format by [`outbox`]): the ticket, the acknowledgement, then calls
-//! and replies, each an 8-byte call id and a wire envelope.
+//! its format by [`outbox`]): the handshake's, then calls and replies, each
+//! an 8-byte call id and a wire envelope.
 
 mod listener;
 mod outbox;
@@ -32,16 +26,17 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use bytes::{Buf, Bytes, BytesMut};
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf};
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 use tokio_util::sync::CancellationToken;
 
+use super::handshake::{Credentials, Failed};
 use crate::retry::Backoff;
+use crate::stream::NodeId;
 use crate::tasks::Tasks;
 pub(super) use listener::{Limits, Listener};
 use outbox::Outbox;
@@ -49,20 +44,12 @@ use outbox::Outbox;
 /// The bytes of a call id, before each call's and reply's envelope.
 pub(super) const ID_BYTES: usize = 8;
 
-/// How long after a failed attempt a lane is tried again.
-const REOPEN: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60), Duration::from_millis(500));
-
-/// What a peer's gateway answers a request for a lane.
-#[derive(Debug, Serialize, Deserialize)]
-pub(super) struct Offer {
-    /// The lane listener's port (on the peer's advertised host).
-    pub(super) port: u16,
-    /// The one-time ticket to present.
-    pub(super) ticket: String,
-}
+/// How long after a failed attempt a lane is tried again: soon, as a
+/// restarted peer is called again only once its lane is open.
+const REOPEN: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5), Duration::from_millis(200));
 
 /// Frames of a lane, at most `max_frame` bytes.
-fn codec(max_frame: usize) -> LengthDelimitedCodec {
+pub(super) fn codec(max_frame: usize) -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder().max_frame_length(max_frame).new_codec()
 }
 
@@ -100,34 +87,25 @@ impl Drop for Strand {
 }
 
 impl Strand {
-    /// Presents `ticket` on `stream` and, once the peer accepts it within
-    /// `within`, runs the lane's reader and writer as tasks of `tasks`.
-    /// The calls waiting at once are bounded by the caller.
+    /// Runs the handshake on `stream` as the dialer of `peer` and, once
+    /// it proved itself, runs the strand's reader and writer as tasks of
+    /// `tasks`; `closed` runs once the connection ends. The calls waiting
+    /// at once are bounded by the caller.
     pub(super) async fn open<S>(
         stream: S,
-        ticket: &str,
-        within: Duration,
+        credentials: &Credentials<'_>,
+        peer: &NodeId,
         max_frame: usize,
         tasks: &Tasks,
-    ) -> Result<Self, String>
+        closed: Box<dyn FnOnce() + Send>,
+    ) -> Result<Self, Failed>
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
         let (read, write) = tokio::io::split(stream);
         let mut reads = FramedRead::new(read, codec(max_frame));
         let mut writes = FramedWrite::new(write, codec(max_frame));
-        let accepted = tokio::time::timeout(within, async {
-            writes.send(Bytes::copy_from_slice(ticket.as_bytes())).await.map_err(|e| e.to_string())?;
-            match reads.next().await {
-                Some(Ok(frame)) if frame.is_empty() => Ok(()),
-                Some(Ok(_)) => Err("the peer answered the ticket with something else".to_string()),
-                Some(Err(error)) => Err(error.to_string()),
-                None => Err("the peer closed the lane (the ticket was refused)".to_string()),
-            }
-        })
-        .await
-        .map_err(|_| format!("the peer did not accept the ticket within {within:?}"))?;
-        accepted?;
+        credentials.dial(&mut reads, &mut writes, peer).await?;
         let stop = tasks.token().child_token();
         // Callers never wait for room: their calls in flight are bounded.
         let outbox = Arc::new(Outbox::new(usize::MAX));
@@ -135,7 +113,11 @@ impl Strand {
         let writer = (outbox.clone(), stop.clone());
         tasks.spawn("lane writer", async move { writer.0.write_to(writes.into_inner(), &writer.1).await });
         let open = Arc::new(AtomicBool::new(true));
-        tasks.spawn("lane reader", read_replies(reads, waiting.clone(), open.clone(), stop.clone()));
+        let reader = read_replies(reads, waiting.clone(), open.clone(), stop.clone());
+        tasks.spawn("lane reader", async move {
+            reader.await;
+            closed();
+        });
         Ok(Self { outbox, waiting, open, stop })
     }
 
@@ -219,8 +201,10 @@ fn split_id(mut frame: BytesMut) -> Option<(u64, BytesMut)> {
 
 /// A peer's lane: its strands, taken in turn.
 pub(super) struct Lane {
-    lanes: Vec<Strand>,
+    strands: Vec<Strand>,
     next: AtomicUsize,
+    /// Which attempt opened it (see [`Slot::begin`]).
+    attempt: u64,
 }
 
 impl Lane {
@@ -235,33 +219,40 @@ impl Lane {
 
     /// Sends a call (see [`Strand::call`]) on the next strand.
     pub(super) async fn call(&self, frame: Vec<u8>, after: Duration) -> Result<Bytes, Failure> {
-        let at = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len().max(1);
-        match self.lanes.get(at) {
-            Some(lane) => lane.call(frame, after).await,
+        let at = self.next.fetch_add(1, Ordering::Relaxed) % self.strands.len().max(1);
+        match self.strands.get(at) {
+            Some(strand) => strand.call(frame, after).await,
             None => Err(Failure::Closed),
         }
     }
 
     fn is_open(&self) -> bool {
-        !self.lanes.is_empty() && self.lanes.iter().all(Strand::is_open)
+        !self.strands.is_empty() && self.strands.iter().all(Strand::is_open)
     }
 }
 
 /// The most connections one lane has.
 const MAX_STRANDS: usize = 8;
 
-/// One peer's lane: the open one, or when to try again.
+/// One peer's lane: the open one, or when to try again and why the last
+/// attempt failed.
 #[derive(Default)]
 pub(super) struct Slot {
     open: ArcSwapOption<Lane>,
     attempts: Mutex<Attempts>,
+    /// An attempt finished.
+    finished: Notify,
 }
 
 #[derive(Default)]
 struct Attempts {
     opening: bool,
+    /// The last attempt begun.
+    last: u64,
     failed: u32,
     next: Option<Instant>,
+    /// Why the last attempt failed (none since one succeeded).
+    failure: Option<Failed>,
 }
 
 impl Slot {
@@ -270,46 +261,88 @@ impl Slot {
         self.open.load_full().filter(|lane| lane.is_open())
     }
 
-    /// Whether to open a lane now (no lane open, none being opened, and
-    /// the last failure's pause over); if so, marks it being opened.
-    pub(super) fn begin(&self, now: Instant) -> bool {
+    /// If a lane is to be opened now (none open, none being opened, and
+    /// the last failure's pause over), marks it being opened and returns
+    /// the attempt's number, for [`Slot::finish`] and [`Slot::close`].
+    pub(super) fn begin(&self, now: Instant) -> Option<u64> {
         if self.lane().is_some() {
-            return false;
+            return None;
         }
         let mut attempts = self.attempts.lock();
         if attempts.opening || attempts.next.is_some_and(|next| now < next) {
-            return false;
+            return None;
         }
         attempts.opening = true;
-        true
+        attempts.last += 1;
+        Some(attempts.last)
     }
 
-    /// What the attempt `begin` allowed came to. Returns how many attempts
-    /// in a row failed.
-    pub(super) fn finish(&self, opened: Option<Vec<Strand>>) -> u32 {
+    /// What `attempt` came to. Returns how many attempts in a row failed.
+    pub(super) fn finish(&self, attempt: u64, opened: Result<Vec<Strand>, Failed>) -> u32 {
         let mut attempts = self.attempts.lock();
         attempts.opening = false;
         match opened {
-            Some(lanes) => {
+            Ok(strands) => {
                 attempts.failed = 0;
                 attempts.next = None;
-                self.open.store(Some(Arc::new(Lane { lanes, next: AtomicUsize::new(0) })));
+                attempts.failure = None;
+                self.open.store(Some(Arc::new(Lane { strands, next: AtomicUsize::new(0), attempt })));
             }
-            None => {
+            Err(failed) => {
                 attempts.next = Some(Instant::now() + REOPEN.delay(attempts.failed));
                 attempts.failed = attempts.failed.saturating_add(1);
+                attempts.failure = Some(failed);
             }
         }
-        attempts.failed
+        let failed = attempts.failed;
+        drop(attempts);
+        self.finished.notify_waiters();
+        failed
     }
 
-    /// Attempts in a row that failed.
-    pub(super) fn failures(&self) -> u32 {
-        self.attempts.lock().failed
+    /// The open lane, once the attempt being made opens it (`None`: no
+    /// attempt is being made, it failed, or `until` came first).
+    pub(super) async fn wait_open(&self, until: Instant) -> Option<Arc<Lane>> {
+        loop {
+            // Registered before the check: a finish after it still wakes it.
+            let finished = self.finished.notified();
+            if let Some(lane) = self.lane() {
+                return Some(lane);
+            }
+            if !self.attempts.lock().opening {
+                return None;
+            }
+            tokio::time::timeout_at(until, finished).await.ok()?;
+        }
     }
 
-    /// Closes the open lane (its session went down).
-    pub(super) fn close(&self) {
+    /// Why the peer refused this node at the last attempt, if it did.
+    pub(super) fn rejected(&self) -> Option<String> {
+        match &self.attempts.lock().failure {
+            Some(Failed::Rejected(reason)) => Some(reason.clone()),
+            _ => None,
+        }
+    }
+
+    /// Why the last attempt failed, if it did.
+    pub(super) fn last_failure(&self) -> Option<String> {
+        self.attempts.lock().failure.as_ref().map(ToString::to_string)
+    }
+
+    /// Closes the lane `attempt` opened, if it is the open one (a strand of
+    /// an older lane ending closes nothing). Returns whether it was.
+    pub(super) fn close(&self, attempt: u64) -> bool {
+        // Under the lock `finish` stores a lane with.
+        let _attempts = self.attempts.lock();
+        if self.open.load().as_ref().is_none_or(|lane| lane.attempt != attempt) {
+            return false;
+        }
+        self.open.store(None);
+        true
+    }
+
+    /// Closes whatever lane is open (the peer left).
+    pub(super) fn close_any(&self) {
         self.open.store(None);
     }
 }

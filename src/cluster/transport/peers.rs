@@ -58,8 +58,18 @@ impl Peers {
             .clone()
     }
 
-    /// Forgets the peers `keep` refuses.
+    /// Forgets the peers `keep` refuses, and closes their lanes.
     pub(super) fn retain(&self, keep: impl Fn(&NodeId) -> bool) {
-        self.map.lock().retain(|name, _| keep(name));
+        let mut gone = Vec::new();
+        self.map.lock().retain(|name, peer| {
+            let kept = keep(name);
+            if !kept {
+                gone.push(peer.clone());
+            }
+            kept
+        });
+        for peer in gone {
+            peer.lane.close_any();
+        }
     }
 }

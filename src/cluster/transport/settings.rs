@@ -25,8 +25,4 @@ pub struct TransportSettings {
     pub redial: Duration,
     /// TLS between nodes, if configured.
     pub tls: Option<TlsFiles>,
-    /// The port of the lane listener, on `listen`'s IP (0: any free port,
-    /// told to peers over the session); `None`: no lanes, every call goes
-    /// over the session.
-    pub lane_port: Option<u16>,
 }

@@ -1,39 +1,36 @@
-//! The lane listener: accepts lanes from peers that present a ticket this
-//! node's gateway issued over their session, and serves their calls as the
-//! gateway serves the session's (the same handler, the same bound on calls
-//! served at once).
+//! The listener on `cluster.listen`: accepts peers' connections, runs the
+//! handshake as its listening side, and serves the calls of each
+//! connection that proved itself (with the node's handler, under the
+//! node's bound on calls served at once).
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures::{SinkExt, StreamExt};
-use parking_lot::Mutex;
-use subtle::ConstantTimeEq;
+use futures::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::outbox::Outbox;
-use super::{Offer, codec, split_id};
-use crate::cluster::transport::gateway::Serving;
+use super::{codec, split_id};
+use crate::cluster::transport::handshake::Credentials;
+use crate::cluster::transport::serving::Serving;
+use crate::stream::NodeId;
 use crate::tasks::{Tasks, poll_now};
 
-/// Tickets issued and not presented yet, and connections presenting one
-/// at once, at most (as many as the members a node tracks by default;
-/// each peer holds one lane).
+/// Connections in their handshake at once, at most (a lane per member and
+/// core: this is several peers' lanes opening together; more are closed
+/// and dialed again).
 const MAX_PENDING: usize = 64;
 
 /// The limits a lane is served with.
 #[derive(Clone, Copy)]
 pub(in crate::cluster::transport) struct Limits {
-    /// How long a ticket stays valid, and a connection may take to
-    /// present it (`cluster.call_timeout`).
+    /// How long a connection may take for its TLS handshake and for ours
+    /// (`cluster.call_timeout`).
     pub(in crate::cluster::transport) within: Duration,
     /// Largest frame (`cluster.max_message_bytes` and the framing), and
     /// the bytes of replies one strand holds for its writer before it stops
@@ -41,58 +38,31 @@ pub(in crate::cluster::transport) struct Limits {
     pub(in crate::cluster::transport) max_frame: usize,
 }
 
-/// This node's lane listener.
+/// This node's listener.
 pub(in crate::cluster::transport) struct Listener {
-    port: u16,
     limits: Limits,
-    tickets: Mutex<VecDeque<(String, Instant)>>,
+    me: NodeId,
+    cookie: String,
 }
 
 impl Listener {
-    /// Listens on `at` (port 0: any free port) and serves lanes as tasks
-    /// of `tasks` until they stop.
+    /// Listens on `at` (port 0: any free port) as `me` and serves
+    /// connections as tasks of `tasks` until they stop. Returns where it
+    /// listens.
     pub(in crate::cluster::transport) async fn start(
         at: SocketAddr,
         limits: Limits,
+        (me, cookie): (NodeId, String),
         serving: Serving,
         tls: Option<TlsAcceptor>,
         tasks: Tasks,
-    ) -> std::io::Result<Arc<Self>> {
+    ) -> std::io::Result<SocketAddr> {
         let socket = TcpListener::bind(at).await?;
-        let port = socket.local_addr()?.port();
-        let listener = Arc::new(Self { port, limits, tickets: Mutex::new(VecDeque::new()) });
-        let accepting = Accepting { listener: listener.clone(), serving, tls, tasks: tasks.clone() };
-        tasks.spawn("lane listener", accepting.run(socket));
-        tracing::debug!(port, "lane listener up");
-        Ok(listener)
-    }
-
-    /// A one-time ticket for a peer that asked over its session (the
-    /// oldest unpresented ticket goes when there are too many).
-    pub(in crate::cluster::transport) fn offer(&self) -> Offer {
-        let ticket = format!("{:032x}", rand::random::<u128>());
-        let mut tickets = self.tickets.lock();
-        let now = Instant::now();
-        tickets.retain(|(_, until)| *until > now);
-        if tickets.len() >= MAX_PENDING {
-            tickets.pop_front();
-        }
-        tickets.push_back((ticket.clone(), now + self.limits.within));
-        Offer { port: self.port, ticket }
-    }
-
-    /// Whether `presented` is a ticket issued and not yet presented (it
-    /// cannot be presented again).
-    fn redeem(&self, presented: &[u8]) -> bool {
-        let mut tickets = self.tickets.lock();
-        let now = Instant::now();
-        // In constant time: how much of a ticket a guess got right takes
-        // no longer to find out than a guess that got nothing.
-        let matches = |ticket: &String| bool::from(ticket.as_bytes().ct_eq(presented));
-        match tickets.iter().position(|(ticket, until)| matches(ticket) && *until > now) {
-            Some(at) => tickets.remove(at).is_some(),
-            None => false,
-        }
+        let bound = socket.local_addr()?;
+        let listener = Arc::new(Self { limits, me, cookie });
+        let accepting = Accepting { listener, serving, tls, tasks: tasks.clone() };
+        tasks.spawn("cluster listener", accepting.run(socket));
+        Ok(bound)
     }
 }
 
@@ -117,17 +87,17 @@ impl Accepting {
                 Ok(accepted) => accepted,
                 Err(error) => {
                     // Out of file descriptors, most likely: pause, not spin.
-                    tracing::warn!(%error, "lane listener cannot accept; pausing");
+                    tracing::warn!(%error, "the cluster listener cannot accept; pausing");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             };
             let Ok(slot) = presenting.clone().try_acquire_owned() else {
-                tracing::warn!(%from, "too many lane connections presenting a ticket; closed one");
+                tracing::warn!(%from, "too many node connections in their handshake; closed one");
                 continue;
             };
             let _ = tcp.set_nodelay(true);
-            self.tasks.spawn("lane", self.clone().serve(tcp, from, slot));
+            self.tasks.spawn("node connection", self.clone().serve(tcp, from, slot));
         }
     }
 
@@ -136,13 +106,13 @@ impl Accepting {
             None => self.serve_stream(tcp, from, slot).await,
             Some(tls) => match tokio::time::timeout(self.listener.limits.within, tls.accept(tcp)).await {
                 Ok(Ok(stream)) => self.serve_stream(stream, from, slot).await,
-                Ok(Err(error)) => tracing::warn!(%from, %error, "a lane connection failed its TLS handshake; closed"),
-                Err(_) => tracing::warn!(%from, "a lane connection did not finish its TLS handshake in time; closed"),
+                Ok(Err(error)) => tracing::warn!(%from, %error, "a node connection failed its TLS handshake; closed"),
+                Err(_) => tracing::warn!(%from, "a node connection did not finish its TLS handshake in time; closed"),
             },
         }
     }
 
-    /// Takes the ticket, then answers calls until the connection ends.
+    /// Runs the handshake, then answers calls until the connection ends.
     async fn serve_stream<S>(self, stream: S, from: SocketAddr, slot: OwnedSemaphorePermit)
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
@@ -151,17 +121,17 @@ impl Accepting {
         let (read, write) = tokio::io::split(stream);
         let mut reads = FramedRead::new(read, codec(limits.max_frame));
         let mut writes = FramedWrite::new(write, codec(limits.max_frame));
-        let presented = tokio::time::timeout(limits.within, reads.next()).await;
-        let accepted = matches!(&presented, Ok(Some(Ok(ticket))) if self.listener.redeem(ticket));
-        if !accepted {
-            tracing::warn!(%from, "a lane connection presented no valid ticket; closed");
-            return;
-        }
-        if writes.send(Bytes::new()).await.is_err() {
-            return;
-        }
+        let listener = &self.listener;
+        let credentials = Credentials { me: &listener.me, cookie: &listener.cookie, within: limits.within };
+        let peer = match credentials.accept(&mut reads, &mut writes).await {
+            Ok(peer) => peer,
+            Err(failed) => {
+                tracing::warn!(%from, reason = %failed, "a node connection failed the handshake; closed");
+                return;
+            }
+        };
         drop(slot);
-        tracing::debug!(%from, "lane accepted");
+        tracing::debug!(%from, %peer, "node connection accepted");
         let stop = self.tasks.token().child_token();
         let replies = Arc::new(Outbox::new(limits.max_frame));
         let writer = (replies.clone(), stop.clone());
@@ -198,6 +168,6 @@ impl Accepting {
             }
         }
         stop.cancel();
-        tracing::debug!(%from, "lane closed");
+        tracing::debug!(%from, %peer, "node connection closed");
     }
 }

@@ -1,6 +1,6 @@
-//! A lane's strand against its listener on loopback: calls answered in any order by
-//! id, a ticket used once, a wrong ticket refused, a closed lane failing its
-//! calls, and the reopening pause of a peer's slot.
+//! A lane's strand against a listener on loopback: calls answered in any
+//! order by id, a dialer with another cookie refused, a closed lane failing
+//! its calls and telling so once, and the reopening pause of a peer's slot.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use super::listener::Limits;
 use super::*;
 use crate::cluster::transport::Served;
-use crate::cluster::transport::gateway::{HandlerSlot, Serving};
+use crate::cluster::transport::serving::{HandlerSlot, Serving};
 use crate::cluster::wire::{self, AgentsCommand, AgentsReport, Reply, Request};
 
 /// Answers `Agents { State }` at once and `Agents { Stop }` once `release`
@@ -35,19 +35,35 @@ impl Served for Answers {
 
 const LIMITS: Limits = Limits { within: Duration::from_secs(5), max_frame: 1 << 20 };
 
-async fn listener(tasks: &Tasks) -> (Arc<Listener>, SocketAddr, Arc<Notify>) {
+const COOKIE: &str = "a-cluster-cookie-of-at-least-32-characters";
+
+/// Node `b`, listening on a free port.
+async fn listener(tasks: &Tasks) -> (SocketAddr, Arc<Notify>) {
     let release = Arc::new(Notify::new());
     let handler = HandlerSlot::default();
     handler.set(Arc::new(Answers { release: release.clone() }));
     let at: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let listener = Listener::start(at, LIMITS, Serving::new(handler, 8), None, tasks.clone()).await.unwrap();
-    let at = SocketAddr::new(at.ip(), listener.offer().port);
-    (listener, at, release)
+    let me = (NodeId::new("b"), COOKIE.to_string());
+    let at = Listener::start(at, LIMITS, me, Serving::new(handler, 8), None, tasks.clone()).await.unwrap();
+    (at, release)
 }
 
-async fn open(at: SocketAddr, ticket: &str, tasks: &Tasks) -> Result<Strand, String> {
+/// A strand from node `a` (holding `cookie`) to `b`; `closed` runs when
+/// it closes.
+async fn open_with(
+    at: SocketAddr,
+    cookie: &str,
+    tasks: &Tasks,
+    closed: Box<dyn FnOnce() + Send>,
+) -> Result<Strand, Failed> {
     let tcp = TcpStream::connect(at).await.unwrap();
-    Strand::open(tcp, ticket, LIMITS.within, LIMITS.max_frame, tasks).await
+    let me = NodeId::new("a");
+    let credentials = Credentials { me: &me, cookie, within: LIMITS.within };
+    Strand::open(tcp, &credentials, &NodeId::new("b"), LIMITS.max_frame, tasks, closed).await
+}
+
+async fn open(at: SocketAddr, tasks: &Tasks) -> Strand {
+    open_with(at, COOKIE, tasks, Box::new(|| {})).await.unwrap()
 }
 
 fn request(command: AgentsCommand) -> Vec<u8> {
@@ -64,8 +80,8 @@ fn state(reply: &[u8]) -> String {
 #[tokio::test]
 async fn calls_are_answered_by_id_whatever_order_they_finish_in() {
     let tasks = Tasks::default();
-    let (listener, at, release) = listener(&tasks).await;
-    let lane = Arc::new(open(at, &listener.offer().ticket, &tasks).await.unwrap());
+    let (at, release) = listener(&tasks).await;
+    let lane = Arc::new(open(at, &tasks).await);
     let slow = tokio::spawn({
         let lane = lane.clone();
         async move { lane.call(request(AgentsCommand::Stop), Duration::from_secs(5)).await }
@@ -82,16 +98,16 @@ async fn calls_are_answered_by_id_whatever_order_they_finish_in() {
 }
 
 #[tokio::test]
-async fn a_ticket_opens_one_lane_and_a_wrong_one_none() {
+async fn a_dialer_with_another_cookie_is_refused_and_serves_nothing() {
     let tasks = Tasks::default();
-    let (listener, at, _) = listener(&tasks).await;
-    let ticket = listener.offer().ticket;
-    let wrong = format!("{:032x}", 7u128);
-    let refused = open(at, &wrong, &tasks).await.err().unwrap();
-    assert!(refused.contains("refused"), "{refused}");
-    let lane = open(at, &ticket, &tasks).await.unwrap();
-    let again = open(at, &ticket, &tasks).await.err().unwrap();
-    assert!(again.contains("refused"), "a ticket is used once: {again}");
+    let (at, _) = listener(&tasks).await;
+    let refused = open_with(at, "another-cookie-of-at-least-32-characters!", &tasks, Box::new(|| {})).await;
+    match refused {
+        Err(Failed::Rejected(reason)) => assert_eq!(reason, "the cluster cookie differs"),
+        Err(other) => panic!("expected a rejection, got {other}"),
+        Ok(_) => panic!("a dialer with another cookie opened a strand"),
+    }
+    let lane = open(at, &tasks).await;
     let reply = lane.call(request(AgentsCommand::State), Duration::from_secs(5)).await.unwrap();
     assert_eq!(state(&reply), "State");
     tasks.stop("test", Duration::from_secs(5)).await;
@@ -100,8 +116,12 @@ async fn a_ticket_opens_one_lane_and_a_wrong_one_none() {
 #[tokio::test]
 async fn a_lane_whose_peer_stops_fails_its_waiting_and_later_calls() {
     let (client, server) = (Tasks::default(), Tasks::default());
-    let (listener, at, _) = listener(&server).await;
-    let lane = Arc::new(open(at, &listener.offer().ticket, &client).await.unwrap());
+    let (at, _) = listener(&server).await;
+    let (told, closed) = tokio::sync::oneshot::channel();
+    let closed_once = Box::new(move || {
+        let _ = told.send(());
+    });
+    let lane = Arc::new(open_with(at, COOKIE, &client, closed_once).await.unwrap());
     let waiting = tokio::spawn({
         let lane = lane.clone();
         async move { lane.call(request(AgentsCommand::Stop), Duration::from_secs(30)).await }
@@ -117,22 +137,42 @@ async fn a_lane_whose_peer_stops_fails_its_waiting_and_later_calls() {
         tokio::task::yield_now().await;
     }
     assert!(matches!(lane.call(request(AgentsCommand::State), Duration::from_secs(5)).await, Err(Failure::Closed)));
+    closed.await.expect("the strand told it closed");
     client.stop("test", Duration::from_secs(5)).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_slot_pauses_longer_after_each_failed_attempt_and_none_after_success() {
     let slot = Slot::default();
+    let broken = || Err(Failed::Broken("refused".into()));
     let now = Instant::now();
-    assert!(slot.begin(now));
-    assert!(!slot.begin(now), "one attempt at a time");
-    assert_eq!(slot.finish(None), 1);
-    assert!(!slot.begin(Instant::now()), "a failed attempt pauses the next");
-    tokio::time::advance(Duration::from_millis(1500)).await;
-    assert!(slot.begin(Instant::now()), "for at most a second and a half the first time");
-    assert_eq!(slot.finish(None), 2);
-    tokio::time::advance(Duration::from_secs(61)).await;
-    assert!(slot.begin(Instant::now()), "never longer than a minute");
-    assert_eq!(slot.finish(None), 3);
+    let first = slot.begin(now).unwrap();
+    assert!(slot.begin(now).is_none(), "one attempt at a time");
+    assert_eq!(slot.finish(first, broken()), 1);
+    assert!(slot.begin(Instant::now()).is_none(), "a failed attempt pauses the next");
+    tokio::time::advance(Duration::from_millis(400)).await;
+    let second = slot.begin(Instant::now()).expect("for at most 400 ms the first time");
+    assert_eq!(slot.finish(second, broken()), 2);
+    tokio::time::advance(Duration::from_secs(6)).await;
+    let third = slot.begin(Instant::now()).expect("never longer than five seconds");
+    assert_eq!(slot.finish(third, Err(Failed::Rejected("the cluster cookie differs".into()))), 3);
     assert!(slot.lane().is_none());
+    assert_eq!(slot.rejected().as_deref(), Some("the cluster cookie differs"));
+    assert!(slot.wait_open(Instant::now() + Duration::from_secs(1)).await.is_none(), "no attempt being made");
+}
+
+#[tokio::test]
+async fn only_the_lane_a_strand_belongs_to_is_closed_by_it() {
+    let tasks = Tasks::default();
+    let (at, _) = listener(&tasks).await;
+    let slot = Slot::default();
+    let first = slot.begin(Instant::now()).unwrap();
+    slot.finish(first, Ok(vec![open(at, &tasks).await]));
+    assert!(slot.lane().is_some());
+    assert!(!slot.close(first + 1), "a strand of another attempt closes nothing");
+    assert!(slot.lane().is_some());
+    assert!(slot.close(first), "its own attempt's lane");
+    assert!(!slot.close(first), "and tells it once");
+    assert!(slot.lane().is_none());
+    tasks.stop("test", Duration::from_secs(5)).await;
 }
