@@ -295,6 +295,70 @@ async fn a_finished_run_that_went_quiet_completes() {
     }
 }
 
+/// Waits until the store holds the run's finished status.
+async fn stored_finished(server: &LogServer, fqn: &str, run: &str) {
+    let key = tailrace::archive::RunKey::new(fqn, run).unwrap();
+    let finished =
+        || async { server.store.info(&key).await.unwrap().and_then(|i| i.state).is_some_and(|s| s.is_finished()) };
+    for _ in 0..1_000 {
+        if finished().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("{fqn}/{run} never stored a finished status");
+}
+
+/// A run that finished longer than `finish_grace_seconds` ago sends its
+/// lines and `complete` at once: the grace counts from its last line in
+/// the store, not from when the stream opened, and the timer's first tick
+/// (`poll_seconds`) is not waited for either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_finished_long_ago_ends_at_once() {
+    let settings = LogStreamSettings { finish_grace_seconds: 1.0, poll_seconds: 2.0, ..quick_settings() };
+    let server = LogServer::start(settings).await;
+    server.lines("svc.etl", "r-1", "one\ntwo\nthree").await;
+    server.archived("svc.etl", "r-1", 3).await;
+    server.state("svc.etl", "r-1", "success").await;
+    stored_finished(&server, "svc.etl", "r-1").await;
+    // The scenario: the run has been finished for longer than the grace.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    for after in [None, Some("3")] {
+        let opened = tokio::time::Instant::now();
+        let mut sse = server.open("svc.etl", "r-1", after).await;
+        let events = tokio::time::timeout(Duration::from_secs(1), sse.rest()).await.expect("ended within 1 s");
+        let (end, lines) = events.split_last().unwrap();
+        assert_eq!(text(lines), if after.is_none() { "one\ntwo\nthree" } else { "" });
+        assert_eq!(
+            *end,
+            serde_json::json!({"eventType": "complete", "runId": "r-1", "after": "3", "reason": "runFinished"})
+        );
+        assert!(opened.elapsed() < Duration::from_secs(1));
+    }
+}
+
+/// A run that finished a moment ago keeps the grace: a line archived late
+/// still reaches its viewer before `complete`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_just_finished_keeps_the_grace_for_late_lines() {
+    let settings = LogStreamSettings { finish_grace_seconds: 3.0, poll_seconds: 0.1, ..quick_settings() };
+    let server = LogServer::start(settings).await;
+    let mut sse = server.open_after_lines("svc.etl", "r-1", &["one"]).await;
+    assert_eq!(sse.event().await.unwrap()["logs"], "one");
+    server.state("svc.etl", "r-1", "success").await;
+    stored_finished(&server, "svc.etl", "r-1").await;
+    let mut late = server.open("svc.etl", "r-1", Some("1")).await;
+    server.lines("svc.etl", "r-1", "late").await;
+    for viewer in [&mut sse, &mut late] {
+        let rest = viewer.rest().await;
+        assert_eq!(text(&rest[..rest.len() - 1]), "late");
+        assert_eq!(
+            (rest[rest.len() - 1]["eventType"].as_str(), rest[rest.len() - 1]["after"].as_str()),
+            (Some("complete"), Some("2"))
+        );
+    }
+}
+
 /// A status reaches viewers after every line accepted before it, even
 /// when the queue and the archiver lag far past `finish_grace_seconds`:
 /// the change goes through the run's stream, behind the lines.

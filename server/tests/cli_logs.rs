@@ -6,10 +6,12 @@ use tailrace_testkit as common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::{Query, State};
 use axum::routing::get;
 use common::logs::*;
+use tailrace::config::LogStreamSettings;
 
 fn tailrace() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tailrace"))
@@ -49,6 +51,37 @@ async fn produce_then_tail_a_run() {
     let expected: String = (0..2_500).map(|i| format!("line {i}\n")).collect();
     assert_eq!(String::from_utf8(tailed.stdout).unwrap(), expected);
     assert!(String::from_utf8_lossy(&tailed.stderr).contains("run finished"));
+}
+
+/// `tail` of a run that finished longer than the grace ago prints its log
+/// and exits at once, not after `finish_grace_seconds`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_of_a_finished_run_exits_as_soon_as_it_printed_the_log() {
+    use tailrace::archive::RunLogStore;
+    let settings = LogStreamSettings { finish_grace_seconds: 1.0, poll_seconds: 2.0, ..quick_settings() };
+    let server = LogServer::start(settings).await;
+    server.lines("svc.etl", "done", "first\nsecond").await;
+    server.archived("svc.etl", "done", 2).await;
+    server.state("svc.etl", "done", "success").await;
+    let key = tailrace::archive::RunKey::new("svc.etl", "done").unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !server.store.info(&key).await.unwrap().and_then(|i| i.state).is_some_and(|s| s.is_finished()) {
+        assert!(tokio::time::Instant::now() < deadline, "the status was never stored");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The scenario: finished for longer than the grace.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let base = server.base.clone();
+    let started = std::time::Instant::now();
+    let tailed = tokio::task::spawn_blocking(move || {
+        tailrace().args(["tail", "--url", &base, "--fqn", "svc.etl", "--run", "done"]).output().unwrap()
+    })
+    .await
+    .unwrap();
+    let took = started.elapsed();
+    assert!(tailed.status.success(), "{}", String::from_utf8_lossy(&tailed.stderr));
+    assert_eq!(String::from_utf8(tailed.stdout).unwrap(), "first\nsecond\n");
+    assert!(took < Duration::from_secs(1), "tail took {took:?}");
 }
 
 #[derive(Default)]

@@ -138,7 +138,13 @@ struct Audience {
 /// When things last happened, for the timer's checks.
 struct Clock {
     started_at: Instant,
+    /// The last content, or the start.
     last_content_at: Instant,
+    /// The last content this tailer received, if any.
+    content_at: Option<Instant>,
+    /// When the run was last active in the store (its last line or status
+    /// change), as of the probe that found it finished.
+    run_active_at: Option<Instant>,
     last_probe_at: Option<Instant>,
 }
 
@@ -178,6 +184,8 @@ pub(crate) struct Tailer {
     phase: watch::Sender<Phase>,
     /// Bumped at every new chunk and at the end.
     version: watch::Sender<u64>,
+    /// The last session joining attached (a finished run may end then).
+    attached: tokio::sync::Notify,
 }
 
 impl Tailer {
@@ -196,7 +204,13 @@ impl Tailer {
                 bytes_since_tick: 0,
             },
             audience: Audience { viewers: Vec::new(), joining: 0, empty_since: None },
-            clock: Clock { started_at: now, last_content_at: now, last_probe_at: None },
+            clock: Clock {
+                started_at: now,
+                last_content_at: now,
+                content_at: None,
+                run_active_at: None,
+                last_probe_at: None,
+            },
             end: End::default(),
         };
         Arc::new(Self {
@@ -206,6 +220,7 @@ impl Tailer {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             phase: watch::channel(Phase::Starting).0,
             version: watch::channel(0).0,
+            attached: tokio::sync::Notify::new(),
         })
     }
 
@@ -252,7 +267,12 @@ impl Tailer {
         state.audience.empty_since = None;
         viewer.progressed(at);
         state.audience.viewers.push(viewer.clone());
-        Some(Attached { at, truncated, replay_until: state.feed.window.head() })
+        let attached = Attached { at, truncated, replay_until: state.feed.window.head() };
+        if state.audience.joining == 0 {
+            drop(state);
+            self.attached.notify_one();
+        }
+        Some(attached)
     }
 
     /// The next frame for a viewer that needs line `at` (see [`Pull`]):

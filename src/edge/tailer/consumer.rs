@@ -64,6 +64,7 @@ impl Tailer {
             state.feed.streamed_bytes += bytes;
             state.feed.bytes_since_tick += bytes;
             state.clock.last_content_at = Instant::now();
+            state.clock.content_at = Some(state.clock.last_content_at);
             published = true;
         }
         if state.feed.streamed_bytes >= self.settings.max_stream_bytes {

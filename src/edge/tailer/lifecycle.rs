@@ -3,6 +3,7 @@
 //! conditions, and the end releases its run slot and its subscription.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::MutexGuard;
 use tokio::time::Instant;
@@ -14,6 +15,15 @@ use crate::edge::window::Window;
 use crate::node::SubscriptionHandle;
 use crate::stream::SequenceToken;
 use crate::telemetry;
+
+/// What a status lookup found of a run with a status.
+pub(super) struct Probed {
+    pub(super) finished: bool,
+    /// Lines the store held.
+    pub(super) lines: u64,
+    /// When the run was last active in the store (ms since the Unix epoch).
+    pub(super) active_ms: u64,
+}
 
 impl Tailer {
     pub(super) fn join(&self) -> bool {
@@ -85,6 +95,11 @@ impl Tailer {
             !stalled
         });
     }
+    /// Whether the store said the run finished.
+    pub(super) fn is_finished(&self) -> bool {
+        self.state.lock().known == Known::Finished
+    }
+
     pub(super) fn probe_due(&self) -> bool {
         let state = self.state.lock();
         state.known != Known::Finished
@@ -93,12 +108,20 @@ impl Tailer {
     }
 
     /// The status lookup's result: finished or not, with the lines the
-    /// store held then; `None` without status.
-    pub(super) fn probed(&self, finished: Option<(bool, u64)>) {
+    /// store held then and when the run was last active there (ms since
+    /// the Unix epoch); `None` without status. `timed`: it counts as the
+    /// timer's probe (the lookup at going live does not).
+    pub(super) fn probed(&self, finished: Option<Probed>, timed: bool) {
         let mut state = self.state.lock();
-        state.clock.last_probe_at = Some(Instant::now());
+        if timed {
+            state.clock.last_probe_at = Some(Instant::now());
+        }
         state.known = match finished {
-            Some((true, lines)) if state.feed.window.head() >= lines => Known::Finished,
+            Some(Probed { finished: true, lines, active_ms }) if state.feed.window.head() >= lines => {
+                let age = Duration::from_millis(crate::stream::now_ms().saturating_sub(active_ms));
+                state.clock.run_active_at = Instant::now().checked_sub(age);
+                Known::Finished
+            }
             Some(_) => Known::Running,
             None => Known::Unknown,
         };
@@ -117,9 +140,21 @@ impl Tailer {
         } else if quiet_for >= secs(settings.max_idle_seconds) {
             Some(EndReason::IdleTimeout)
         } else if quiet_tick
+            // A session still joining would find the tailer ended and no
+            // place in it: the run ends once every one attached.
+            && state.audience.joining == 0
             && match state.known {
                 Known::Running => false,
-                Known::Finished => quiet_for >= secs(settings.finish_grace_seconds),
+                // Quiet since the run's last line, stored or received: a
+                // run that finished long ago ends at once, one that just
+                // finished keeps the grace for late lines.
+                Known::Finished => {
+                    let last = match (state.clock.run_active_at, state.clock.content_at) {
+                        (Some(stored), Some(received)) => Some(stored.max(received)),
+                        (stored, received) => stored.or(received),
+                    };
+                    last.map_or(quiet_for, |last| last.elapsed()) >= secs(settings.finish_grace_seconds)
+                }
                 Known::Unknown => quiet_for >= secs(settings.unknown_run_grace_seconds),
             }
         {

@@ -10,8 +10,9 @@ use backon::Retryable;
 use parking_lot::Mutex;
 
 use super::consumer::TailerConsumer;
+use super::lifecycle::Probed;
 use super::{Phase, Tailer};
-use crate::archive::{RunKey, RunLogReader};
+use crate::archive::{RunInfo, RunKey, RunLogReader};
 use crate::config::{LogStreamSettings, secs};
 use crate::edge::incident;
 use crate::node::{Node, SubscribeError};
@@ -145,10 +146,20 @@ async fn follow(runs: &Runs, tailer: &Arc<Tailer>) {
         return;
     }
     tracing::debug!(run = %tailer.key, lines = info.lines, "tailer live");
+    // A run that finished long ago ends as soon as its viewers attached
+    // (each then reads its lines, and `complete` after them), without
+    // waiting for the timer.
+    tailer.probed(probed(&info), false);
     let every = secs(runs.settings.poll_seconds).max(Duration::from_millis(1));
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
+            _ = tailer.attached.notified(), if tailer.is_finished() => {
+                match tailer.end_reason() {
+                    Some(reason) => return tailer.complete(reason),
+                    None => continue,
+                }
+            }
             _ = tailer.ended() => return,
             _ = stop.cancelled() => return tailer.stop(),
         }
@@ -161,14 +172,19 @@ async fn follow(runs: &Runs, tailer: &Arc<Tailer>) {
             // A finished status counts once this tailer has every line the
             // store held with it (the archiver stores the status after them).
             let finished = match runs.store.info(&tailer.key).await {
-                Ok(info) => info.and_then(|i| Some((i.state?.is_finished(), i.lines))),
-                Err(_) => Some((false, 0)),
+                Ok(info) => info.as_ref().and_then(probed),
+                Err(_) => Some(Probed { finished: false, lines: 0, active_ms: 0 }),
             };
-            tailer.probed(finished);
+            tailer.probed(finished, true);
         }
         if let Some(reason) = tailer.end_reason() {
             tailer.complete(reason);
             return;
         }
     }
+}
+
+/// What a lookup of `info` tells the tailer (`None`: no status yet).
+fn probed(info: &RunInfo) -> Option<Probed> {
+    Some(Probed { finished: info.state?.is_finished(), lines: info.lines, active_ms: info.last_activity_ms() })
 }
