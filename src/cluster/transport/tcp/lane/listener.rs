@@ -16,8 +16,8 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::outbox::Outbox;
 use super::{codec, split_id};
-use crate::cluster::transport::handshake::Credentials;
-use crate::cluster::transport::serving::Serving;
+use crate::cluster::transport::tcp::handshake::Credentials;
+use crate::cluster::transport::tcp::serving::Serving;
 use crate::stream::NodeId;
 use crate::tasks::{Tasks, poll_now};
 

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use super::listener::Limits;
 use super::*;
 use crate::cluster::transport::Served;
-use crate::cluster::transport::serving::{HandlerSlot, Serving};
+use crate::cluster::transport::tcp::serving::{HandlerSlot, Serving};
 use crate::cluster::wire::{self, AgentsCommand, AgentsReport, Reply, Request};
 
 /// Answers `Agents { State }` at once and `Agents { Stop }` once `release`
