@@ -37,7 +37,9 @@ pub struct DemoArgs {
     /// Events per second, all streams together.
     #[arg(long, default_value_t = 5_000)]
     rate: u64,
-    /// Where `/metrics` and `/healthz` are served.
+    /// Where the demo's edge listens (it replaces `[edge] listen`): the log
+    /// API (ingest, SSE stream, pages), the viewer page, `/metrics`,
+    /// `/healthz` and `/readyz`; no admin API.
     #[arg(long, default_value = "127.0.0.1:8585")]
     listen: SocketAddr,
     /// A TOML config (defaults otherwise).
