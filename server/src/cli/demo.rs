@@ -45,8 +45,10 @@ pub struct DemoArgs {
     /// A TOML config (defaults otherwise).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Where the file adapter keeps its queues and checkpoints (events
-    /// survive a restart of the demo).
+    /// The demo's data directory, locked while it runs: queues in
+    /// `DIR/queues`, run logs in `DIR/runs`, Kafka's file checkpoints in
+    /// `DIR/kafka`, and the checker's `DIR/demo-seen.log` (events survive a
+    /// restart of the demo).
     #[arg(long, default_value = "data")]
     data_dir: PathBuf,
     /// Stop after this many seconds instead of waiting for Ctrl-C.
