@@ -329,14 +329,17 @@ pub trait QueueReceiver: Send + 'static {
         Ok(())
     }
 
-    /// After reads that found nothing for a while (the agent's backoff
-    /// reached `poll_period`): a future that completes once the queue may
+    /// Asked after the fourth empty read in a row (the agent polled
+    /// `min_poll_period` apart, doubling: 1, 2, 4 ms with the defaults;
+    /// sooner if that wait reached `poll_period`; never while its reads are
+    /// paused, the cache under pressure): a future that completes once the queue may
     /// hold something new (a write to it, a lost connection to
     /// the store), so that an idle agent waits on it instead of polling.
     /// Waking for nothing is fine (the agent reads, finds nothing, asks
-    /// again); staying asleep while the queue holds unread containers is a
-    /// bug. The future may be dropped unfinished. `None` (the default): the
-    /// agent polls every `poll_period`.
+    /// again after four more empty reads); staying asleep while the queue
+    /// holds unread containers is a bug. The future may be dropped
+    /// unfinished. `None` (the default): the agent goes on polling, the
+    /// wait doubling up to `poll_period`.
     fn wake_on_write(&mut self) -> Option<Wake> {
         None
     }

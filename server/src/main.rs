@@ -29,11 +29,13 @@ enum Command {
     /// consumers, events flowing with a progress line every second, until
     /// Ctrl-C.
     Demo(cli::demo::DemoArgs),
-    /// One node on the embedded file adapter with its HTTP edge, until
-    /// Ctrl-C.
+    /// One node on the adapter `[queues] adapter` names (file, the
+    /// default; redis; kafka; memory) with its HTTP edge, until Ctrl-C or
+    /// SIGTERM.
     Serve(cli::serve::ServeArgs),
-    /// One node of a multi-process cluster on Redis (queues, archive,
-    /// leases, membership) with its HTTP edge, until SIGTERM or Ctrl-C.
+    /// One node of a multi-process cluster (queues on Redis or Kafka;
+    /// archive, leases and membership on Redis) with its HTTP edge, until
+    /// SIGTERM or Ctrl-C.
     Node(cli::node::NodeArgs),
     /// Start, stop or read a running node's pulling agents (admin API).
     Agents(cli::agents::AgentsArgs),

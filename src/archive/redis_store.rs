@@ -3,12 +3,18 @@
 //! ```text
 //! {prefix}:pipelines                 set of pipeline names
 //! {prefix}:runs:{n}:{fqn}            sorted set of run ids by creation time
-//! {prefix}:run:{n}:{fqn}:{runId}     hash: lines, bytes, state, token, created, updated, indexed
+//! {prefix}:run:{n}:{fqn}:{runId}     hash: lines, bytes, state, created, updated, major and minor
+//!                                    (the last stored container's token), fence, recent, indexed
 //! {prefix}:log:{n}:{fqn}:{runId}     list of lines
 //! {prefix}:times:{n}:{fqn}:{runId}   sorted set of `offset:ms` by offset: when each container's lines arrived
 //! ```
 //!
-//! (`{n}` is the length of the fqn, so no two runs share a key.) On a
+//! (`{n}` is the length of the fqn, so no two runs share a key; `created`
+//! and `updated` are ms since the Unix epoch; `recent` holds the
+//! fingerprints of the last 128 containers appended, so one redelivered
+//! under another token is not appended twice. The run facts the edge
+//! answers are `lines`, `bytes`, `state`, `created` as `createdMs` and the
+//! later of `created` and `updated` as `updatedMs`.) On a
 //! Redis Cluster a run's three keys end in `{{n}:{fqn}:{runId}}` instead, a
 //! hash tag that keeps them in one slot; the two listing keys live
 //! wherever they hash.

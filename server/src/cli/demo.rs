@@ -37,14 +37,18 @@ pub struct DemoArgs {
     /// Events per second, all streams together.
     #[arg(long, default_value_t = 5_000)]
     rate: u64,
-    /// Where `/metrics` and `/healthz` are served.
+    /// Where the demo's edge listens (it replaces `[edge] listen`): the log
+    /// API (ingest, SSE stream, pages), the viewer page, `/metrics`,
+    /// `/healthz` and `/readyz`; no admin API.
     #[arg(long, default_value = "127.0.0.1:8585")]
     listen: SocketAddr,
     /// A TOML config (defaults otherwise).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Where the file adapter keeps its queues and checkpoints (events
-    /// survive a restart of the demo).
+    /// The demo's data directory, locked while it runs: queues in
+    /// `DIR/queues`, run logs in `DIR/runs`, Kafka's file checkpoints in
+    /// `DIR/kafka`, and the checker's `DIR/demo-seen.log` (events survive a
+    /// restart of the demo).
     #[arg(long, default_value = "data")]
     data_dir: PathBuf,
     /// Stop after this many seconds instead of waiting for Ctrl-C.

@@ -1,5 +1,7 @@
 //! `tailrace node --config FILE`: one node of a multi-process cluster. Its
-//! queues, checkpoints, subscriptions and run logs are in Redis; it takes
+//! queues are in Redis or Kafka (`[queues] adapter = "redis"` or
+//! `"kafka"`; Kafka's checkpoints then in Redis too); checkpoints,
+//! subscriptions and run logs are in Redis; it takes
 //! queue leases in Redis (on the queues' server and key prefix, so their
 //! tokens fence the queues' writes) and keeps a member record there; the lease
 //! balancer (the default here) spreads the queues over the live members.
@@ -17,8 +19,8 @@ use tailrace::server::Server;
 /// Options of `tailrace node`.
 #[derive(clap::Args, Debug)]
 pub struct NodeArgs {
-    /// The node's TOML config: `[node] name`, Redis queues and archive,
-    /// `[edge] listen`.
+    /// The node's TOML config: `[node] name`, Redis or Kafka queues, Redis
+    /// archive, `[edge] listen`.
     #[arg(long)]
     config: PathBuf,
 }

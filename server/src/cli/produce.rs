@@ -72,7 +72,10 @@ pub struct ProduceArgs {
     /// Longest a read line waits before it is sent.
     #[arg(long, default_value_t = 200)]
     flush_ms: u64,
-    /// Attempts per request before giving up.
+    /// Tries in all per batch of lines (not retries): a connection error
+    /// or an answer other than 2xx and 4xx (such as 503) is tried again
+    /// after a backoff (100 ms growing to 10 s); a 4xx stops at once. The
+    /// status PUT is sent once.
     #[arg(long, default_value_t = 8)]
     attempts: u32,
     /// The command to run and whose output to send (after `--`).

@@ -1,6 +1,7 @@
-//! `tailrace serve`: one node on the embedded file adapter, with its HTTP
-//! edge, until Ctrl-C or SIGTERM; then every queue is handed over in order and the
-//! queue files are sealed. On Redis queues it runs alone: it refuses to
+//! `tailrace serve`: one node on the adapter `[queues] adapter` names
+//! (`file`, the default; `redis`; `kafka`; `memory`), with its HTTP edge,
+//! until Ctrl-C or SIGTERM; then every queue is handed over in order (on
+//! the file adapter the queue files are sealed). On Redis queues it runs alone: it refuses to
 //! start next to another live process on the same Redis key prefix
 //! (several processes share the queues as `tailrace node`). The server
 //! itself is the library's ([`tailrace::server`]); this is its command line.
@@ -20,7 +21,11 @@ pub struct ServeArgs {
     /// Where the edge listens (default: `[edge] listen`, 127.0.0.1:8585).
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// Where the file adapter keeps its queues and checkpoints.
+    /// The node's data directory, locked while it runs: the file adapter's
+    /// queues and checkpoints in `DIR/queues`, Kafka's file checkpoints in
+    /// `DIR/kafka`, the file archive's run logs in `DIR/runs` (these
+    /// replace the config's `[adapters.file] dir`, `[adapters.kafka]
+    /// checkpoint_dir` and `[archive] dir`).
     #[arg(long, default_value = "data")]
     data_dir: PathBuf,
 }
