@@ -7,10 +7,12 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 
 use super::{Node, NodeError, ownership};
+use crate::agent::{AgentMsg, AgentStatus};
 use crate::manager::{AgentsState, ManagerMsg, ManagerStatus};
+use crate::stream::QueueId;
 use crate::tasks::STOP_TIMEOUT;
 
-/// How long a call to the pulling manager may take.
+/// How long a call to the pulling manager, or to an agent, may take.
 const MANAGER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Node {
@@ -54,6 +56,17 @@ impl Node {
     /// The manager's queues and counters.
     pub async fn status(&self) -> Result<ManagerStatus, NodeError> {
         self.ask(ManagerMsg::GetStatus).await
+    }
+
+    /// The counters of this node's agent of `queue` (reads, deliveries,
+    /// acks, whether it sleeps…), or `None` when no agent of this node
+    /// serves it (or it stopped before it answered).
+    pub async fn agent_status(&self, queue: QueueId) -> Option<AgentStatus> {
+        let agent = self.agents.get(queue)?;
+        match agent.call(AgentMsg::GetStatus, Some(MANAGER_CALL_TIMEOUT)).await {
+            Ok(CallResult::Success(status)) => Some(status),
+            _ => None,
+        }
     }
 
     /// Leaves the cluster gracefully: other nodes take the queues over as

@@ -205,16 +205,14 @@ pub mod scripted;
 pub mod store;
 pub mod tcp_proxy;
 
-use tailrace::agent::{AgentMsg, AgentStatus};
+use tailrace::agent::AgentStatus;
 use tailrace::config::Config;
-use tailrace::manager::AgentDirectory;
 use tailrace::node::Node;
 use tailrace::queue::QueueAdapterFactory;
 
-/// One node over a factory, with its agent directory and store exposed.
+/// One node over a factory, with its pub-sub store exposed.
 pub struct TestNode {
     pub node: Node,
-    pub agents: Arc<AgentDirectory>,
     pub store: Arc<store::GatedStore>,
 }
 
@@ -229,22 +227,18 @@ impl TestNode {
         implicit: ImplicitSubscriptions,
         extra: impl FnOnce(tailrace::node::NodeBuilder) -> tailrace::node::NodeBuilder,
     ) -> Self {
-        let agents = Arc::new(AgentDirectory::new());
         let store = store::GatedStore::new();
-        let builder = Node::builder(NodeId::new("test"), factory)
-            .config(config)
-            .implicit(implicit)
-            .agents(agents.clone())
-            .store(store.clone());
+        let builder =
+            Node::builder(NodeId::new("test"), factory).config(config).implicit(implicit).store(store.clone());
         let node = extra(builder).start().await.unwrap();
-        Self { node, agents, store }
+        Self { node, store }
     }
 
-    /// The agent of `queue`, once it runs.
-    pub async fn agent(&self, queue: u32) -> ractor::ActorRef<AgentMsg> {
+    /// The status of the agent of `queue`, once it runs (panics after 10 s).
+    pub async fn agent(&self, queue: u32) -> AgentStatus {
         for _ in 0..2_000 {
-            if let Some(agent) = self.agents.get(QueueId(queue)) {
-                return agent;
+            if let Some(status) = self.node.agent_status(QueueId(queue)).await {
+                return status;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -264,9 +258,10 @@ impl TestNode {
         }
     }
 
+    /// The status of the agent of `queue` (waits for it to run, as
+    /// [`TestNode::agent`]).
     pub async fn status(&self, queue: u32) -> AgentStatus {
-        let agent = self.agent(queue).await;
-        ractor::call!(agent, AgentMsg::GetStatus).unwrap()
+        self.agent(queue).await
     }
 }
 

@@ -13,7 +13,7 @@ use tailrace::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer, SubscriptionInfo,
 };
 use tailrace::queue::QueueAdapterFactory;
-use tailrace::stream::{Event, EventId, StreamId};
+use tailrace::stream::{Event, EventId, QueueId, StreamId};
 
 use super::{TestNode, quick_config};
 
@@ -92,8 +92,8 @@ pub async fn run(node: &TestNode, key: &str, trial: &Trial, produced: &mut u64) 
     *produced += tokens.len() as u64;
     let queue = node.node.mapper().queue_for(&stream).0;
     let want_acked = *produced;
-    let agent = node.agent(queue).await;
-    let acked = async || ractor::call!(agent, tailrace::agent::AgentMsg::GetStatus).map(|s| s.acked).unwrap_or(0);
+    node.agent(queue).await;
+    let acked = async || node.node.agent_status(QueueId(queue)).await.map_or(0, |s| s.acked);
     let deadline = tokio::time::Instant::now() + WAIT;
     while acked().await < want_acked {
         if tokio::time::Instant::now() >= deadline {
