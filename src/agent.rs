@@ -1,9 +1,8 @@
-//! The pulling agent: one actor per owned queue. It reads its queue in
-//! batches, caches what it read ([`QueueCache`]), finds each stream's
-//! subscribers (pub-sub + handshake), delivers to every subscription in order
-//! and at least once, checkpoints delivery progress and, when asked to stop,
-//! hands the queue over in strict order. Idle, it sleeps until its receiver
-//! says the queue was written.
+//! The pulling agent: one actor per owned queue. It reads its queue in batches, caches what it
+//! read ([`QueueCache`]), finds each stream's subscribers (pub-sub + handshake), delivers to
+//! every subscription in order and at least once, checkpoints delivery progress and, when asked
+//! to stop, hands the queue over in strict order. Idle, it sleeps until its receiver says the
+//! queue was written.
 //!
 //! This file is the loop: [`PullingAgent::handle`] matches every message and
 //! says what happens. Queue I/O (a pump) and deliveries run in the agent up
@@ -19,11 +18,10 @@
 //!          └▶ ready cursors ─▶ dispatch ─▶ [deliver with retries; the lane if it waits] ─▶ Delivered ─▶ dispatch …
 //! ```
 //!
-//! The state is split into parts under `agent/` (`pump`, `streams`,
-//! `subscription`, `lookup`, `delivery`, `shutdown`, `messages`, `calls`,
-//! `worker`, `status`, `settings`: each file opens with what it owns), none
-//! calling back into the agent: they return what should happen next, and
-//! the agent carries it out.
+//! The state is split into parts under `agent/` (`pump`, `streams`, `subscription`, `lookup`,
+//! `delivery`, `shutdown`, `messages`, `calls`, `worker`, `status`, `settings`: each file opens
+//! with what it owns), none calling back into the agent: they return what should happen next,
+//! and the agent carries it out. `tests.rs` drives an agent through its messages.
 
 mod calls;
 mod delivery;
@@ -35,6 +33,8 @@ mod shutdown;
 mod status;
 mod streams;
 mod subscription;
+#[cfg(test)]
+mod tests;
 mod worker;
 
 use std::sync::Arc;

@@ -50,6 +50,8 @@ pub mod stream;
 #[doc(hidden)]
 pub mod tasks;
 pub mod telemetry;
+#[cfg(test)]
+mod testing;
 #[doc(hidden)]
 pub mod tls;
 

@@ -389,3 +389,6 @@ impl Manager {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
