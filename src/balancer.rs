@@ -142,3 +142,6 @@ impl Hash for RingKey {
         state.write(&self.0.0.to_le_bytes());
     }
 }
+
+#[cfg(test)]
+mod tests;

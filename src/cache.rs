@@ -130,17 +130,13 @@ impl QueueCache {
         self.done_through = self.done_through.max(token);
     }
 
-    /// The cache's options.
-    pub fn options(&self) -> &CacheOptions {
-        &self.options
-    }
-
     /// Containers cached now.
     pub fn len(&self) -> usize {
         self.items.len()
     }
 
     /// Whether nothing is cached.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
@@ -350,3 +346,6 @@ fn predecessor(t: SequenceToken) -> Option<SequenceToken> {
         (major, minor) => Some(SequenceToken::new(major, minor - 1)),
     }
 }
+
+#[cfg(test)]
+mod tests;

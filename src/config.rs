@@ -15,7 +15,7 @@ use crate::adapters::kafka::KafkaOptions;
 use crate::adapters::memory::MemoryOptions;
 use crate::adapters::redis::RedisOptions;
 use crate::agent::AgentOptions;
-use crate::balancer::BalancerKind;
+pub use crate::balancer::BalancerKind;
 use crate::checkpoint::CheckpointOptions;
 use crate::cluster::{LeaseOptions, MembershipOptions};
 use crate::manager::ManagerOptions;

@@ -1,12 +1,12 @@
 //! tailrace: durable, ordered event streams in the style of Microsoft
 //! Orleans' persistent streams.
 //!
-//! Nodes *pull* from durable queues. Each node's [`manager::PullingManager`]
-//! applies queue-ownership notifications in sequence order and runs one
-//! [`agent::PullingAgent`] per owned queue; an agent reads batches, caches
-//! them in a pressure-bucketed [`cache::QueueCache`] with one cursor per
-//! subscription, delivers in order with at-least-once semantics, checkpoints
-//! its progress and hands its queue over in strict order on shutdown.
+//! Nodes *pull* from durable queues. Each node's pulling manager applies
+//! queue-ownership notifications in sequence order and runs one pulling
+//! agent per owned queue; an agent reads batches, caches them in a
+//! pressure-bucketed queue cache with one cursor per subscription, delivers
+//! in order with at-least-once semantics, checkpoints its progress and hands
+//! its queue over in strict order on shutdown.
 //!
 //! The types a program needs are at the root: a [`Node`] (built with
 //! [`Node::builder`]) [produces](Node::produce) [`Event`]s to a
@@ -25,8 +25,8 @@ pub mod archive;
 mod atomic_file;
 #[doc(hidden)]
 pub mod backend;
-pub mod balancer;
-pub mod cache;
+mod balancer;
+mod cache;
 pub mod checkpoint;
 pub mod cluster;
 pub mod config;

@@ -58,6 +58,7 @@ pub struct Purged {
 
 impl Purged {
     /// Nothing was drained.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.acked.is_empty() && self.failed.is_empty()
     }
