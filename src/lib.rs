@@ -20,7 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod adapters;
-pub mod agent;
+mod agent;
 pub mod archive;
 mod atomic_file;
 #[doc(hidden)]
@@ -36,8 +36,8 @@ pub mod edge;
 pub mod failure;
 pub mod handoff;
 pub mod harness;
-pub mod manager;
-pub mod node;
+mod manager;
+mod node;
 pub mod pubsub;
 pub mod queue;
 #[doc(hidden)]
@@ -46,7 +46,7 @@ pub mod redis_conn;
 pub mod retry;
 #[cfg(all(feature = "edge", feature = "cluster"))]
 pub mod server;
-pub mod stream;
+mod stream;
 #[doc(hidden)]
 pub mod tasks;
 pub mod telemetry;
@@ -55,12 +55,10 @@ mod testing;
 #[doc(hidden)]
 pub mod tls;
 
-// The front door: what a program that runs a node, produces, subscribes or
-// plugs in a queue needs. Each is also at its module's path, its one home.
-pub use agent::AttachError;
-pub use archive::{Archiver, RunKey, RunLogStore};
-pub use config::Config;
-pub use node::{Node, NodeBuilder, NodeError, SubscribeError};
-pub use pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionId};
-pub use queue::{Checkpointer, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
-pub use stream::{BatchContainer, Event, EventId, NodeId, QueueId, SequenceToken, StreamId};
+// The front door: the node, its errors and reports, and the vocabulary of
+// streams. Their modules are private: these are their one path. Everything
+// else is at its module's path (`queue`, `pubsub`, `config`, `archive`…).
+pub use agent::{AgentStatus, AttachError};
+pub use manager::{AgentsState, ManagerStatus};
+pub use node::{Node, NodeBuilder, NodeError, SubscribeError, SubscriptionHandle};
+pub use stream::{BatchContainer, Event, EventId, NodeId, ParseTokenError, QueueId, SequenceToken, StreamId};

@@ -47,7 +47,8 @@ use crate::pubsub::{LocalConsumers, PubSubError, PubSubStore, StartPosition, Sub
 use crate::queue::{QueueAdapter, QueueError, QueueMapper};
 use crate::stream::{Event, NodeId, SequenceToken, StreamId};
 use crate::tasks::Tasks;
-pub use builder::{AgentsHook, NodeBuilder};
+pub(crate) use builder::AgentsHook;
+pub use builder::NodeBuilder;
 use tracked::TrackedConsumer;
 
 /// A node could not start or answer.
@@ -66,9 +67,9 @@ pub enum NodeError {
     /// The manager stopped before it answered.
     #[error("the pulling manager stopped before it answered")]
     ManagerGone,
-    /// The message could not reach the manager.
+    /// The message could not reach the manager (why).
     #[error("the pulling manager could not be reached: {0}")]
-    Manager(#[source] ractor::MessagingErr<ManagerMsg>),
+    Manager(String),
 }
 
 /// `subscribe`, `resume` or `unsubscribe` failed; nothing is left behind.
@@ -168,8 +169,8 @@ impl Node {
     }
 
     /// The pulling manager (for tests; the node's own methods are the API).
-    #[doc(hidden)]
-    pub fn manager(&self) -> &ActorRef<ManagerMsg> {
+    #[cfg(test)]
+    pub(crate) fn manager(&self) -> &ActorRef<ManagerMsg> {
         &self.manager
     }
 
@@ -179,8 +180,8 @@ impl Node {
     /// ```
     /// # use std::sync::Arc;
     /// # use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-    /// # use tailrace::node::Node;
-    /// use tailrace::stream::{Event, NodeId, StreamId};
+    /// # use tailrace::Node;
+    /// use tailrace::{Event, NodeId, StreamId};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -197,7 +198,7 @@ impl Node {
     }
 
     /// The transport to the other processes, if the node has one.
-    pub fn cluster_transport(&self) -> Option<&Arc<dyn ClusterTransport>> {
+    pub(crate) fn cluster_transport(&self) -> Option<&Arc<dyn ClusterTransport>> {
         self.transport.as_ref()
     }
 }

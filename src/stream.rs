@@ -308,7 +308,7 @@ pub struct BatchContainer {
 /// `i64::MAX` compare correctly.
 ///
 /// ```
-/// use tailrace::stream::SequenceToken;
+/// use tailrace::SequenceToken;
 ///
 /// let token: SequenceToken = "1764460800000-3".parse().unwrap();
 /// assert_eq!(token, SequenceToken::new(1_764_460_800_000, 3));

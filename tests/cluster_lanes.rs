@@ -20,11 +20,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::certs::authority;
 use common::eventually;
+use tailrace::NodeId;
 use tailrace::cluster::wire::{AgentsCommand, AgentsReport, Reply, Request};
 use tailrace::cluster::{
     ClusterTransport, Member, RactorTransport, Served, TlsFiles, TransportError, TransportSettings,
 };
-use tailrace::stream::NodeId;
 use tokio::sync::watch;
 
 /// Held by each test: one pair of transports in the process at a time.

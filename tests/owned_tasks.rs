@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use common::logs::{Sse, quick_settings};
 use common::*;
+use tailrace::Node;
+use tailrace::NodeId;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::archive::{Archiver, FileRunLogStore, LOGS_NAMESPACE};
 use tailrace::config::EdgeOptions;
 use tailrace::edge::LogEdge;
-use tailrace::node::Node;
 use tailrace::pubsub::{ImplicitSubscriptions, StartPosition};
-use tailrace::stream::NodeId;
 use tokio::io::AsyncWriteExt;
 
 /// A guard against a hang, well above the stop bound

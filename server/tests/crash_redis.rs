@@ -20,7 +20,7 @@ use common::redis_server::RedisServer;
 use common::*;
 use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
 use tailrace::queue::{QueueAdapter, QueueAdapterFactory, QueueMapper};
-use tailrace::stream::{Event, StreamId};
+use tailrace::{Event, StreamId};
 
 const QUEUES: u32 = 2;
 
@@ -210,7 +210,7 @@ async fn a_node_through_several_lives_on_one_redis_loses_nothing() {
 async fn the_restart_checks_catch_what_they_are_for() {
     use tailrace::checkpoint::MemoryCheckpointer;
     use tailrace::queue::{Checkpointer, Fence};
-    use tailrace::stream::{QueueId, SequenceToken};
+    use tailrace::{QueueId, SequenceToken};
 
     let fails = |lives: &Lives, dir: &std::path::Path| {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lives.check(dir))).is_err()

@@ -24,7 +24,7 @@ impl Node {
             Ok(CallResult::Success(value)) => Ok(value),
             Ok(CallResult::Timeout) => Err(NodeError::ManagerTimeout(MANAGER_CALL_TIMEOUT)),
             Ok(CallResult::SenderError) => Err(NodeError::ManagerGone),
-            Err(e) => Err(NodeError::Manager(e)),
+            Err(e) => Err(NodeError::Manager(e.to_string())),
         }
     }
 

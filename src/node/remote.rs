@@ -74,7 +74,7 @@ impl Node {
 
     /// What this node answers other nodes with (install it in the
     /// transport once the node runs).
-    pub fn remote_calls(self: &Arc<Self>) -> Arc<dyn Served> {
+    pub(crate) fn remote_calls(self: &Arc<Self>) -> Arc<dyn Served> {
         Arc::new(RemoteCalls { node: Arc::downgrade(self), newest: Mutex::new(HashMap::new()) })
     }
 
@@ -82,7 +82,7 @@ impl Node {
     /// life of this name: their consumers died with it), then, until the
     /// node shuts down, those of every node gone from `members` for
     /// `grace`.
-    pub fn purge_departed(self: &Arc<Self>, members: watch::Receiver<Vec<Member>>, grace: Duration) {
+    pub(crate) fn purge_departed(self: &Arc<Self>, members: watch::Receiver<Vec<Member>>, grace: Duration) {
         let node = Arc::downgrade(self);
         let stop = self.tasks.token().clone();
         let me = self.id.clone();

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use tailrace::pubsub::{
     ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer, SubscriptionInfo,
 };
-use tailrace::stream::{Event, EventId, NodeId, QueueId, SequenceToken, StreamId};
+use tailrace::{Event, EventId, NodeId, QueueId, SequenceToken, StreamId};
 
 /// The `tailrace` binary the process tests run: `TAILRACE_TEST_BIN` (a
 /// build of another commit, a mutant), or the one cargo built beside the
@@ -181,7 +181,7 @@ pub fn ids(prefix: &str, range: std::ops::Range<u64>) -> Vec<String> {
 }
 
 /// The ids of the events in containers a receiver read, in order.
-pub fn read_ids(batches: &[Arc<tailrace::stream::BatchContainer>]) -> Vec<String> {
+pub fn read_ids(batches: &[Arc<tailrace::BatchContainer>]) -> Vec<String> {
     batches.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect()
 }
 
@@ -205,9 +205,9 @@ pub mod scripted;
 pub mod store;
 pub mod tcp_proxy;
 
-use tailrace::agent::AgentStatus;
+use tailrace::AgentStatus;
+use tailrace::Node;
 use tailrace::config::Config;
-use tailrace::node::Node;
 use tailrace::queue::QueueAdapterFactory;
 
 /// One node over a factory, with its pub-sub store exposed.
@@ -225,7 +225,7 @@ impl TestNode {
         factory: Arc<dyn QueueAdapterFactory>,
         config: Config,
         implicit: ImplicitSubscriptions,
-        extra: impl FnOnce(tailrace::node::NodeBuilder) -> tailrace::node::NodeBuilder,
+        extra: impl FnOnce(tailrace::NodeBuilder) -> tailrace::NodeBuilder,
     ) -> Self {
         let store = store::GatedStore::new();
         let builder =

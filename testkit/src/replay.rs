@@ -13,7 +13,7 @@ use tailrace::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer, SubscriptionInfo,
 };
 use tailrace::queue::QueueAdapterFactory;
-use tailrace::stream::{Event, EventId, QueueId, StreamId};
+use tailrace::{Event, EventId, QueueId, StreamId};
 
 use super::{TestNode, quick_config};
 
@@ -205,7 +205,7 @@ where
 /// A start older than what the queue holds is refused, naming the oldest
 /// position it still holds; a subscription from there gets everything
 /// from there on, exactly.
-pub async fn past_retention(node: TestNode, stream: StreamId, old: tailrace::stream::SequenceToken, written: u64) {
+pub async fn past_retention(node: TestNode, stream: StreamId, old: tailrace::SequenceToken, written: u64) {
     let refused = node.node.subscribe(&stream, Arc::new(Tape::default()), StartPosition::At(old)).await.unwrap_err();
     let oldest = refused.oldest_held().unwrap_or_else(|| panic!("the refusal names no oldest position: {refused}"));
     assert!(oldest > old, "{refused}");
