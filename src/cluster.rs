@@ -1,6 +1,6 @@
 //! What the nodes of a cluster share: identity, membership and queue leases.
 //! (The in-process multi-node harness is [`crate::harness`]; the directory
-//! of running agents is the manager's, [`crate::manager::AgentDirectory`].)
+//! of running agents is the manager's.)
 //!
 //! A node is one OS process of a cluster, or one of several nodes hosted by a
 //! single process (tests, the demo). Membership says which nodes are live;

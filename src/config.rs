@@ -21,6 +21,7 @@ use crate::cluster::{LeaseOptions, MembershipOptions};
 pub use crate::manager::ManagerOptions;
 use crate::pubsub::PubSubOptions;
 use crate::queue::CacheOptions;
+pub use crate::retry::Backoff;
 pub use cluster::{COOKIE_ENV, ClusterSection, ClusterTls, MIN_COOKIE_LEN};
 pub use diagnostics::DiagnosticsSection;
 #[cfg(feature = "edge")]

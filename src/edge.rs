@@ -6,9 +6,9 @@
 //! every connection is HTTPS (`edge/https.rs`).
 //!
 //! Every task the edge spawns (one per accepted connection, one per tailer
-//! and per tailer's unsubscribe) belongs to its
-//! [`Tasks`]; the server task returned by [`serve`] and [`LogEdge::serve`]
-//! ends only once they all ended, or [`STOP_TIMEOUT`] after its stop.
+//! and per tailer's unsubscribe) is tracked; the server task returned by
+//! [`serve`] and [`LogEdge::serve`] ends only once they all ended, or 2 s
+//! after its stop.
 
 mod admin;
 mod auth;
@@ -216,9 +216,9 @@ impl LogEdge {
     ///
     /// When `shutdown` fires the edge stops as a whole: its streams end,
     /// its tailers end and give their subscriptions back, and the returned
-    /// server task ends once every task of the edge ended, or
-    /// [`STOP_TIMEOUT`] after the connections closed (what still runs then
-    /// is logged and left behind).
+    /// server task ends once every task of the edge ended, or 2 s after
+    /// the connections closed (what still runs then is logged and left
+    /// behind).
     pub async fn serve(
         self: &Arc<Self>,
         addr: SocketAddr,
@@ -287,7 +287,7 @@ fn viewer_page() -> &'static str {
 /// Binds `addr` and serves `router` until `shutdown` fires. Returns the
 /// bound address (useful with port 0) and the server task, which owns the
 /// connections' tasks and ends once they ended (open connections are given
-/// a graceful close), or [`STOP_TIMEOUT`] after that. While it runs it also
+/// a graceful close), or 2 s after that. While it runs it also
 /// does the upkeep of the recorder [`install_metrics`] installed.
 pub async fn serve(
     addr: SocketAddr,

@@ -8,11 +8,25 @@
 //! in order with at-least-once semantics, checkpoints its progress and hands
 //! its queue over in strict order on shutdown.
 //!
-//! The types a program needs are at the root: a [`Node`] (built with
-//! [`Node::builder`]) [produces](Node::produce) [`Event`]s to a
-//! [`StreamId`] and [subscribes](Node::subscribe) a [`StreamConsumer`];
-//! a queue plugs in as a [`QueueAdapterFactory`] (checked by
-//! [`conformance`]); the [`Archiver`] keeps pipeline runs' logs.
+//! At the root: a [`Node`] (built with [`Node::builder`])
+//! [produces](Node::produce) [`Event`]s to a [`StreamId`] and
+//! [subscribes](Node::subscribe) a consumer, with the node's errors and
+//! reports. Everything else has one path, in its module:
+//!
+//! - [`pubsub`]: consumers ([`pubsub::StreamConsumer`]), deliveries and
+//!   subscriptions;
+//! - [`queue`]: the traits a queue adapter implements
+//!   ([`queue::QueueAdapterFactory`]), checked by [`conformance`];
+//!   [`adapters`]: the built-in ones; [`checkpoint`]: checkpointers;
+//! - [`config`]: the settings of a node;
+//! - [`archive`]: pipeline runs' logs ([`archive::Archiver`]); [`handoff`]:
+//!   the file adapter's writer and its recovery;
+//! - [`cluster`]: membership and queue leases; [`harness`]: several nodes
+//!   in one process; [`failure`]: delivery failures and dead letters;
+//! - `server` and `edge` (features `edge` and `cluster`): a whole node with
+//!   its HTTP edge, as the `tailrace` binary runs it;
+//! - [`telemetry`]: metric names; [`redis_conn`] and [`tls`]: how Redis
+//!   and TLS files named in settings are reached and read.
 //!
 //! Start with `docs/architecture.md`; `docs/adapters.md` shows how to plug in
 //! a queue.
@@ -23,8 +37,7 @@ pub mod adapters;
 mod agent;
 pub mod archive;
 mod atomic_file;
-#[doc(hidden)]
-pub mod backend;
+mod backend;
 mod balancer;
 mod cache;
 pub mod checkpoint;
@@ -40,19 +53,15 @@ mod manager;
 mod node;
 pub mod pubsub;
 pub mod queue;
-#[doc(hidden)]
 pub mod redis_conn;
-#[doc(hidden)]
-pub mod retry;
+mod retry;
 #[cfg(all(feature = "edge", feature = "cluster"))]
 pub mod server;
 mod stream;
-#[doc(hidden)]
-pub mod tasks;
+mod tasks;
 pub mod telemetry;
 #[cfg(test)]
 mod testing;
-#[doc(hidden)]
 pub mod tls;
 
 // The front door: the node, its errors and reports, and the vocabulary of

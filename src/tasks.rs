@@ -87,6 +87,7 @@ impl Tasks {
     }
 
     /// Whether no task of this set runs.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.tracker.is_empty()
     }

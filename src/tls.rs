@@ -79,7 +79,7 @@ pub fn cert_chain(setting: &str, path: &Path) -> Result<Vec<CertificateDer<'stat
 }
 
 /// The private key in the PEM file `path`, which `setting` names.
-pub fn private_key(setting: &str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+pub(crate) fn private_key(setting: &str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_file(path).map_err(|e| read_error(setting, path, e))
 }
 
@@ -101,7 +101,7 @@ pub fn roots(setting: &str, path: &Path) -> Result<RootCertStore, TlsError> {
 /// `{prefix}.cert` and `{prefix}.key` name, and asks clients for no
 /// certificate; it speaks HTTP/1.1 (ALPN). Fails, naming the setting and
 /// the file, on a file that does not read or a key that does not match.
-pub fn http_server(prefix: &str, cert: &Path, key: &Path) -> Result<rustls::ServerConfig, TlsError> {
+pub(crate) fn http_server(prefix: &str, cert: &Path, key: &Path) -> Result<rustls::ServerConfig, TlsError> {
     let chain = cert_chain(&format!("{prefix}.cert"), cert)?;
     let key_der = private_key(&format!("{prefix}.key"), key)?;
     let config_error = |reason: rustls::Error| TlsError::Config {

@@ -223,7 +223,7 @@ async fn checkpoints_and_subscriptions_are_shared_through_redis() {
     config.queues.adapter = "redis".into();
     config.adapters.redis.url = server.url();
     config.pubsub.max_subscriptions_per_stream = 2;
-    let built = tailrace::backend::build(&config, None).await.unwrap();
+    let built = tailrace::adapters::build(&config, None).await.unwrap();
     assert_eq!(built.factory.name(), "redis");
     let (store_a, store_b) = (a.pubsub_store(2), built.store.expect("redis shares its pub-sub store"));
     shared_subscriptions(&store_a, store_b.as_ref()).await;
@@ -296,7 +296,7 @@ async fn a_redis_restart_mid_run_loses_nothing() {
     let adapter = f.adapter();
     let recorder = Recorder::new();
     let mut config = quick_config();
-    config.agent.reader_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(100));
+    config.agent.reader_backoff = tailrace::config::Backoff::fixed(Duration::from_millis(100));
     let node = TestNode::start(f.clone(), config, implicit("t", &recorder)).await;
     let s = stream("t", "restart");
     let mut acked = BTreeSet::new();
@@ -405,7 +405,7 @@ async fn all_delivered(recorder: &Recorder, s: &tailrace::StreamId, range: std::
 async fn start_node(server: &RedisServer, recorder: &Recorder) -> (Arc<RedisAdapterFactory>, TestNode) {
     let f = factory(server, "n1").await;
     let mut config = quick_config();
-    config.agent.reader_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(100));
+    config.agent.reader_backoff = tailrace::config::Backoff::fixed(Duration::from_millis(100));
     let node = TestNode::start(f.clone(), config, implicit("t", recorder)).await;
     (f, node)
 }

@@ -42,7 +42,7 @@ fn child_redis_node() {
         let mut config = quick_config();
         config.checkpoint.persist_interval = Duration::from_millis(100);
         config.agent.max_delivery_batch = 1;
-        config.agent.reader_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(100));
+        config.agent.reader_backoff = tailrace::config::Backoff::fixed(Duration::from_millis(100));
         let node = TestNode::start(factory, config, audit.implicit("crash")).await;
         println!("\n{READY}");
         until_told_to_stop().await;

@@ -71,9 +71,8 @@ impl Node {
 
     /// Leaves the cluster gracefully: other nodes take the queues over as
     /// this node's agents finish their ordered shutdown. Returns once the
-    /// manager stopped and every task of the node ended, or
-    /// [`STOP_TIMEOUT`] after the manager stopped (what still runs then is
-    /// logged and left behind). The tasks are waited for even if the
+    /// manager stopped and every task of the node ended, or 2 s after the
+    /// manager stopped (what still runs then is logged and left behind). The tasks are waited for even if the
     /// manager did not answer.
     pub async fn shutdown(&self) -> Result<(), NodeError> {
         self.membership.leave(&self.id);

@@ -268,8 +268,8 @@ impl TestNode {
 /// Test settings: quick retries, quick polls.
 pub fn quick_config() -> Config {
     let mut config = Config::default();
-    config.agent.delivery_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(10));
-    config.agent.reader_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(10));
+    config.agent.delivery_backoff = tailrace::config::Backoff::fixed(Duration::from_millis(10));
+    config.agent.reader_backoff = tailrace::config::Backoff::fixed(Duration::from_millis(10));
     config.agent.max_delivery_time = Duration::from_secs(2);
     config.agent.delivery_attempt_timeout = Duration::from_secs(1);
     config.checkpoint.persist_interval = Duration::ZERO;
