@@ -21,10 +21,11 @@ mod settings;
 pub mod transport;
 pub mod wire;
 
-pub use detector::{FailureDetector, PROBE_TIMEOUT};
+pub(crate) use detector::FailureDetector;
 pub use lease::{Lease, LeaseError, MemoryLeases, QueueLeases};
 pub use membership::Membership;
-pub use redis_leases::{RedisLeases, queue_tag};
+pub use redis_leases::RedisLeases;
+pub(crate) use redis_leases::queue_tag;
 pub use redis_membership::{Member, MembershipError, RedisMembership};
 pub use settings::{LeaseOptions, MembershipOptions};
 pub use transport::{ClusterTransport, Served, TransportError};

@@ -41,9 +41,8 @@ use axum::routing::{get, post, put};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
-pub use admin::{ClusterView, admin_router};
+pub(crate) use admin::{ClusterView, admin_router};
 pub use auth::check_listen;
-pub use frames::{BYTES_MESSAGE, DURATION_MESSAGE, EndReason, IDLE_MESSAGE, TOO_MANY_RUNS, TOO_MANY_VIEWERS};
 pub use https::check_tls;
 
 use crate::archive::{Archiver, RunKey, RunLogReader};

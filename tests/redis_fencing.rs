@@ -210,7 +210,7 @@ async fn an_agent_whose_lease_was_superseded_stops_and_resumes_under_a_fresh_tok
 
     // A newer grant elsewhere (as after a pause): the fence counter moves on.
     let _: u64 = redis::cmd("INCR")
-        .arg(format!("{}:fence", tailrace::cluster::queue_tag("tailrace", queue)))
+        .arg(format!("tailrace:{{{queue}}}:fence"))
         .query_async(&mut conn(&server).await)
         .await
         .unwrap();

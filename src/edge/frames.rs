@@ -5,15 +5,15 @@ use bytes::Bytes;
 use serde::Serialize;
 
 /// `TOO_MANY_RUNS`.
-pub const TOO_MANY_RUNS: &str = "The server is already streaming the maximum number of pipeline runs. Retry shortly or use the paginated log endpoint.";
+pub(crate) const TOO_MANY_RUNS: &str = "The server is already streaming the maximum number of pipeline runs. Retry shortly or use the paginated log endpoint.";
 /// `TOO_MANY_VIEWERS`.
-pub const TOO_MANY_VIEWERS: &str = "The server is already serving the maximum number of log stream connections. Retry shortly or use the paginated log endpoint.";
+pub(crate) const TOO_MANY_VIEWERS: &str = "The server is already serving the maximum number of log stream connections. Retry shortly or use the paginated log endpoint.";
 /// `idleTimeout`.
-pub const IDLE_MESSAGE: &str = "No new logs for this run. Reconnect with the last cursor to resume.";
+pub(crate) const IDLE_MESSAGE: &str = "No new logs for this run. Reconnect with the last cursor to resume.";
 /// `maxDuration`.
-pub const DURATION_MESSAGE: &str = "Stream lifetime limit reached. Reconnect with the last cursor to resume.";
+pub(crate) const DURATION_MESSAGE: &str = "Stream lifetime limit reached. Reconnect with the last cursor to resume.";
 /// `maxBytes`.
-pub const BYTES_MESSAGE: &str = "Stream size limit reached. Download the full log to see the rest of this run.";
+pub(crate) const BYTES_MESSAGE: &str = "Stream size limit reached. Download the full log to see the rest of this run.";
 
 /// Why a stream completed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
