@@ -2,7 +2,7 @@
 //! `GET /healthz` (live), `GET /readyz` (ready: `edge/health.rs`), and the log path: ingest, the SSE live tail (one tailer
 //! per watched run, shared by its viewers), the paginated and download
 //! endpoints, listings and the viewer page at `/`; the admin API
-//! ([`admin_router`]). `docs/sse.md` is the protocol. With `[edge.tls]`
+//! (`/api/v1/admin/`, the server's). `docs/sse.md` is the protocol. With `[edge.tls]`
 //! every connection is HTTPS (`edge/https.rs`).
 //!
 //! Every task the edge spawns (one per accepted connection, one per tailer
@@ -10,6 +10,8 @@
 //! [`serve`] and [`LogEdge::serve`] ends only once they all ended, or 2 s
 //! after its stop.
 
+// The server's (its agents across a cluster).
+#[cfg(feature = "cluster")]
 mod admin;
 mod auth;
 mod body;
@@ -41,6 +43,7 @@ use axum::routing::{get, post, put};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
+#[cfg(feature = "cluster")]
 pub(crate) use admin::{ClusterView, admin_router};
 pub use auth::check_listen;
 pub use https::check_tls;

@@ -32,6 +32,7 @@
 //! a queue.
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
 pub mod adapters;
 mod agent;

@@ -15,8 +15,10 @@
 //! subscribe, resume and unsubscribe path (and the attach to the queue's
 //! agent, here or on its lease holder); `commands.rs` is the agent
 //! commands and the node's end (graceful shutdown, crash); `ownership.rs`,
-//! `remote.rs` and `tracked.rs` are the balancer drivers, the other nodes
-//! of a cluster, and an explicit subscription's consumer-side handle;
+//! `remote.rs` and `tracked.rs` are the balancer drivers, the attach on
+//! another node of a cluster, and an explicit subscription's consumer-side
+//! handle. The server's (features `edge` and `cluster`): `serving.rs`
+//! answers the other nodes and purges departed ones' subscriptions;
 //! `rejoin.rs` attaches this node's subscriptions again after its member
 //! record lapsed.
 //!
@@ -25,8 +27,11 @@
 mod builder;
 mod commands;
 mod ownership;
+#[cfg(all(feature = "edge", feature = "cluster"))]
 mod rejoin;
 mod remote;
+#[cfg(all(feature = "edge", feature = "cluster"))]
+mod serving;
 mod subscribe;
 mod tracked;
 
@@ -198,6 +203,7 @@ impl Node {
     }
 
     /// The transport to the other processes, if the node has one.
+    #[cfg(all(feature = "edge", feature = "cluster"))]
     pub(crate) fn cluster_transport(&self) -> Option<&Arc<dyn ClusterTransport>> {
         self.transport.as_ref()
     }

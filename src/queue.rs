@@ -16,7 +16,7 @@
 //! to write one and [`crate::conformance`] checks it.
 
 mod fence;
-pub mod mapper;
+mod mapper;
 mod storage;
 
 use std::sync::Arc;

@@ -19,6 +19,8 @@
 //! `tracking` waits for a key to change (client-side tracking).
 
 mod connection;
+// The server's (its persistence check).
+#[cfg(all(feature = "edge", feature = "cluster"))]
 pub(crate) mod durability;
 pub(crate) mod tracking;
 

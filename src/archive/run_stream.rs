@@ -65,7 +65,8 @@ impl<'a> Contents<'a> {
         contents
     }
 
-    /// The lines, in order (see [`lines_of`]).
+    /// The lines, in order: each text split at `\n` (a final newline ends
+    /// the last line; a `\r` before a newline is dropped).
     pub fn lines(&self) -> impl Iterator<Item = &str> {
         self.texts.iter().flat_map(|t| lines_of(t))
     }

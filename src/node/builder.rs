@@ -105,6 +105,7 @@ impl NodeBuilder {
 
     /// The transport to the other processes of a cluster: it reaches their
     /// consumers, and attaches subscriptions on the queue's lease holder.
+    #[cfg(all(feature = "edge", feature = "cluster"))]
     pub(crate) fn transport(mut self, transport: Arc<dyn ClusterTransport>) -> Self {
         self.remote = Some(transport.clone());
         self.transport = Some(transport);
@@ -113,6 +114,7 @@ impl NodeBuilder {
 
     /// Called with `true` before the agents start and `false` before they
     /// stop.
+    #[cfg(all(feature = "edge", feature = "cluster"))]
     pub(crate) fn on_agents_switched(mut self, hook: AgentsHook) -> Self {
         self.on_agents = Some(hook);
         self
