@@ -17,7 +17,8 @@
 //!   subscriptions;
 //! - [`queue`]: the traits a queue adapter implements
 //!   ([`queue::QueueAdapterFactory`]), checked by [`conformance`];
-//!   [`adapters`]: the built-in ones; [`checkpoint`]: checkpointers;
+//!   [`adapters`]: the built-in ones, which [`backend::build`] picks by
+//!   the name in the config; [`checkpoint`]: checkpointers;
 //! - [`config`]: the settings of a node;
 //! - [`archive`]: pipeline runs' logs ([`archive::Archiver`]); [`handoff`]:
 //!   the file adapter's writer and its recovery;
@@ -38,7 +39,7 @@ pub mod adapters;
 mod agent;
 pub mod archive;
 mod atomic_file;
-mod backend;
+pub mod backend;
 mod balancer;
 mod cache;
 pub mod checkpoint;

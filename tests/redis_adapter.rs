@@ -223,7 +223,7 @@ async fn checkpoints_and_subscriptions_are_shared_through_redis() {
     config.queues.adapter = "redis".into();
     config.adapters.redis.url = server.url();
     config.pubsub.max_subscriptions_per_stream = 2;
-    let built = tailrace::adapters::build(&config, None).await.unwrap();
+    let built = tailrace::backend::build(&config, None).await.unwrap();
     assert_eq!(built.factory.name(), "redis");
     let (store_a, store_b) = (a.pubsub_store(2), built.store.expect("redis shares its pub-sub store"));
     shared_subscriptions(&store_a, store_b.as_ref()).await;

@@ -1,5 +1,5 @@
-//! The built-in queue adapters. [`build`] picks one by the name in the
-//! config; the runtime sees the traits of [`crate::queue`] only.
+//! The built-in queue adapters. [`crate::backend::build`] picks one by the
+//! name in the config; the runtime sees the traits of [`crate::queue`] only.
 
 mod entry;
 mod factory;
@@ -8,5 +8,4 @@ pub mod kafka;
 pub mod memory;
 pub mod redis;
 
-pub use crate::backend::{Backend, build};
 pub use factory::{BuiltInFactory, MappedAdapter};

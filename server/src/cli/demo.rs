@@ -92,7 +92,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             .await
             .context("opening the run log store")?;
     let retention = tailrace::archive::Retention::spawn(store.clone(), config.archive.retention.clone(), stop.clone());
-    let factory = tailrace::adapters::build(&config, Some(&owner)).await.context("opening the queues")?.factory;
+    let factory = tailrace::backend::build(&config, Some(&owner)).await.context("opening the queues")?.factory;
     let adapter = factory.create_adapter().await?;
     let life = super::now_ms();
     let tally = Tally::open(&args.data_dir, life)?;
