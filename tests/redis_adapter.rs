@@ -471,8 +471,7 @@ async fn a_checkpoint_past_the_streams_ids_hides_no_new_entry() {
     let f = factory(&server, "n1").await;
     let s = stream("t", "ahead");
     let queue = f.queue_mapper().queue_for(&s);
-    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
-    let ahead = SequenceToken::new(now_ms + 86_400_000, 0);
+    let ahead = SequenceToken::new(std::time::UNIX_EPOCH.elapsed().unwrap().as_millis() as u64 + 86_400_000, 0);
     f.create_checkpointer().await.unwrap().save(queue, ahead, Fence::NONE).await.unwrap();
     let recorder = Recorder::new();
     let node = TestNode::start(f.clone(), quick_config(), implicit("t", &recorder)).await;
