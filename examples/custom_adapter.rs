@@ -14,7 +14,7 @@ use tailrace::conformance::Claims;
 use tailrace::queue::{
     Checkpointer, Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver,
 };
-use tailrace::stream::{BatchContainer, Event, QueueId, SequenceToken, StreamId};
+use tailrace::{BatchContainer, Event, QueueId, SequenceToken, StreamId};
 
 /// One queue: containers in order, each with an "acked" flag.
 #[derive(Default)]
@@ -160,9 +160,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("conformance: {report}");
 
     // 2. Run it: the runtime never needs to know what it is.
-    let node = tailrace::node::Node::builder(tailrace::stream::NodeId::new("n1"), Arc::new(ListFactory::new(4)))
-        .start()
-        .await?;
+    let node = tailrace::Node::builder(tailrace::NodeId::new("n1"), Arc::new(ListFactory::new(4))).start().await?;
     while node.running_agents().await? < 4 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

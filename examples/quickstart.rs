@@ -6,10 +6,10 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use tailrace::Node;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-use tailrace::node::Node;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
-use tailrace::stream::{Event, NodeId, StreamId};
+use tailrace::{Event, NodeId, StreamId};
 
 /// Prints what it receives.
 struct Printer(tokio::sync::mpsc::Sender<String>);

@@ -1,17 +1,15 @@
-//! The pulling agent: one actor per owned queue. It reads its queue in
-//! batches, caches what it read ([`QueueCache`]), finds each stream's
-//! subscribers (pub-sub + handshake), delivers to every subscription in order
-//! and at least once, checkpoints delivery progress and, when asked to stop,
-//! hands the queue over in strict order. Idle, it sleeps until its receiver
-//! says the queue was written.
+//! The pulling agent: one actor per owned queue. It reads its queue in batches, caches what it
+//! read ([`QueueCache`]), finds each stream's subscribers (pub-sub + handshake), delivers to
+//! every subscription in order and at least once, checkpoints delivery progress and, when asked
+//! to stop, hands the queue over in strict order. Idle, it sleeps until its receiver says the
+//! queue was written.
 //!
-//! This file is the loop: [`PullingAgent::handle`] matches every message and
-//! says what happens. Queue I/O (a pump) and deliveries run in the agent up
-//! to their first wait: what finishes without waiting (a read of a queue in
-//! memory, a local consumer's delivery) is settled before the next message.
-//! Anything that waits (and every pub-sub lookup, handshake and dead
-//! letter) goes on in a task that reports back with a message, so a slow
-//! consumer never blocks the pump or the other subscriptions:
+//! This file is the loop: [`PullingAgent::handle`] matches every message and says what happens.
+//! Queue I/O (a pump) and deliveries run in the agent up to their first wait: what finishes
+//! without waiting (a read of a queue in memory, a local consumer's delivery) is settled before
+//! the next message. Anything that waits (and every pub-sub lookup, handshake and dead letter)
+//! goes on in a task that reports back with a message, so a slow consumer never blocks the pump
+//! or the other subscriptions:
 //!
 //! ```text
 //! Pump ─▶ [ack purged, checkpoint, rewinds, read ≤ one bucket; a task if it waits] ─▶ PumpDone
@@ -19,11 +17,10 @@
 //!          └▶ ready cursors ─▶ dispatch ─▶ [deliver with retries; the lane if it waits] ─▶ Delivered ─▶ dispatch …
 //! ```
 //!
-//! The state is split into parts under `agent/` (`pump`, `streams`,
-//! `subscription`, `lookup`, `delivery`, `shutdown`, `messages`, `calls`,
-//! `worker`, `status`, `settings`: each file opens with what it owns), none
-//! calling back into the agent: they return what should happen next, and
-//! the agent carries it out.
+//! The state is split into parts under `agent/` (`pump`, `streams`, `subscription`, `lookup`,
+//! `delivery`, `shutdown`, `messages`, `calls`, `worker`, `status`, `settings`: each file opens
+//! with what it owns), none calling back into the agent: they return what should happen next,
+//! and the agent carries it out. `tests.rs` drives an agent through its messages.
 
 mod calls;
 mod delivery;
@@ -35,6 +32,8 @@ mod shutdown;
 mod status;
 mod streams;
 mod subscription;
+#[cfg(test)]
+mod tests;
 mod worker;
 
 use std::sync::Arc;
@@ -51,15 +50,16 @@ use crate::queue::QueueError;
 use crate::stream::{BatchContainer, QueueId, StreamId};
 use calls::RetryLimits;
 use delivery::{Delivered, Dispatch, Finished, Settled};
-use messages::{InternalMsg, Outbox, StepContext};
+use messages::{Internal, InternalMsg, Outbox, StepContext};
 use pump::{AfterRead, Io, Pump, PumpError, PumpOutcome, PumpWork, Pumped, Tick};
 use shutdown::Shutdown;
 use status::AgentMetrics;
 use streams::{Next, Streams};
 
-pub use messages::{AgentMsg, Internal};
+pub(crate) use messages::AgentMsg;
 pub(crate) use pump::is_fenced;
-pub use settings::{AgentOptions, AgentServices};
+pub use settings::AgentOptions;
+pub(crate) use settings::AgentServices;
 pub(crate) use shutdown::HANDED_OVER;
 pub use status::AgentStatus;
 pub use subscription::AttachError;
@@ -68,18 +68,18 @@ pub use subscription::AttachError;
 const SETTLE_PER_MESSAGE: usize = 256;
 
 /// The pulling agent actor.
-pub struct PullingAgent;
+pub(crate) struct PullingAgent;
 
 /// Spawn arguments of a pulling agent.
-pub struct AgentArgs {
+pub(crate) struct AgentArgs {
     /// The queue to pull.
-    pub queue: QueueId,
+    pub(crate) queue: QueueId,
     /// Shared services.
-    pub services: Arc<AgentServices>,
+    pub(crate) services: Arc<AgentServices>,
 }
 
 /// The state of one pulling agent: its parts, and what ties them together.
-pub struct Agent {
+pub(crate) struct Agent {
     queue: QueueId,
     services: Arc<AgentServices>,
     /// Where its own messages and its waiting work go.

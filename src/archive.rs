@@ -36,13 +36,13 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use archiver::{Archiver, RunLogReader};
-pub use audit::{AuditError, AuditLine, AuditLog, now_us};
+pub use audit::{AuditError, AuditLine, AuditLog};
 pub use file_store::FileRunLogStore;
 pub use redis_store::RedisRunLogStore;
 pub use retention::{MAX_REPORTED_RUNS, MAX_RUNS_PER_PRUNE, PruneReport, Retention, RetentionPolicy, Verdict};
-pub use run_stream::{
-    Contents, RESERVED_ID_PREFIX, STATUS_ID_PREFIX, batch_fingerprint, is_reserved, is_status, lines_of, status_event,
-};
+pub use run_stream::{Contents, RESERVED_ID_PREFIX, STATUS_ID_PREFIX, is_reserved, is_status, status_event};
+#[cfg(feature = "edge")]
+pub(crate) use run_stream::{batch_fingerprint, lines_of};
 pub(crate) use writes::stored_within;
 pub use writes::{Append, STORED_POLL};
 

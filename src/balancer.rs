@@ -23,7 +23,7 @@ use crate::stream::{NodeId, QueueId};
 
 mod lease;
 
-pub use lease::{LeasePlanner, responsibility};
+pub(crate) use lease::{LeasePlanner, responsibility};
 
 /// Which balancer a node runs (every node of a cluster must run the same).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,7 +71,7 @@ impl TryFrom<BalancerSection> for BalancerKind {
 }
 
 /// The minimum virtual nodes per node on the ring (fewer balance poorly).
-pub const MIN_VIRTUAL_NODES: u32 = 64;
+pub(crate) const MIN_VIRTUAL_NODES: u32 = 64;
 
 impl BalancerKind {
     /// Assigns every queue to exactly one live node. Input order and
@@ -142,3 +142,6 @@ impl Hash for RingKey {
         state.write(&self.0.0.to_le_bytes());
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -27,7 +27,7 @@ use std::sync::Arc;
 mod cursors;
 mod types;
 
-pub use types::{AddError, AddOutcome, CacheMiss, CursorId, CursorPosition, CursorStart, Purged};
+pub(crate) use types::{AddError, AddOutcome, CacheMiss, CursorId, CursorPosition, CursorStart, Purged};
 
 use crate::queue::CacheOptions;
 use crate::stream::{BatchContainer, SequenceToken, StreamId};
@@ -78,7 +78,7 @@ struct Cursor {
 }
 
 /// One queue's cache. Owned by its pulling agent; not shared.
-pub struct QueueCache {
+pub(crate) struct QueueCache {
     options: CacheOptions,
     bucket_size: u64,
     items: VecDeque<Item>,
@@ -101,7 +101,7 @@ pub struct QueueCache {
 
 impl QueueCache {
     /// An empty cache.
-    pub fn new(options: CacheOptions) -> Self {
+    pub(crate) fn new(options: CacheOptions) -> Self {
         let buckets = options.buckets.max(1);
         let cache_size = options.cache_size.max(1);
         let options = CacheOptions { cache_size, buckets };
@@ -124,44 +124,40 @@ impl QueueCache {
 
     /// Declares that everything at or below `token` is already done (the
     /// queue's checkpoint): a cursor asking for older positions is a miss.
-    pub fn set_purged_through(&mut self, token: Option<SequenceToken>) {
+    pub(crate) fn set_purged_through(&mut self, token: Option<SequenceToken>) {
         self.purged_through = token;
         self.last_added = self.last_added.max(token);
         self.done_through = self.done_through.max(token);
     }
 
-    /// The cache's options.
-    pub fn options(&self) -> &CacheOptions {
-        &self.options
-    }
-
     /// Containers cached now.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.items.len()
     }
 
     /// Whether nothing is cached.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
 
     /// Buckets alive now.
-    pub fn bucket_count(&self) -> usize {
+    pub(crate) fn bucket_count(&self) -> usize {
         self.buckets.len()
     }
 
     /// Most containers the agent may read at once (one bucket).
-    pub fn max_add_count(&self) -> usize {
+    pub(crate) fn max_add_count(&self) -> usize {
         self.bucket_size as usize
     }
 
     /// Under pressure the agent must not read (Orleans: 10+ buckets alive).
-    pub fn is_under_pressure(&self) -> bool {
+    pub(crate) fn is_under_pressure(&self) -> bool {
         self.buckets.len() >= self.options.buckets || self.items.len() + self.max_add_count() > self.options.cache_size
     }
 
     /// The newest token ever added (or declared purged).
-    pub fn last_added(&self) -> Option<SequenceToken> {
+    pub(crate) fn last_added(&self) -> Option<SequenceToken> {
         self.last_added
     }
 
@@ -170,7 +166,7 @@ impl QueueCache {
     /// skipped (their tokens are returned, to be acked). Returns too the
     /// cursors that were waiting and now have something to deliver. Offered
     /// more than the free space, it adds nothing and fails.
-    pub fn add(&mut self, batches: Vec<Arc<BatchContainer>>) -> Result<AddOutcome, AddError> {
+    pub(crate) fn add(&mut self, batches: Vec<Arc<BatchContainer>>) -> Result<AddOutcome, AddError> {
         let free = self.options.cache_size - self.items.len();
         if batches.len() > free {
             return Err(AddError::Full { offered: batches.len(), free, capacity: self.options.cache_size });
@@ -226,14 +222,14 @@ impl QueueCache {
     }
 
     /// Whether [`QueueCache::purge`] would release anything now.
-    pub fn purgeable(&self) -> bool {
+    pub(crate) fn purgeable(&self) -> bool {
         let limit = self.oldest_pin().unwrap_or(u64::MAX);
         self.buckets.front().is_some_and(|bucket| bucket.start + bucket.len <= limit)
     }
 
     /// Drains every bucket from the oldest end that no cursor or pin points
     /// into.
-    pub fn purge(&mut self) -> Purged {
+    pub(crate) fn purge(&mut self) -> Purged {
         let limit = self.oldest_pin().unwrap_or(u64::MAX);
         self.pin_floor = self.pin_floor.max(limit.min(self.first_pos + self.items.len() as u64));
         let mut purged = Purged::default();
@@ -274,7 +270,7 @@ impl QueueCache {
     /// done with (delivered, skipped or wanted by nobody). Never moves back:
     /// it is also the floor below which no new cursor is placed (asking for
     /// older positions is a miss, served from the queue).
-    pub fn progress(&mut self) -> Option<SequenceToken> {
+    pub(crate) fn progress(&mut self) -> Option<SequenceToken> {
         let oldest = self.oldest_pin();
         if let Some(pos) = oldest {
             self.pin_floor = pos;
@@ -289,7 +285,7 @@ impl QueueCache {
     }
 
     /// Whether any container of `stream` is cached.
-    pub fn holds(&self, stream: &StreamId) -> bool {
+    pub(crate) fn holds(&self, stream: &StreamId) -> bool {
         self.span(stream).is_some()
     }
 
@@ -350,3 +346,6 @@ fn predecessor(t: SequenceToken) -> Option<SequenceToken> {
         (major, minor) => Some(SequenceToken::new(major, minor - 1)),
     }
 }
+
+#[cfg(test)]
+mod tests;

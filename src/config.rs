@@ -14,13 +14,14 @@ use crate::adapters::file::FileOptions;
 use crate::adapters::kafka::KafkaOptions;
 use crate::adapters::memory::MemoryOptions;
 use crate::adapters::redis::RedisOptions;
-use crate::agent::AgentOptions;
-use crate::balancer::BalancerKind;
+pub use crate::agent::AgentOptions;
+pub use crate::balancer::BalancerKind;
 use crate::checkpoint::CheckpointOptions;
 use crate::cluster::{LeaseOptions, MembershipOptions};
-use crate::manager::ManagerOptions;
+pub use crate::manager::ManagerOptions;
 use crate::pubsub::PubSubOptions;
 use crate::queue::CacheOptions;
+pub use crate::retry::Backoff;
 pub use cluster::{COOKIE_ENV, ClusterSection, ClusterTls, MIN_COOKIE_LEN};
 pub use diagnostics::DiagnosticsSection;
 #[cfg(feature = "edge")]

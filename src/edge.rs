@@ -2,14 +2,16 @@
 //! `GET /healthz` (live), `GET /readyz` (ready: `edge/health.rs`), and the log path: ingest, the SSE live tail (one tailer
 //! per watched run, shared by its viewers), the paginated and download
 //! endpoints, listings and the viewer page at `/`; the admin API
-//! ([`admin_router`]). `docs/sse.md` is the protocol. With `[edge.tls]`
+//! (`/api/v1/admin/`, the server's). `docs/sse.md` is the protocol. With `[edge.tls]`
 //! every connection is HTTPS (`edge/https.rs`).
 //!
 //! Every task the edge spawns (one per accepted connection, one per tailer
-//! and per tailer's unsubscribe) belongs to its
-//! [`Tasks`]; the server task returned by [`serve`] and [`LogEdge::serve`]
-//! ends only once they all ended, or [`STOP_TIMEOUT`] after its stop.
+//! and per tailer's unsubscribe) is tracked; the server task returned by
+//! [`serve`] and [`LogEdge::serve`] ends only once they all ended, or 2 s
+//! after its stop.
 
+// The server's (its agents across a cluster).
+#[cfg(feature = "cluster")]
 mod admin;
 mod auth;
 mod body;
@@ -41,9 +43,9 @@ use axum::routing::{get, post, put};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
-pub use admin::{ClusterView, admin_router};
+#[cfg(feature = "cluster")]
+pub(crate) use admin::{ClusterView, admin_router};
 pub use auth::check_listen;
-pub use frames::{BYTES_MESSAGE, DURATION_MESSAGE, EndReason, IDLE_MESSAGE, TOO_MANY_RUNS, TOO_MANY_VIEWERS};
 pub use https::check_tls;
 
 use crate::archive::{Archiver, RunKey, RunLogReader};
@@ -216,9 +218,9 @@ impl LogEdge {
     ///
     /// When `shutdown` fires the edge stops as a whole: its streams end,
     /// its tailers end and give their subscriptions back, and the returned
-    /// server task ends once every task of the edge ended, or
-    /// [`STOP_TIMEOUT`] after the connections closed (what still runs then
-    /// is logged and left behind).
+    /// server task ends once every task of the edge ended, or 2 s after
+    /// the connections closed (what still runs then is logged and left
+    /// behind).
     pub async fn serve(
         self: &Arc<Self>,
         addr: SocketAddr,
@@ -287,7 +289,7 @@ fn viewer_page() -> &'static str {
 /// Binds `addr` and serves `router` until `shutdown` fires. Returns the
 /// bound address (useful with port 0) and the server task, which owns the
 /// connections' tasks and ends once they ended (open connections are given
-/// a graceful close), or [`STOP_TIMEOUT`] after that. While it runs it also
+/// a graceful close), or 2 s after that. While it runs it also
 /// does the upkeep of the recorder [`install_metrics`] installed.
 pub async fn serve(
     addr: SocketAddr,

@@ -28,23 +28,23 @@ type NodeTable = Arc<Mutex<HashMap<NodeId, Arc<LocalConsumers>>>>;
 
 /// Reaches the consumers of the other nodes of this process.
 #[derive(Default)]
-pub struct InProcessTransport {
+pub(crate) struct InProcessTransport {
     nodes: NodeTable,
 }
 
 impl InProcessTransport {
     /// No node yet.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Makes `consumers` reachable.
-    pub fn add_node(&self, consumers: Arc<LocalConsumers>) {
+    pub(crate) fn add_node(&self, consumers: Arc<LocalConsumers>) {
         self.nodes.lock().insert(consumers.node().clone(), consumers);
     }
 
     /// Makes a node's consumers unreachable (it died).
-    pub fn remove_node(&self, node: &NodeId) {
+    pub(crate) fn remove_node(&self, node: &NodeId) {
         self.nodes.lock().remove(node);
     }
 }

@@ -1,32 +1,47 @@
 //! tailrace: durable, ordered event streams in the style of Microsoft
 //! Orleans' persistent streams.
 //!
-//! Nodes *pull* from durable queues. Each node's [`manager::PullingManager`]
-//! applies queue-ownership notifications in sequence order and runs one
-//! [`agent::PullingAgent`] per owned queue; an agent reads batches, caches
-//! them in a pressure-bucketed [`cache::QueueCache`] with one cursor per
-//! subscription, delivers in order with at-least-once semantics, checkpoints
-//! its progress and hands its queue over in strict order on shutdown.
+//! Nodes *pull* from durable queues. Each node's pulling manager applies
+//! queue-ownership notifications in sequence order and runs one pulling
+//! agent per owned queue; an agent reads batches, caches them in a
+//! pressure-bucketed queue cache with one cursor per subscription, delivers
+//! in order with at-least-once semantics, checkpoints its progress and hands
+//! its queue over in strict order on shutdown.
 //!
-//! The types a program needs are at the root: a [`Node`] (built with
-//! [`Node::builder`]) [produces](Node::produce) [`Event`]s to a
-//! [`StreamId`] and [subscribes](Node::subscribe) a [`StreamConsumer`];
-//! a queue plugs in as a [`QueueAdapterFactory`] (checked by
-//! [`conformance`]); the [`Archiver`] keeps pipeline runs' logs.
+//! At the root: a [`Node`] (built with [`Node::builder`])
+//! [produces](Node::produce) [`Event`]s to a [`StreamId`] and
+//! [subscribes](Node::subscribe) a consumer, with the node's errors and
+//! reports. Everything else has one path, in its module:
+//!
+//! - [`pubsub`]: consumers ([`pubsub::StreamConsumer`]), deliveries and
+//!   subscriptions;
+//! - [`queue`]: the traits a queue adapter implements
+//!   ([`queue::QueueAdapterFactory`]), checked by [`conformance`];
+//!   [`adapters`]: the built-in ones, which [`backend::build`] picks by
+//!   the name in the config; [`checkpoint`]: checkpointers;
+//! - [`config`]: the settings of a node;
+//! - [`archive`]: pipeline runs' logs ([`archive::Archiver`]); [`handoff`]:
+//!   the file adapter's writer and its recovery;
+//! - [`cluster`]: membership and queue leases; [`harness`]: several nodes
+//!   in one process; [`failure`]: delivery failures and dead letters;
+//! - `server` and `edge` (features `edge` and `cluster`): a whole node with
+//!   its HTTP edge, as the `tailrace` binary runs it;
+//! - [`telemetry`]: metric names; [`redis_conn`] and [`tls`]: how Redis
+//!   and TLS files named in settings are reached and read.
 //!
 //! Start with `docs/architecture.md`; `docs/adapters.md` shows how to plug in
 //! a queue.
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
 pub mod adapters;
-pub mod agent;
+mod agent;
 pub mod archive;
 mod atomic_file;
-#[doc(hidden)]
 pub mod backend;
-pub mod balancer;
-pub mod cache;
+mod balancer;
+mod cache;
 pub mod checkpoint;
 pub mod cluster;
 pub mod config;
@@ -36,29 +51,25 @@ pub mod edge;
 pub mod failure;
 pub mod handoff;
 pub mod harness;
-pub mod manager;
-pub mod node;
+mod manager;
+mod node;
 pub mod pubsub;
 pub mod queue;
-#[doc(hidden)]
 pub mod redis_conn;
-#[doc(hidden)]
-pub mod retry;
+mod retry;
 #[cfg(all(feature = "edge", feature = "cluster"))]
 pub mod server;
-pub mod stream;
-#[doc(hidden)]
-pub mod tasks;
+mod stream;
+mod tasks;
 pub mod telemetry;
-#[doc(hidden)]
+#[cfg(test)]
+mod testing;
 pub mod tls;
 
-// The front door: what a program that runs a node, produces, subscribes or
-// plugs in a queue needs. Each is also at its module's path, its one home.
-pub use agent::AttachError;
-pub use archive::{Archiver, RunKey, RunLogStore};
-pub use config::Config;
-pub use node::{Node, NodeBuilder, NodeError, SubscribeError};
-pub use pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer, SubscriptionId};
-pub use queue::{Checkpointer, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver};
-pub use stream::{BatchContainer, Event, EventId, NodeId, QueueId, SequenceToken, StreamId};
+// The front door: the node, its errors and reports, and the vocabulary of
+// streams. Their modules are private: these are their one path. Everything
+// else is at its module's path (`queue`, `pubsub`, `config`, `archive`…).
+pub use agent::{AgentStatus, AttachError};
+pub use manager::{AgentsState, ManagerStatus};
+pub use node::{Node, NodeBuilder, NodeError, SubscribeError, SubscriptionHandle};
+pub use stream::{BatchContainer, Event, EventId, NodeId, ParseTokenError, QueueId, SequenceToken, StreamId};

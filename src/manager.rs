@@ -35,15 +35,14 @@ use crate::agent::{AgentArgs, AgentMsg, AgentServices, PullingAgent};
 use crate::cluster::{LeaseOptions, QueueLeases};
 use crate::stream::{NodeId, QueueId};
 use crate::telemetry;
-pub use directory::AgentDirectory;
+pub(crate) use directory::AgentDirectory;
 pub(crate) use keeper::HeldLeases;
 use keeper::Keeper;
 pub use options::{AgentsState, ManagerOptions, ManagerStatus};
 
-/// Messages of the pulling manager: the runtime's wiring, not the API
-/// (tests drive a manager through them).
-#[doc(hidden)]
-pub enum ManagerMsg {
+/// Messages of the pulling manager (its tests drive a manager through
+/// them; the node's methods are the API).
+pub(crate) enum ManagerMsg {
     /// The balancer's view: this node owns `queues` (as of `seq`).
     Ownership {
         /// Increases with every notification.
@@ -68,7 +67,7 @@ pub enum ManagerMsg {
 }
 
 /// An internal message of the manager.
-pub struct ManagerInternal(Internal);
+pub(crate) struct ManagerInternal(Internal);
 
 enum Internal {
     Lease(QueueId, Result<Option<crate::cluster::Lease>, String>),
@@ -117,7 +116,7 @@ enum Slot {
 }
 
 /// Spawn arguments of a manager.
-pub struct ManagerArgs {
+pub(crate) struct ManagerArgs {
     /// Shared by every agent of the node.
     pub services: Arc<AgentServices>,
     /// Queue leases of the cluster.
@@ -133,7 +132,7 @@ pub struct ManagerArgs {
 }
 
 /// The manager's state.
-pub struct Manager {
+pub(crate) struct Manager {
     node: NodeId,
     myself: ActorRef<ManagerMsg>,
     args: ManagerArgs,
@@ -154,7 +153,7 @@ pub struct Manager {
 }
 
 /// The pulling manager actor.
-pub struct PullingManager;
+pub(crate) struct PullingManager;
 
 impl Actor for PullingManager {
     type Msg = ManagerMsg;
@@ -386,3 +385,6 @@ impl Manager {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

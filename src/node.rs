@@ -15,8 +15,10 @@
 //! subscribe, resume and unsubscribe path (and the attach to the queue's
 //! agent, here or on its lease holder); `commands.rs` is the agent
 //! commands and the node's end (graceful shutdown, crash); `ownership.rs`,
-//! `remote.rs` and `tracked.rs` are the balancer drivers, the other nodes
-//! of a cluster, and an explicit subscription's consumer-side handle;
+//! `remote.rs` and `tracked.rs` are the balancer drivers, the attach on
+//! another node of a cluster, and an explicit subscription's consumer-side
+//! handle. The server's (features `edge` and `cluster`): `serving.rs`
+//! answers the other nodes and purges departed ones' subscriptions;
 //! `rejoin.rs` attaches this node's subscriptions again after its member
 //! record lapsed.
 //!
@@ -25,8 +27,11 @@
 mod builder;
 mod commands;
 mod ownership;
+#[cfg(all(feature = "edge", feature = "cluster"))]
 mod rejoin;
 mod remote;
+#[cfg(all(feature = "edge", feature = "cluster"))]
+mod serving;
 mod subscribe;
 mod tracked;
 
@@ -47,7 +52,8 @@ use crate::pubsub::{LocalConsumers, PubSubError, PubSubStore, StartPosition, Sub
 use crate::queue::{QueueAdapter, QueueError, QueueMapper};
 use crate::stream::{Event, NodeId, SequenceToken, StreamId};
 use crate::tasks::Tasks;
-pub use builder::{AgentsHook, NodeBuilder};
+pub(crate) use builder::AgentsHook;
+pub use builder::NodeBuilder;
 use tracked::TrackedConsumer;
 
 /// A node could not start or answer.
@@ -66,9 +72,9 @@ pub enum NodeError {
     /// The manager stopped before it answered.
     #[error("the pulling manager stopped before it answered")]
     ManagerGone,
-    /// The message could not reach the manager.
+    /// The message could not reach the manager (why).
     #[error("the pulling manager could not be reached: {0}")]
-    Manager(#[source] ractor::MessagingErr<ManagerMsg>),
+    Manager(String),
 }
 
 /// `subscribe`, `resume` or `unsubscribe` failed; nothing is left behind.
@@ -168,8 +174,8 @@ impl Node {
     }
 
     /// The pulling manager (for tests; the node's own methods are the API).
-    #[doc(hidden)]
-    pub fn manager(&self) -> &ActorRef<ManagerMsg> {
+    #[cfg(test)]
+    pub(crate) fn manager(&self) -> &ActorRef<ManagerMsg> {
         &self.manager
     }
 
@@ -179,8 +185,8 @@ impl Node {
     /// ```
     /// # use std::sync::Arc;
     /// # use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-    /// # use tailrace::node::Node;
-    /// use tailrace::stream::{Event, NodeId, StreamId};
+    /// # use tailrace::Node;
+    /// use tailrace::{Event, NodeId, StreamId};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -197,7 +203,8 @@ impl Node {
     }
 
     /// The transport to the other processes, if the node has one.
-    pub fn cluster_transport(&self) -> Option<&Arc<dyn ClusterTransport>> {
+    #[cfg(all(feature = "edge", feature = "cluster"))]
+    pub(crate) fn cluster_transport(&self) -> Option<&Arc<dyn ClusterTransport>> {
         self.transport.as_ref()
     }
 }

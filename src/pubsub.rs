@@ -7,15 +7,17 @@
 //! - A [`StreamConsumer`] is what the agent delivers to, wherever it runs.
 //!   The agent first *handshakes* (asks the consumer where to continue; the
 //!   newest handshake wins), then delivers batches in order, one at a time.
-//! - [`ConsumerDirectory`] resolves a consumer's address to something callable:
-//!   a local consumer, or a proxy to one on another node.
+//! - A node's consumer directory resolves a consumer's address to something
+//!   callable: a local consumer, or (a [`ConsumerResolver`], the cluster
+//!   transport) a proxy to one on another node.
 
 mod consumer;
 mod directory;
 mod store;
 
 pub use consumer::{ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StreamConsumer, SubscriptionInfo};
-pub use directory::{ConsumerDirectory, ConsumerResolver, LocalConsumers, Origin};
+pub(crate) use directory::{ConsumerDirectory, LocalConsumers};
+pub use directory::{ConsumerResolver, Origin};
 pub use store::{MemoryPubSubStore, PubSubError, PubSubStore};
 
 use std::fmt;

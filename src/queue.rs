@@ -16,7 +16,7 @@
 //! to write one and [`crate::conformance`] checks it.
 
 mod fence;
-pub mod mapper;
+mod mapper;
 mod storage;
 
 use std::sync::Arc;
@@ -244,7 +244,7 @@ pub trait QueueAdapterFactory: Send + Sync + 'static {
 /// ```
 /// use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 /// use tailrace::queue::{Fence, QueueAdapterFactory};
-/// use tailrace::stream::{Event, StreamId};
+/// use tailrace::{Event, StreamId};
 /// use std::time::Duration;
 ///
 /// # #[tokio::main(flavor = "current_thread")]

@@ -15,11 +15,13 @@
 //!   the connection's own retries.
 //! - Passwords are never printed: [`redact`] is how a URL is shown.
 //!
-//! [`durability`] reads and states what Redis's persistence guarantees;
+//! `durability` reads and states what Redis's persistence guarantees;
 //! `tracking` waits for a key to change (client-side tracking).
 
 mod connection;
-pub mod durability;
+// The server's (its persistence check).
+#[cfg(all(feature = "edge", feature = "cluster"))]
+pub(crate) mod durability;
 pub(crate) mod tracking;
 
 pub use connection::{RedisConn, WaitReplicas};

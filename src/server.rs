@@ -7,8 +7,8 @@
 //!
 //! ```no_run
 //! # use std::sync::Arc;
-//! # async fn run(factory: Arc<dyn tailrace::QueueAdapterFactory>) -> Result<(), tailrace::server::ServerError> {
-//! let config = tailrace::Config::load(std::path::Path::new("node.toml"))?;
+//! # async fn run(factory: Arc<dyn tailrace::queue::QueueAdapterFactory>) -> Result<(), tailrace::server::ServerError> {
+//! let config = tailrace::config::Config::load(std::path::Path::new("node.toml"))?;
 //! tailrace::server::Server::builder(config)
 //!     .adapter(factory, None) // your queues; subscriptions then live in memory (or pass a shared store)
 //!     .member()               // one node of several: leases and membership on [adapters.redis]'s Redis

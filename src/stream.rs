@@ -287,7 +287,7 @@ impl Event {
 }
 
 /// Milliseconds since the Unix epoch (0 if the clock is before 1970).
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
@@ -308,7 +308,7 @@ pub struct BatchContainer {
 /// `i64::MAX` compare correctly.
 ///
 /// ```
-/// use tailrace::stream::SequenceToken;
+/// use tailrace::SequenceToken;
 ///
 /// let token: SequenceToken = "1764460800000-3".parse().unwrap();
 /// assert_eq!(token, SequenceToken::new(1_764_460_800_000, 3));

@@ -27,7 +27,7 @@ use tokio_util::task::TaskTracker;
 /// ordered shutdown and an edge's streams have ended, so what is left are
 /// short calls (a lease, an unsubscribe) that end within their own
 /// timeouts; a task still running after this bound is logged and left.
-pub const STOP_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const STOP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Polls `future` once, here and now, with a waker that does nothing, so
 /// that work which finishes without waiting costs no task. A future still
@@ -39,7 +39,7 @@ pub(crate) fn poll_now<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Outpu
 
 /// A set of owned tasks; clones share it. See the module documentation.
 #[derive(Clone, Debug)]
-pub struct Tasks {
+pub(crate) struct Tasks {
     tracker: TaskTracker,
     token: CancellationToken,
     running: Arc<Mutex<BTreeMap<&'static str, usize>>>,
@@ -54,18 +54,18 @@ impl Default for Tasks {
 impl Tasks {
     /// An empty set whose tasks stop with `token` (give a child token to
     /// stop them apart from the rest).
-    pub fn new(token: CancellationToken) -> Self {
+    pub(crate) fn new(token: CancellationToken) -> Self {
         Self { tracker: TaskTracker::new(), token, running: Arc::default() }
     }
 
     /// Cancelled when the owner stops: long-lived tasks end on it.
-    pub fn token(&self) -> &CancellationToken {
+    pub(crate) fn token(&self) -> &CancellationToken {
         &self.token
     }
 
     /// Runs `future` as a task of this set, counted under `kind` (a short,
     /// fixed name such as `"tailer"`) until it ends or is dropped.
-    pub fn spawn<F>(&self, kind: &'static str, future: F) -> JoinHandle<F::Output>
+    pub(crate) fn spawn<F>(&self, kind: &'static str, future: F) -> JoinHandle<F::Output>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
@@ -82,17 +82,18 @@ impl Tasks {
     }
 
     /// Tasks of this set running now.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.tracker.len()
     }
 
     /// Whether no task of this set runs.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.tracker.is_empty()
     }
 
     /// Running tasks by kind (kinds with none left out).
-    pub fn running(&self) -> Vec<(&'static str, usize)> {
+    pub(crate) fn running(&self) -> Vec<(&'static str, usize)> {
         self.running.lock().iter().filter(|(_, n)| **n > 0).map(|(k, n)| (*k, *n)).collect()
     }
 
@@ -100,7 +101,7 @@ impl Tasks {
     /// at most `bound`. Returns whether they all did; if not, logs which
     /// kinds still run (they are left to the runtime). Tasks spawned after
     /// this are still tracked; a second `stop` waits for them too.
-    pub async fn stop(&self, owner: &str, bound: Duration) -> bool {
+    pub(crate) async fn stop(&self, owner: &str, bound: Duration) -> bool {
         self.token.cancel();
         self.tracker.close();
         if tokio::time::timeout(bound, self.tracker.wait()).await.is_ok() {

@@ -10,8 +10,10 @@ use std::sync::Arc;
 
 use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
+use rustls::pki_types::CertificateDer;
+#[cfg(any(feature = "kafka", feature = "edge", feature = "cluster"))]
+use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// A TLS file or setting that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -79,7 +81,8 @@ pub fn cert_chain(setting: &str, path: &Path) -> Result<Vec<CertificateDer<'stat
 }
 
 /// The private key in the PEM file `path`, which `setting` names.
-pub fn private_key(setting: &str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+#[cfg(any(feature = "kafka", feature = "edge", feature = "cluster"))]
+pub(crate) fn private_key(setting: &str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_file(path).map_err(|e| read_error(setting, path, e))
 }
 
@@ -101,7 +104,8 @@ pub fn roots(setting: &str, path: &Path) -> Result<RootCertStore, TlsError> {
 /// `{prefix}.cert` and `{prefix}.key` name, and asks clients for no
 /// certificate; it speaks HTTP/1.1 (ALPN). Fails, naming the setting and
 /// the file, on a file that does not read or a key that does not match.
-pub fn http_server(prefix: &str, cert: &Path, key: &Path) -> Result<rustls::ServerConfig, TlsError> {
+#[cfg(feature = "edge")]
+pub(crate) fn http_server(prefix: &str, cert: &Path, key: &Path) -> Result<rustls::ServerConfig, TlsError> {
     let chain = cert_chain(&format!("{prefix}.cert"), cert)?;
     let key_der = private_key(&format!("{prefix}.key"), key)?;
     let config_error = |reason: rustls::Error| TlsError::Config {

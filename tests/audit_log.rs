@@ -8,15 +8,20 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tailrace::Node;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::archive::{AuditLine, AuditLog};
-use tailrace::node::Node;
 use tailrace::pubsub::{ConsumerFactory, Delivery, SubscriptionId};
 use tailrace::queue::Fence;
-use tailrace::stream::{BatchContainer, NodeId, SequenceToken, StreamId};
+use tailrace::{BatchContainer, NodeId, SequenceToken, StreamId};
 
 /// The complete lines of the audit file: a line the node is still
 /// writing (no newline yet) is not one.
+/// Microseconds since the Unix epoch, as the audit log stamps its lines.
+fn now_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
 fn lines(path: &std::path::Path) -> Vec<AuditLine> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     text.split_inclusive('\n')
@@ -36,7 +41,7 @@ async fn a_delivery_is_in_the_file_when_deliver_returns() {
         Arc::new(BatchContainer {
             stream: stream.clone(),
             token: SequenceToken::new(major, 0),
-            events: ids.iter().map(|id| tailrace::stream::Event::new(*id, "x")).collect(),
+            events: ids.iter().map(|id| tailrace::Event::new(*id, "x")).collect(),
         })
     };
     let delivery = Delivery::new(
@@ -45,9 +50,9 @@ async fn a_delivery_is_in_the_file_when_deliver_returns() {
         vec![batch(1, &["a", "b"]), batch(2, &["c"])],
     )
     .fenced(Fence::lease(7));
-    let before = tailrace::archive::now_us();
+    let before = now_us();
     consumer.deliver(&delivery).await.unwrap();
-    let after = tailrace::archive::now_us();
+    let after = now_us();
     // No wait: the lines are written before deliver returns.
     let seen = lines(&path);
     let want = [("a", "1-0"), ("b", "1-0"), ("c", "2-0")];

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tailrace::checkpoint::*;
 use tailrace::queue::{CheckpointError, Checkpointer, Fence};
-use tailrace::stream::{QueueId, SequenceToken};
+use tailrace::{QueueId, SequenceToken};
 use tokio::time::Instant;
 
 fn q() -> QueueId {

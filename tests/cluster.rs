@@ -15,7 +15,7 @@ use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::harness::InProcessCluster;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use tailrace::queue::QueueAdapter;
-use tailrace::stream::{Event, QueueId, StreamId};
+use tailrace::{Event, QueueId, StreamId};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -63,7 +63,7 @@ fn delivered(recorder: &Recorder) -> BTreeSet<String> {
     recorder.snapshot().events.values().flatten().cloned().collect()
 }
 
-fn assert_each_queue_once(assignment: &BTreeMap<tailrace::stream::NodeId, Vec<QueueId>>) {
+fn assert_each_queue_once(assignment: &BTreeMap<tailrace::NodeId, Vec<QueueId>>) {
     let mut all: Vec<QueueId> = assignment.values().flatten().copied().collect();
     all.sort();
     assert_eq!(all, (0..8).map(QueueId).collect::<Vec<_>>(), "{assignment:?}");

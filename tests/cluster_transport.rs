@@ -15,9 +15,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::certs::authority;
 use common::eventually;
+use tailrace::NodeId;
 use tailrace::cluster::wire::{AgentsCommand, AgentsReport, Reply, Request};
 use tailrace::cluster::{ClusterTransport, Member, Served, TcpTransport, TlsFiles, TransportError, TransportSettings};
-use tailrace::stream::NodeId;
 use tokio::sync::watch;
 
 const COOKIE: &str = "a-cookie-of-at-least-thirty-two-characters";

@@ -95,7 +95,7 @@ fn the_configuration_reference_names_every_setting() {
 fn defaults_toml_leaves_the_balancer_to_the_command() {
     let config = Config::load(Path::new("cluster-config/defaults.toml")).unwrap();
     assert_eq!(config.balancer, None);
-    assert_eq!(config.balancer_kind(), tailrace::balancer::BalancerKind::BestFit);
+    assert_eq!(config.balancer_kind(), tailrace::config::BalancerKind::BestFit);
     let chosen = Config::from_toml("[balancer]\nkind = \"lease\"\n", "node.toml").unwrap();
-    assert_eq!(chosen.balancer_kind(), tailrace::balancer::BalancerKind::Lease);
+    assert_eq!(chosen.balancer_kind(), tailrace::config::BalancerKind::Lease);
 }

@@ -13,7 +13,7 @@ use tailrace::conformance::{self, Claims};
 use tailrace::queue::{
     Checkpointer, Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper, QueueReceiver,
 };
-use tailrace::stream::{BatchContainer, Event, QueueId, SequenceToken, StreamId};
+use tailrace::{BatchContainer, Event, QueueId, SequenceToken, StreamId};
 
 /// One broken rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

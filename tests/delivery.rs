@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use common::*;
+use tailrace::StreamId;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::config::Config;
 use tailrace::failure::MemoryDeadLetters;
@@ -18,7 +19,6 @@ use tailrace::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer, SubscriptionInfo,
     SubscriptionState,
 };
-use tailrace::stream::StreamId;
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -109,7 +109,7 @@ async fn produce_streams(node: &TestNode, streams: &[StreamId], per_stream: u64,
     for start in (0..per_stream).step_by(batch as usize) {
         for s in streams {
             let batch = (start..(start + batch).min(per_stream))
-                .map(|i| tailrace::stream::Event::new(tailrace::stream::EventId::new(format!("{}/{i}", s.key())), "x"))
+                .map(|i| tailrace::Event::new(tailrace::EventId::new(format!("{}/{i}", s.key())), "x"))
                 .collect();
             node.node.produce(s, batch).await.unwrap();
         }
@@ -193,7 +193,7 @@ async fn a_faulted_subscription_stops_and_is_marked_in_the_store() {
     let faulty = Arc::new(Faulty::new(&[], 0, Some("2")));
     let handle = node.node.subscribe(&s, faulty.clone(), StartPosition::Latest).await.unwrap();
     for i in 0..4 {
-        node.node.produce(&s, vec![tailrace::stream::Event::new(format!("a/{i}").as_str(), "x")]).await.unwrap();
+        node.node.produce(&s, vec![tailrace::Event::new(format!("a/{i}").as_str(), "x")]).await.unwrap();
     }
     assert!(eventually(WAIT, || !faulty.recorder.snapshot().errors.is_empty()).await);
     assert!(eventually(WAIT, || letters.letters().len() == 1).await);
@@ -216,7 +216,7 @@ async fn a_faulted_subscription_stops_and_is_marked_in_the_store() {
     );
     assert_eq!(faulty.recorder.ids(&s), ["a/0", "a/1"]);
     assert!(faulty.recorder.snapshot().errors.iter().any(|e| e.starts_with("subscription faulted")));
-    node.node.produce(&s, vec![tailrace::stream::Event::new("a/9", "x")]).await.unwrap();
+    node.node.produce(&s, vec![tailrace::Event::new("a/9", "x")]).await.unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(faulty.recorder.ids(&s), ["a/0", "a/1"], "a faulted subscription gets nothing more");
 }
@@ -321,7 +321,7 @@ async fn a_stalled_consumer_back_pressures_the_producer_with_bounded_memory() {
     let status = node.status(0).await;
     assert!(status.under_pressure, "{status:?}");
     assert_eq!(status.cached, 100);
-    assert!(adapter.held_events(tailrace::stream::QueueId(0)) <= 150);
+    assert!(adapter.held_events(tailrace::QueueId(0)) <= 150);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(produced.load(Ordering::SeqCst), 150, "the producer is held back, nothing grows");
     assert!(!producer.is_finished());
@@ -457,7 +457,7 @@ struct SlowFirstHandshake {
     recorder: Recorder,
     calls: AtomicUsize,
     first_may_answer: Arc<tokio::sync::Notify>,
-    stale: tailrace::stream::SequenceToken,
+    stale: tailrace::SequenceToken,
 }
 
 #[async_trait]

@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use common::*;
+use tailrace::SequenceToken;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::failure::MemoryDeadLetters;
 use tailrace::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer, SubscriptionInfo,
 };
-use tailrace::stream::SequenceToken;
 
 const WAIT: Duration = Duration::from_secs(30);
 

@@ -101,8 +101,8 @@ async fn a_corrupt_line_goes_to_the_dead_letter_sink_and_the_queue_goes_on() {
     let s = stream("f", "c");
     // An external writer feeds the queue; then the file is damaged.
     let mut writer = LoggingConsumer::open(dir.path().join("q0"), "events", WriterOptions::default()).unwrap();
-    writer.append(&s, &tailrace::stream::Event::new("e0", "zero")).unwrap();
-    writer.append(&s, &tailrace::stream::Event::new("e1", "one")).unwrap();
+    writer.append(&s, &tailrace::Event::new("e0", "zero")).unwrap();
+    writer.append(&s, &tailrace::Event::new("e1", "one")).unwrap();
     writer.close().unwrap();
     let file = dir.path().join("q0/events-1.jsonl");
     let mut text = std::fs::read_to_string(&file).unwrap();
@@ -254,7 +254,7 @@ async fn events_after_a_drained_restart_are_delivered_in_every_life() {
         adapter.close().await.unwrap();
         let checkpoint = tailrace::checkpoint::FileCheckpointer::new(dir.path().join("checkpoints"))
             .unwrap()
-            .load_blocking(tailrace::stream::QueueId(0))
+            .load_blocking(tailrace::QueueId(0))
             .unwrap();
         assert!(checkpoint.is_some(), "life {life}: a checkpoint was saved");
         // Nothing from an earlier life came again, nothing of this one is missing.
@@ -273,8 +273,7 @@ async fn a_read_of_a_drained_queue_waits_for_the_next_seal_despite_a_stale_wake(
         FileAdapterFactory::new(1, FileOptions { read_wait: Duration::from_secs(10), ..options(dir.path()) }).unwrap();
     let adapter = factory.adapter();
     let s = stream("f", "stale");
-    let mut receiver =
-        adapter.create_receiver(tailrace::stream::QueueId(0), tailrace::queue::Fence::NONE).await.unwrap();
+    let mut receiver = adapter.create_receiver(tailrace::QueueId(0), tailrace::queue::Fence::NONE).await.unwrap();
     receiver.initialize(Duration::from_secs(1)).await.unwrap();
     for life in 0..3u64 {
         // Sealed while nobody reads: the seal leaves a wake behind.

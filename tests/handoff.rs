@@ -6,7 +6,7 @@ use std::path::Path;
 
 use proptest::prelude::*;
 use tailrace::handoff::*;
-use tailrace::stream::{Event, EventId, StreamId};
+use tailrace::{Event, EventId, StreamId};
 
 fn stream() -> StreamId {
     StreamId::new("logs", "etl/run-1")

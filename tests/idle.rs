@@ -162,7 +162,7 @@ async fn a_momentary_empty_read_runs_no_script_and_an_idle_reader_still_wakes() 
     let factory = RedisAdapterFactory::connect(1, options, "n1").await.unwrap();
     let adapter = factory.adapter();
     let s = stream("t", "moment");
-    let queue = tailrace::stream::QueueId(0);
+    let queue = tailrace::QueueId(0);
     let mut receiver = adapter.create_receiver(queue, tailrace::queue::Fence::NONE).await.unwrap();
     receiver.initialize(Duration::from_secs(5)).await.unwrap();
     let urls = [server.url()];

@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use common::redis_server::RedisServer;
 use common::*;
+use tailrace::Node;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-use tailrace::balancer::BalancerKind;
 use tailrace::cluster::{Membership, QueueLeases, RedisLeases};
+use tailrace::config::BalancerKind;
 use tailrace::config::Config;
 use tailrace::harness::InProcessCluster;
-use tailrace::node::Node;
-use tailrace::stream::{NodeId, QueueId};
+use tailrace::{NodeId, QueueId};
 
 const WAIT: Duration = Duration::from_secs(30);
 

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use tailrace::QueueId;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::conformance::{self, Claims};
 use tailrace::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError};
-use tailrace::stream::QueueId;
 
 fn factory(options: MemoryOptions) -> Arc<MemoryAdapterFactory> {
     Arc::new(MemoryAdapterFactory::new(4, options))

@@ -90,8 +90,8 @@ async fn two_nodes_on_jetstream_serve_a_viewer_through_a_kill_9_of_the_owner() {
     let run = (0..100)
         .map(|i| format!("run-{i}"))
         .find(|run| {
-            let queue = tailrace::QueueMapper::new(common::cluster::QUEUES)
-                .queue_for(&tailrace::RunKey::new(fqn, run).unwrap().stream());
+            let queue = tailrace::queue::QueueMapper::new(common::cluster::QUEUES)
+                .queue_for(&tailrace::archive::RunKey::new(fqn, run).unwrap().stream());
             held[&u64::from(queue.0)].0 == "j1"
         })
         .unwrap();

@@ -9,18 +9,18 @@ use std::time::Duration;
 
 use common::logs::{Sse, quick_settings};
 use common::*;
+use tailrace::Node;
+use tailrace::NodeId;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::archive::{Archiver, FileRunLogStore, LOGS_NAMESPACE};
 use tailrace::config::EdgeOptions;
 use tailrace::edge::LogEdge;
-use tailrace::node::Node;
 use tailrace::pubsub::{ImplicitSubscriptions, StartPosition};
-use tailrace::stream::NodeId;
 use tokio::io::AsyncWriteExt;
 
-/// A guard against a hang, well above the stop bound
-/// (`tailrace::tasks::STOP_TIMEOUT`); never waited out when the code is
-/// right.
+/// A guard against a hang, well above the stop bound (2 s, the bound of
+/// `Node::shutdown` and of the edge's server task); never waited out when
+/// the code is right.
 const HANG: Duration = Duration::from_secs(30);
 
 /// A node's shutdown returns only once its ownership driver, its manager's

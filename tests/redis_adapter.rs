@@ -13,7 +13,7 @@ use common::*;
 use tailrace::adapters::redis::{RedisAdapter, RedisAdapterFactory, RedisOptions, TrimPolicy};
 use tailrace::pubsub::{PubSubStore, StartPosition};
 use tailrace::queue::{Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueReceiver};
-use tailrace::stream::{QueueId, SequenceToken};
+use tailrace::{QueueId, SequenceToken};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -253,7 +253,7 @@ async fn shared_subscriptions(store_a: &dyn PubSubStore, store_b: &dyn PubSubSto
     let subscription = |node: &str| tailrace::pubsub::Subscription {
         id: tailrace::pubsub::SubscriptionId::random(),
         stream: s.clone(),
-        consumer: tailrace::pubsub::ConsumerAddress { node: tailrace::stream::NodeId::new(node), name: "x".into() },
+        consumer: tailrace::pubsub::ConsumerAddress { node: tailrace::NodeId::new(node), name: "x".into() },
         start: StartPosition::Latest,
         state: tailrace::pubsub::SubscriptionState::Active,
     };
@@ -280,10 +280,10 @@ async fn shared_subscriptions(store_a: &dyn PubSubStore, store_b: &dyn PubSubSto
     store_a.upsert(of_b.clone()).await.unwrap();
     let other = tailrace::pubsub::Subscription { stream: stream("logs", "p:2/run"), ..subscription("a") };
     store_b.upsert(other.clone()).await.unwrap();
-    assert_eq!(store_b.remove_node(&tailrace::stream::NodeId::new("a")).await.unwrap(), 2);
+    assert_eq!(store_b.remove_node(&tailrace::NodeId::new("a")).await.unwrap(), 2);
     assert_eq!(store_a.subscriptions(&s).await.unwrap(), [of_b]);
     assert!(store_a.subscriptions(&other.stream).await.unwrap().is_empty());
-    assert_eq!(store_b.remove_node(&tailrace::stream::NodeId::new("a")).await.unwrap(), 0, "nothing twice");
+    assert_eq!(store_b.remove_node(&tailrace::NodeId::new("a")).await.unwrap(), 0, "nothing twice");
 }
 
 /// A node keeps delivering through a Redis restart: appends during the
@@ -296,7 +296,7 @@ async fn a_redis_restart_mid_run_loses_nothing() {
     let adapter = f.adapter();
     let recorder = Recorder::new();
     let mut config = quick_config();
-    config.agent.reader_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(100));
+    config.agent.reader_backoff = tailrace::config::Backoff::fixed(Duration::from_millis(100));
     let node = TestNode::start(f.clone(), config, implicit("t", &recorder)).await;
     let s = stream("t", "restart");
     let mut acked = BTreeSet::new();
@@ -380,7 +380,7 @@ async fn entries_handed_out_in_a_lost_reply_are_read_again() {
 
 /// The producer's retry loop: transient errors (Redis restarting) are
 /// retried; returns once the append was acknowledged.
-async fn enqueue_acked(adapter: &dyn QueueAdapter, s: &tailrace::stream::StreamId, range: std::ops::Range<u64>) {
+async fn enqueue_acked(adapter: &dyn QueueAdapter, s: &tailrace::StreamId, range: std::ops::Range<u64>) {
     for i in range {
         loop {
             match adapter.enqueue(s, events("e", i..i + 1)).await {
@@ -392,7 +392,7 @@ async fn enqueue_acked(adapter: &dyn QueueAdapter, s: &tailrace::stream::StreamI
     }
 }
 
-async fn all_delivered(recorder: &Recorder, s: &tailrace::stream::StreamId, range: std::ops::Range<u64>) {
+async fn all_delivered(recorder: &Recorder, s: &tailrace::StreamId, range: std::ops::Range<u64>) {
     let want: BTreeSet<String> = ids("e", range).into_iter().collect();
     let delivered = || recorder.ids(s).into_iter().collect::<BTreeSet<_>>();
     assert!(
@@ -405,7 +405,7 @@ async fn all_delivered(recorder: &Recorder, s: &tailrace::stream::StreamId, rang
 async fn start_node(server: &RedisServer, recorder: &Recorder) -> (Arc<RedisAdapterFactory>, TestNode) {
     let f = factory(server, "n1").await;
     let mut config = quick_config();
-    config.agent.reader_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(100));
+    config.agent.reader_backoff = tailrace::config::Backoff::fixed(Duration::from_millis(100));
     let node = TestNode::start(f.clone(), config, implicit("t", recorder)).await;
     (f, node)
 }
@@ -471,7 +471,7 @@ async fn a_checkpoint_past_the_streams_ids_hides_no_new_entry() {
     let f = factory(&server, "n1").await;
     let s = stream("t", "ahead");
     let queue = f.queue_mapper().queue_for(&s);
-    let ahead = SequenceToken::new(tailrace::stream::now_ms() + 86_400_000, 0);
+    let ahead = SequenceToken::new(std::time::UNIX_EPOCH.elapsed().unwrap().as_millis() as u64 + 86_400_000, 0);
     f.create_checkpointer().await.unwrap().save(queue, ahead, Fence::NONE).await.unwrap();
     let recorder = Recorder::new();
     let node = TestNode::start(f.clone(), quick_config(), implicit("t", &recorder)).await;

@@ -16,7 +16,7 @@ use common::*;
 use tailrace::adapters::redis::RedisAdapterFactory;
 use tailrace::cluster::{QueueLeases, RedisLeases};
 use tailrace::queue::{CheckpointError, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueReceiver};
-use tailrace::stream::{NodeId, SequenceToken};
+use tailrace::{NodeId, SequenceToken};
 
 const LONG: Duration = Duration::from_secs(60);
 const WAIT: Duration = Duration::from_secs(20);
@@ -62,7 +62,7 @@ async fn read_n(receiver: &mut Box<dyn QueueReceiver>, n: usize) -> Vec<Sequence
 }
 
 /// A stream of four entries (one batch each): its id, queue and key.
-async fn four_entries(f: &RedisAdapterFactory) -> (tailrace::stream::StreamId, tailrace::stream::QueueId, String) {
+async fn four_entries(f: &RedisAdapterFactory) -> (tailrace::StreamId, tailrace::QueueId, String) {
     let s = stream("t", "a");
     let queue = f.queue_mapper().queue_for(&s);
     for i in 0..4 {
@@ -75,7 +75,7 @@ async fn four_entries(f: &RedisAdapterFactory) -> (tailrace::stream::StreamId, t
 async fn owner(
     f: &RedisAdapterFactory,
     leases: &RedisLeases,
-    queue: tailrace::stream::QueueId,
+    queue: tailrace::QueueId,
     node: &str,
 ) -> (tailrace::cluster::Lease, Box<dyn QueueReceiver>) {
     let lease = leases.acquire(queue, &NodeId::new(node), LONG).await.unwrap().expect("free");
@@ -210,7 +210,7 @@ async fn an_agent_whose_lease_was_superseded_stops_and_resumes_under_a_fresh_tok
 
     // A newer grant elsewhere (as after a pause): the fence counter moves on.
     let _: u64 = redis::cmd("INCR")
-        .arg(format!("{}:fence", tailrace::cluster::queue_tag("tailrace", queue)))
+        .arg(format!("tailrace:{{{queue}}}:fence"))
         .query_async(&mut conn(&server).await)
         .await
         .unwrap();

@@ -12,7 +12,7 @@ use common::redis_cluster::RedisCluster;
 use common::redis_server::RedisServer;
 use tailrace::cluster::{QueueLeases, RedisLeases};
 use tailrace::redis_conn::WaitReplicas;
-use tailrace::stream::{NodeId, QueueId};
+use tailrace::{NodeId, QueueId};
 
 const LONG: Duration = Duration::from_secs(60);
 const WAIT: Duration = Duration::from_secs(20);

@@ -8,9 +8,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::redis_server::{RedisServer, command_calls};
+use tailrace::NodeId;
 use tailrace::cluster::{Membership, MembershipError, MembershipOptions, RedisMembership};
 use tailrace::redis_conn::RedisConn;
-use tailrace::stream::NodeId;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 

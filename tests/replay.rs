@@ -16,11 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::replay::{cases, hundred_thousand_back, node, numbered, past_retention, trial_life};
+use tailrace::StreamId;
 use tailrace::adapters::file::{FileAdapterFactory, FileOptions};
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::handoff::FsyncPolicy;
 use tailrace::queue::QueueAdapterFactory;
-use tailrace::stream::StreamId;
 
 /// How long an empty read waits: the defaults (100 ms, and files sealed
 /// every 50 ms), or short ones for the thousand trials, each of which waits

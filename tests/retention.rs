@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
+use tailrace::SequenceToken;
 use tailrace::archive::{
     Append, Clock, FileRunLogStore, RedisRunLogStore, Retention, RetentionPolicy, RunKey, RunLogStore, RunState,
 };
-use tailrace::stream::SequenceToken;
 use tokio_util::sync::CancellationToken;
 
 const DAY: u64 = 24 * 3600 * 1000;

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis_server::{RedisServer, command_calls};
+use tailrace::SequenceToken;
 use tailrace::archive::{Append, FileRunLogStore, RedisRunLogStore, RunKey, RunLogStore, RunState};
 use tailrace::queue::Fence;
-use tailrace::stream::SequenceToken;
 
 fn token(major: u64, minor: u64) -> SequenceToken {
     SequenceToken::new(major, minor)
@@ -276,7 +276,7 @@ async fn a_redis_append_cut_short_by_a_crash_leaves_nothing_half_written() {
 async fn a_zombie_archiver_cannot_append_after_a_newer_lease_wrote_the_run() {
     use tailrace::archive::{Archiver, StoreError};
     use tailrace::pubsub::{ConsumerFactory, Delivery, SubscriptionId};
-    use tailrace::stream::{BatchContainer, Event, EventId};
+    use tailrace::{BatchContainer, Event, EventId};
 
     let server = RedisServer::start();
     let store = Arc::new(RedisRunLogStore::connect(&server.url(), "test").await.unwrap());

@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use tailrace::Node;
+use tailrace::NodeId;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-use tailrace::node::Node;
 use tailrace::pubsub::StartPosition;
-use tailrace::stream::NodeId;
 
 #[tokio::test]
 async fn one_node_delivers_in_order_after_subscribe() {

@@ -8,8 +8,12 @@ use std::time::Duration;
 
 use common::logs::*;
 use tailrace::config::{EdgeOptions, LogStreamSettings};
-use tailrace::edge::{TOO_MANY_RUNS, TOO_MANY_VIEWERS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+// The refusals' texts, OpenMetadata's, as a client reads them (the edge's
+// constants are private: these pin the text).
+const TOO_MANY_RUNS: &str = "The server is already streaming the maximum number of pipeline runs. Retry shortly or use the paginated log endpoint.";
+const TOO_MANY_VIEWERS: &str = "The server is already serving the maximum number of log stream connections. Retry shortly or use the paginated log endpoint.";
 
 /// 21: a run past `max_active_runs` is refused with one `error` frame and
 /// the exact text, then EOF; the run already tailed goes on.

@@ -10,7 +10,12 @@ use common::logs::*;
 use serde_json::Value;
 use tailrace::archive::RunLogStore;
 use tailrace::config::LogStreamSettings;
-use tailrace::edge::IDLE_MESSAGE;
+
+// The end frames' texts, as a client reads them (the edge's constants are
+// private: these pin the text).
+const IDLE_MESSAGE: &str = "No new logs for this run. Reconnect with the last cursor to resume.";
+const DURATION_MESSAGE: &str = "Stream lifetime limit reached. Reconnect with the last cursor to resume.";
+const BYTES_MESSAGE: &str = "Stream size limit reached. Download the full log to see the rest of this run.";
 
 /// 1, 14: content produced while a viewer watches arrives in order, live,
 /// each event carrying the cursor just past it and the run id.
@@ -439,10 +444,7 @@ async fn a_tailer_past_its_byte_limit_completes_after_the_chunk() {
     server.lines("svc.etl", "r-1", &big).await;
     assert_eq!(sse.event().await.unwrap()["logs"], big.as_str());
     let end = sse.event().await.unwrap();
-    assert_eq!(
-        (end["reason"].as_str(), end["message"].as_str()),
-        (Some("maxBytes"), Some(tailrace::edge::BYTES_MESSAGE))
-    );
+    assert_eq!((end["reason"].as_str(), end["message"].as_str()), (Some("maxBytes"), Some(BYTES_MESSAGE)));
 }
 
 /// `maxDuration`: the tailer's age, inherited by late joiners.
@@ -453,10 +455,7 @@ async fn a_tailer_past_its_lifetime_completes() {
     server.state("svc.etl", "r-1", "running").await;
     let events = sse.rest().await;
     let end = events.last().unwrap();
-    assert_eq!(
-        (end["reason"].as_str(), end["message"].as_str()),
-        (Some("maxDuration"), Some(tailrace::edge::DURATION_MESSAGE))
-    );
+    assert_eq!((end["reason"].as_str(), end["message"].as_str()), (Some("maxDuration"), Some(DURATION_MESSAGE)));
 }
 
 /// 12, 25: a run with no status gets the longer grace, then `runFinished`.

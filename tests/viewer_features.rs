@@ -9,8 +9,8 @@ use tailrace_testkit as common;
 use common::browser::Browser;
 use common::logs::*;
 use serde_json::Value;
+use tailrace::SequenceToken;
 use tailrace::archive::{Append, RunKey, RunLogStore, RunState};
-use tailrace::stream::SequenceToken;
 
 fn page(server: &LogServer, fqn: &str, run: &str) -> String {
     format!("{}/?fqn={fqn}&run={run}", server.base)

@@ -38,7 +38,7 @@ use super::cluster::{NAMESPACE, NodeProc, private_redis};
 use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
 use tailrace::archive::AuditLine;
 use tailrace::queue::{QueueAdapterFactory, QueueMapper};
-use tailrace::stream::{Event, EventId, StreamId};
+use tailrace::{Event, EventId, StreamId};
 use tailrace_testkit::redis_server::RedisServer;
 use tokio_util::sync::CancellationToken;
 

@@ -26,7 +26,7 @@ use serde::Serialize;
 use tailrace::adapters::file::{FileAdapterFactory, FileOptions};
 use tailrace::handoff::{FsyncPolicy, LoggingConsumer, WriterOptions};
 use tailrace::queue::{Fence, QueueAdapterFactory};
-use tailrace::stream::{Event, EventId, QueueId, StreamId};
+use tailrace::{Event, EventId, QueueId, StreamId};
 
 use super::Progress;
 
@@ -37,7 +37,7 @@ const PREFIX: &str = "events";
 fn events(total: usize) -> Vec<(StreamId, Vec<Event>)> {
     let payload =
         Bytes::from_static(b"2026-11-30T02:11:09Z INFO  step 3/7: compiling tailrace v0.1.0 (/build/src) [worker-2]");
-    let now = tailrace::stream::now_ms();
+    let now = crate::now_ms();
     (0..total / BATCH)
         .map(|b| {
             let stream = StreamId::new("logs", format!("pipeline-{}/run-1", b % 16));

@@ -150,6 +150,16 @@ pub(crate) fn node_config() -> anyhow::Result<tailrace::config::Config> {
     Ok(tailrace::config::Config::from_toml(&extra, cluster::NODE_CONFIG_ENV)?)
 }
 
+/// Milliseconds since the Unix epoch, as events are stamped.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Microseconds since the Unix epoch, as the audit log stamps its lines.
+pub(crate) fn now_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
 /// The last line every scenario prints, from `(tailrace, baseline)` rates
 /// measured in alternating rounds: the round with the median ratio is
 /// reported (its rates and its ratio), then the lowest and highest ratio

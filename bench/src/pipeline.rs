@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use async_trait::async_trait;
 use bytes::Bytes;
+use tailrace::Node;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-use tailrace::node::Node;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use tailrace::queue::{QueueAdapterFactory, QueueMapper};
-use tailrace::stream::{Event, EventId, NodeId, StreamId};
+use tailrace::{Event, EventId, NodeId, StreamId};
 use tokio::sync::{Notify, mpsc};
 
 use super::Progress;
@@ -180,7 +180,7 @@ where
     Fut: std::future::Future<Output = bool>,
 {
     let payload = Bytes::from_static(b"0123456789abcdef0123456789abcdef");
-    let now = tailrace::stream::now_ms();
+    let now = crate::now_ms();
     let mut sent = 0;
     while sent < shape.events_per_stream {
         for stream in (p..shape.streams).step_by(shape.producers) {

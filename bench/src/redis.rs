@@ -14,7 +14,7 @@ use serde::Deserialize;
 use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
 use tailrace::queue::QueueMapper;
 use tailrace::redis_conn::RedisEndpoint;
-use tailrace::stream::{Event, StreamId};
+use tailrace::{Event, StreamId};
 
 use super::Progress;
 use super::pipeline::{Counter, Shape, Tally, produce, run_node, stream_ids};

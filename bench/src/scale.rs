@@ -153,14 +153,14 @@ async fn measure(
 async fn idle_latency(nodes: &[NodeProc], url: &str, queues: u32, count: u64) -> anyhow::Result<String> {
     use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
     use tailrace::queue::QueueAdapterFactory;
-    use tailrace::stream::{Event, EventId, StreamId};
+    use tailrace::{Event, EventId, StreamId};
     let options = RedisOptions { url: url.to_string(), ..RedisOptions::default() };
     let adapter = RedisAdapterFactory::connect(queues, options, "bench-producer").await?.create_adapter().await?;
     let mut sent = BTreeMap::new();
     for i in 0..count {
         let id = format!("idle-{i}");
         let event = Event::new(EventId::new(id.clone()), "idle");
-        sent.insert(id.clone(), tailrace::archive::now_us());
+        sent.insert(id.clone(), crate::now_us());
         adapter.enqueue(&StreamId::new(super::cluster::NAMESPACE, id), vec![event]).await?;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

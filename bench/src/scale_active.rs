@@ -28,7 +28,7 @@ use anyhow::Context;
 use redis::aio::MultiplexedConnection;
 use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
 use tailrace::queue::{QueueAdapter, QueueAdapterFactory};
-use tailrace::stream::{Event, EventId, StreamId};
+use tailrace::{Event, EventId, StreamId};
 
 use super::cluster::{NAMESPACE, NodeProc};
 use super::scale::{clock_ticks, commandstats, cpu_ticks};
@@ -267,7 +267,7 @@ async fn probe(adapter: Arc<dyn QueueAdapter>, until: Instant, round: usize) -> 
             break;
         }
         let id = format!("load-{round}-{i}");
-        sent.insert(id.clone(), tailrace::archive::now_us());
+        sent.insert(id.clone(), crate::now_us());
         adapter.enqueue(&StreamId::new(NAMESPACE, id.clone()), vec![Event::new(EventId::new(id), "probe")]).await?;
     }
     Ok(sent)

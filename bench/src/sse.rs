@@ -20,13 +20,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use tailrace::Node;
+use tailrace::NodeId;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::archive::{Archiver, FileRunLogStore, LOGS_NAMESPACE};
 use tailrace::config::{Config, EdgeOptions, LogStreamSettings};
 use tailrace::edge::LogEdge;
-use tailrace::node::Node;
 use tailrace::pubsub::ImplicitSubscriptions;
-use tailrace::stream::NodeId;
 use tokio::io::AsyncBufReadExt;
 use tokio_util::sync::CancellationToken;
 

@@ -17,6 +17,8 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
+use crate::now_us;
+
 /// Clients connecting at once.
 const CONNECT_AT_ONCE: usize = 200;
 /// The pollers' interval (OpenMetadata's client default).
@@ -111,10 +113,6 @@ struct Counts {
     lines: AtomicU64,
     /// Sampled clients: each measured line's delay, in microseconds.
     delays: parking_lot::Mutex<Vec<u64>>,
-}
-
-fn now_us() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
 
 /// The send times of the lines in `logs`.

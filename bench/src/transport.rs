@@ -25,7 +25,7 @@ use tailrace::pubsub::{
     ConsumerAddress, ConsumerError, ConsumerResolver, Delivery, DeliveryOutcome, Origin, SubscriptionId,
 };
 use tailrace::queue::Fence;
-use tailrace::stream::{BatchContainer, Event, EventId, NodeId, QueueId, SequenceToken, StreamId};
+use tailrace::{BatchContainer, Event, EventId, NodeId, QueueId, SequenceToken, StreamId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;

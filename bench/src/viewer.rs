@@ -18,13 +18,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tailrace::Node;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::archive::{Append, Archiver, FileRunLogStore, LOGS_NAMESPACE, RunKey, RunLogStore, RunState};
 use tailrace::config::{Config, EdgeOptions, LogStreamSettings};
 use tailrace::edge::LogEdge;
-use tailrace::node::Node;
 use tailrace::pubsub::ImplicitSubscriptions;
-use tailrace::stream::{NodeId, SequenceToken};
+use tailrace::{NodeId, SequenceToken};
 use tokio_util::sync::CancellationToken;
 
 use tailrace_testkit::browser::Browser;

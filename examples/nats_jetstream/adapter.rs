@@ -50,7 +50,7 @@ use tailrace::queue::{
     CheckpointError, Checkpointer, Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper,
     QueueReceiver,
 };
-use tailrace::stream::{BatchContainer, Event, EventId, QueueId, SequenceToken, StreamId};
+use tailrace::{BatchContainer, Event, EventId, QueueId, SequenceToken, StreamId};
 
 use crate::receiver::JetStreamReceiver;
 

@@ -29,11 +29,11 @@ use std::time::{Duration, Instant};
 
 use adapter::{JetStreamFactory, JetStreamOptions};
 use async_trait::async_trait;
+use tailrace::Node;
 use tailrace::conformance::{self, Claims};
-use tailrace::node::Node;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
 use tailrace::queue::QueueAdapterFactory;
-use tailrace::stream::{Event, NodeId, StreamId};
+use tailrace::{Event, NodeId, StreamId};
 
 const QUEUES: u32 = 4;
 const PRODUCERS: usize = 4;
@@ -124,7 +124,7 @@ async fn serve_node(config: &str, url: &str) -> Result<(), String> {
         }
         text
     };
-    let config = tailrace::Config::load(std::path::Path::new(config)).map_err(|e| chain(&e))?;
+    let config = tailrace::config::Config::load(std::path::Path::new(config)).map_err(|e| chain(&e))?;
     let factory = JetStreamFactory::connect(config.queues.count, JetStreamOptions::new(url.to_string()))
         .await
         .map_err(|e| chain(&e))?;
@@ -247,12 +247,10 @@ async fn node_run(server: &server::NatsServer, total: usize, prefix: &str) -> Re
         producers.push(tokio::spawn(async move {
             for b in 0..batches_per_stream {
                 for stream in &mine {
-                    let now = tailrace::stream::now_ms();
                     let batch: Vec<Event> = (0..BATCH)
                         .map(|k| {
                             let n = (b * BATCH + k) as u64;
-                            let payload = format!("order {n} of {stream}").into();
-                            Event { id: tailrace::stream::EventId::from_u64(n), timestamp_ms: now, payload }
+                            Event::new(tailrace::EventId::from_u64(n), format!("order {n} of {stream}"))
                         })
                         .collect();
                     node.produce(stream, batch).await?;

@@ -10,7 +10,7 @@ use async_nats::jetstream::{self, consumer, stream};
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use tailrace::queue::{Checkpointer, QueueError, QueueReceiver};
-use tailrace::stream::{BatchContainer, QueueId, SequenceToken};
+use tailrace::{BatchContainer, QueueId, SequenceToken};
 
 use crate::adapter::{JetStreamOptions, NAME, StreamCheckpointer, backend, decode};
 

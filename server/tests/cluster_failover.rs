@@ -22,7 +22,7 @@ use common::redis_server::{RedisServer, adapter_options};
 use tailrace::adapters::redis::RedisAdapterFactory;
 use tailrace::archive::AuditLine;
 use tailrace::queue::{CheckpointError, Fence, QueueAdapterFactory, QueueMapper};
-use tailrace::stream::{Event, EventId, QueueId, SequenceToken, StreamId};
+use tailrace::{Event, EventId, QueueId, SequenceToken, StreamId};
 use tokio_util::sync::CancellationToken;
 
 const STREAMS: usize = 24;

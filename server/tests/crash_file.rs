@@ -24,7 +24,7 @@ use tailrace::adapters::file::{FileAdapterFactory, FileOptions};
 use tailrace::checkpoint::FileCheckpointer;
 use tailrace::handoff::{FsyncPolicy, HandoffError, LoggingConsumer, WriterOptions};
 use tailrace::queue::QueueMapper;
-use tailrace::stream::{Event, EventId, QueueId, StreamId};
+use tailrace::{Event, EventId, QueueId, StreamId};
 
 const QUEUES: u32 = 2;
 

@@ -20,7 +20,7 @@ use common::redis_server::RedisServer;
 use common::*;
 use tailrace::adapters::redis::{RedisAdapterFactory, RedisOptions};
 use tailrace::queue::{QueueAdapter, QueueAdapterFactory, QueueMapper};
-use tailrace::stream::{Event, StreamId};
+use tailrace::{Event, StreamId};
 
 const QUEUES: u32 = 2;
 
@@ -42,7 +42,7 @@ fn child_redis_node() {
         let mut config = quick_config();
         config.checkpoint.persist_interval = Duration::from_millis(100);
         config.agent.max_delivery_batch = 1;
-        config.agent.reader_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(100));
+        config.agent.reader_backoff = tailrace::config::Backoff::fixed(Duration::from_millis(100));
         let node = TestNode::start(factory, config, audit.implicit("crash")).await;
         println!("\n{READY}");
         until_told_to_stop().await;
@@ -210,7 +210,7 @@ async fn a_node_through_several_lives_on_one_redis_loses_nothing() {
 async fn the_restart_checks_catch_what_they_are_for() {
     use tailrace::checkpoint::MemoryCheckpointer;
     use tailrace::queue::{Checkpointer, Fence};
-    use tailrace::stream::{QueueId, SequenceToken};
+    use tailrace::{QueueId, SequenceToken};
 
     let fails = |lives: &Lives, dir: &std::path::Path| {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lives.check(dir))).is_err()

@@ -65,10 +65,10 @@ async fn passes_the_conformance_kit() {
 /// checkpointed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_owners_checkpoint_is_refused_after_a_newer_lease() {
+    use tailrace::NodeId;
     use tailrace::adapters::redis::RedisCheckpointer;
     use tailrace::cluster::{QueueLeases, RedisLeases};
     use tailrace::queue::{CheckpointError, Fence};
-    use tailrace::stream::NodeId;
 
     let Some(broker) = KafkaBroker::start() else { return };
     let redis = common::redis_server::RedisServer::start();
@@ -109,10 +109,7 @@ async fn a_stale_owners_checkpoint_is_refused_after_a_newer_lease() {
 }
 
 /// Reads until `n` containers came.
-async fn read_n(
-    receiver: &mut Box<dyn tailrace::queue::QueueReceiver>,
-    n: usize,
-) -> Vec<tailrace::stream::SequenceToken> {
+async fn read_n(receiver: &mut Box<dyn tailrace::queue::QueueReceiver>, n: usize) -> Vec<tailrace::SequenceToken> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut got = Vec::new();
     while got.len() < n {

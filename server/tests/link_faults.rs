@@ -137,11 +137,11 @@ async fn a_node_cut_from_redis_gives_its_queues_up_and_takes_its_share_back_when
     let half = QUEUES as usize / 2;
     let held = settle(&other, &[("n1", half), ("n2", half)]).await;
     // A run the node about to be cut off pulls, watched and written on the other.
-    let mapper = tailrace::QueueMapper::new(QUEUES);
+    let mapper = tailrace::queue::QueueMapper::new(QUEUES);
     let run = (0..100)
         .map(|i| format!("run-{i}"))
         .find(|run| {
-            let queue = mapper.queue_for(&tailrace::RunKey::new(FQN, run).unwrap().stream());
+            let queue = mapper.queue_for(&tailrace::archive::RunKey::new(FQN, run).unwrap().stream());
             held[&u64::from(queue.0)].0 == "n1"
         })
         .unwrap();
@@ -188,11 +188,11 @@ async fn a_node_cut_from_redis_gives_its_queues_up_and_takes_its_share_back_when
 
 /// A run whose queue `node` holds in `held`.
 fn run_pulled_by(held: &BTreeMap<u64, (String, u64)>, node: &str) -> String {
-    let mapper = tailrace::QueueMapper::new(QUEUES);
+    let mapper = tailrace::queue::QueueMapper::new(QUEUES);
     (0..1000)
         .map(|i| format!("run-{i}"))
         .find(|run| {
-            let queue = mapper.queue_for(&tailrace::RunKey::new(FQN, run).unwrap().stream());
+            let queue = mapper.queue_for(&tailrace::archive::RunKey::new(FQN, run).unwrap().stream());
             held[&u64::from(queue.0)].0 == node
         })
         .unwrap()

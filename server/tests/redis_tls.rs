@@ -185,7 +185,7 @@ async fn a_tls_redis_restart_mid_run_loses_nothing() {
     let adapter = f.adapter();
     let recorder = Recorder::new();
     let mut config = quick_config();
-    config.agent.reader_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(100));
+    config.agent.reader_backoff = tailrace::config::Backoff::fixed(Duration::from_millis(100));
     let node = TestNode::start(f.clone(), config, implicit("t", &recorder)).await;
     let s = stream("t", "restart");
     let mut acked = BTreeSet::new();

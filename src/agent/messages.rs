@@ -34,10 +34,8 @@ pub(super) struct StepContext<'a> {
     pub(super) queue: QueueId,
 }
 
-/// Messages of the pulling agent: the runtime's wiring, not the API (tests
-/// drive an agent through them).
-#[doc(hidden)]
-pub enum AgentMsg {
+/// Messages of the pulling agent (its tests drive an agent through them).
+pub(crate) enum AgentMsg {
     /// Attach a subscription (from `subscribe` or a re-attach); answers with
     /// the concrete start position once its cursor is in place.
     Attach {
@@ -64,9 +62,8 @@ pub enum AgentMsg {
     Internal(Internal),
 }
 
-/// An internal message of the agent (not constructible outside the crate).
-#[doc(hidden)]
-pub struct Internal(pub(super) InternalMsg);
+/// An internal message of the agent.
+pub(crate) struct Internal(pub(super) InternalMsg);
 
 /// Completions and timers, sent by the agent to itself.
 pub(super) enum InternalMsg {

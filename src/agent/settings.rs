@@ -93,10 +93,9 @@ impl Default for AgentOptions {
     }
 }
 
-/// What every agent of a node uses: the runtime's wiring, not the API.
-#[doc(hidden)]
+/// What every agent of a node uses.
 #[derive(Clone)]
-pub struct AgentServices {
+pub(crate) struct AgentServices {
     /// The node the agent runs on.
     pub node: NodeId,
     /// The queue adapter.

@@ -83,7 +83,7 @@ impl RunLogReader {
 /// use std::sync::Arc;
 /// use tailrace::archive::{Archiver, FileRunLogStore, RunKey};
 /// use tailrace::pubsub::{ConsumerFactory, Delivery, SubscriptionId};
-/// use tailrace::stream::{BatchContainer, Event, SequenceToken};
+/// use tailrace::{BatchContainer, Event, SequenceToken};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

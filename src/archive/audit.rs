@@ -69,7 +69,7 @@ impl AuditLine {
 }
 
 /// Microseconds since the Unix epoch, by the system clock.
-pub fn now_us() -> u64 {
+pub(crate) fn now_us() -> u64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
 }

@@ -65,7 +65,8 @@ impl<'a> Contents<'a> {
         contents
     }
 
-    /// The lines, in order (see [`lines_of`]).
+    /// The lines, in order: each text split at `\n` (a final newline ends
+    /// the last line; a `\r` before a newline is dropped).
     pub fn lines(&self) -> impl Iterator<Item = &str> {
         self.texts.iter().flat_map(|t| lines_of(t))
     }
@@ -74,7 +75,7 @@ impl<'a> Contents<'a> {
 /// A container's fingerprint: a hash of its events' ids, in order. A
 /// producer that retries a POST with the same ids (NDJSON `id`) sends the
 /// same fingerprint; generated ids never repeat.
-pub fn batch_fingerprint(events: &[Event]) -> u64 {
+pub(crate) fn batch_fingerprint(events: &[Event]) -> u64 {
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     for event in events {
         hasher.update(event.id.as_str().as_bytes());
@@ -86,7 +87,7 @@ pub fn batch_fingerprint(events: &[Event]) -> u64 {
 /// The log lines an event carries: its payload split at `\n` (a final
 /// newline ends the last line; a `\r` before a newline is dropped). The
 /// archiver and the SSE edge count offsets with this same function.
-pub fn lines_of(text: &str) -> impl Iterator<Item = &str> {
+pub(crate) fn lines_of(text: &str) -> impl Iterator<Item = &str> {
     let text = text.strip_suffix('\n').unwrap_or(text);
     text.split('\n').map(|line| line.strip_suffix('\r').unwrap_or(line))
 }

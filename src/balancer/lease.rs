@@ -24,7 +24,7 @@ use crate::stream::{NodeId, QueueId};
 /// How many of `queue_count` queues `me` should hold among `nodes` (sorted,
 /// deduplicated): `Q / N`, +1 for the first `Q mod N` nodes. 0 if `me` is
 /// not among them.
-pub fn responsibility(me: &NodeId, nodes: &[NodeId], queue_count: usize) -> usize {
+pub(crate) fn responsibility(me: &NodeId, nodes: &[NodeId], queue_count: usize) -> usize {
     let mut nodes = nodes.to_vec();
     nodes.sort();
     nodes.dedup();
@@ -37,7 +37,7 @@ pub fn responsibility(me: &NodeId, nodes: &[NodeId], queue_count: usize) -> usiz
 /// One node's lease balancer between rounds: when it took each queue (to
 /// give up the oldest first) and where its round-robin goes on.
 #[derive(Debug)]
-pub struct LeasePlanner {
+pub(crate) struct LeasePlanner {
     me: NodeId,
     /// The order in which each wanted queue was first wanted (bounded by the
     /// queues: one entry per wanted queue).
@@ -49,7 +49,7 @@ pub struct LeasePlanner {
 impl LeasePlanner {
     /// A planner for node `me`; its round-robin starts at a place derived
     /// from its name.
-    pub fn new(me: NodeId) -> Self {
+    pub(crate) fn new(me: NodeId) -> Self {
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         hasher.write(me.as_str().as_bytes());
         let cursor = usize::try_from(hasher.finish() % 1_000_003).unwrap_or(0);
@@ -58,7 +58,7 @@ impl LeasePlanner {
 
     /// The queues this node wants now, sorted. `wanted` is what it wanted
     /// last round; `holders` are the holders of the live leases of `queues`.
-    pub fn plan(
+    pub(crate) fn plan(
         &mut self,
         nodes: &[NodeId],
         queues: &[QueueId],

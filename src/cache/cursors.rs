@@ -14,7 +14,7 @@ impl QueueCache {
     /// the pin is removed with [`Self::remove_cursor`] (a pending
     /// registration or handshake must not lose what arrives meanwhile). A
     /// pin is a cursor that never advances.
-    pub fn pin_stream(&mut self, stream: &StreamId) -> CursorId {
+    pub(crate) fn pin_stream(&mut self, stream: &StreamId) -> CursorId {
         let state = match self.span(stream) {
             Some(span) => CursorState::At(span.first),
             None => CursorState::Waiting { after: None },
@@ -23,7 +23,7 @@ impl QueueCache {
     }
 
     /// Creates a cursor for `stream`.
-    pub fn create_cursor(&mut self, stream: &StreamId, start: CursorStart) -> Result<CursorId, CacheMiss> {
+    pub(crate) fn create_cursor(&mut self, stream: &StreamId, start: CursorStart) -> Result<CursorId, CacheMiss> {
         let state = self.locate(stream, start)?;
         Ok(self.insert_cursor(stream, state))
     }
@@ -42,7 +42,7 @@ impl QueueCache {
 
     /// Re-seats a cursor (a handshake or a consumer's seek). Drops its
     /// in-flight batch, if any.
-    pub fn seek(&mut self, cursor: CursorId, start: CursorStart) -> Result<(), CacheMiss> {
+    pub(crate) fn seek(&mut self, cursor: CursorId, start: CursorStart) -> Result<(), CacheMiss> {
         let Some(stream) = self.cursors.get(&cursor).map(|c| c.stream.clone()) else {
             return Ok(());
         };
@@ -55,7 +55,7 @@ impl QueueCache {
     }
 
     /// Removes a cursor; what it pinned may be purged.
-    pub fn remove_cursor(&mut self, cursor: CursorId) {
+    pub(crate) fn remove_cursor(&mut self, cursor: CursorId) {
         let Some(c) = self.cursors.remove(&cursor) else {
             return;
         };
@@ -72,14 +72,14 @@ impl QueueCache {
     }
 
     /// Whether the cursor has a container to deliver and none in flight.
-    pub fn has_next(&self, cursor: CursorId) -> bool {
+    pub(crate) fn has_next(&self, cursor: CursorId) -> bool {
         self.cursors.get(&cursor).is_some_and(|c| c.in_flight_last.is_none() && matches!(c.state, CursorState::At(_)))
     }
 
     /// Takes the cursor's next batch (up to `max` containers of its stream)
     /// and marks it in flight; the cursor stays on its first container until
     /// [`Self::complete`]. `None` if caught up or a batch is in flight.
-    pub fn next_batch(&mut self, cursor: CursorId, max: usize) -> Option<Vec<Arc<BatchContainer>>> {
+    pub(crate) fn next_batch(&mut self, cursor: CursorId, max: usize) -> Option<Vec<Arc<BatchContainer>>> {
         let c = self.cursors.get(&cursor)?;
         let CursorState::At(mut pos) = c.state else {
             return None;
@@ -110,7 +110,7 @@ impl QueueCache {
     /// The in-flight batch is finished: moves the cursor past it. With
     /// `failed`, its containers are flagged so purge does not ack them.
     /// Returns whether the cursor has more to deliver.
-    pub fn complete(&mut self, cursor: CursorId, failed: bool) -> bool {
+    pub(crate) fn complete(&mut self, cursor: CursorId, failed: bool) -> bool {
         let Some(c) = self.cursors.get_mut(&cursor) else {
             return false;
         };
@@ -139,7 +139,7 @@ impl QueueCache {
     }
 
     /// Events of `stream` cached now.
-    pub fn stream_events(&self, stream: &StreamId) -> usize {
+    pub(crate) fn stream_events(&self, stream: &StreamId) -> usize {
         let mut total = 0;
         let mut pos = self.span(stream).map(|s| s.first);
         while let Some(item) = pos.and_then(|p| self.item(p)) {
@@ -151,7 +151,7 @@ impl QueueCache {
 
     /// Forgets the in-flight batch without moving the cursor: its containers
     /// stay needed (a delivery abandoned while handing the queue over).
-    pub fn abandon(&mut self, cursor: CursorId) {
+    pub(crate) fn abandon(&mut self, cursor: CursorId) {
         if let Some(c) = self.cursors.get_mut(&cursor) {
             c.in_flight_last = None;
         }
@@ -159,7 +159,7 @@ impl QueueCache {
 
     /// The token of the container the cursor will deliver next, or the last
     /// token it saw when caught up.
-    pub fn cursor_position(&self, cursor: CursorId) -> Option<CursorPosition> {
+    pub(crate) fn cursor_position(&self, cursor: CursorId) -> Option<CursorPosition> {
         let c = self.cursors.get(&cursor)?;
         Some(match c.state {
             CursorState::At(pos) => CursorPosition::Next(self.item(pos)?.batch.token),

@@ -5,11 +5,11 @@ use crate::stream::SequenceToken;
 
 /// Identifies one cursor of one cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CursorId(pub(super) u64);
+pub(crate) struct CursorId(pub(super) u64);
 
 /// Where a new cursor starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CursorStart {
+pub(crate) enum CursorStart {
     /// At the first container of the stream with a token `>=` this one.
     At(SequenceToken),
     /// At the first container of the stream with a token `>` this one.
@@ -23,7 +23,7 @@ pub enum CursorStart {
 /// A cursor could not be placed: containers it needs may have been purged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("cache miss: {requested} is at or below {purged_through}, the newest position already purged from the cache")]
-pub struct CacheMiss {
+pub(crate) struct CacheMiss {
     /// The token asked for.
     pub requested: SequenceToken,
     /// Everything at or below this token has left the cache.
@@ -34,7 +34,7 @@ pub struct CacheMiss {
 /// an error: they are skipped as redeliveries, see [`AddOutcome::skipped`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum AddError {
+pub(crate) enum AddError {
     /// More containers than the free space (the agent reads at most `max_add_count`).
     #[error("cache full: {offered} containers offered, {free} free of {capacity}")]
     Full {
@@ -49,7 +49,7 @@ pub enum AddError {
 
 /// What [`QueueCache::purge`](super::QueueCache::purge) drained, oldest first.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Purged {
+pub(crate) struct Purged {
     /// Done by every cursor: acknowledge these.
     pub acked: Vec<SequenceToken>,
     /// Their delivery failed (skipped to the dead-letter sink): not acked.
@@ -58,14 +58,15 @@ pub struct Purged {
 
 impl Purged {
     /// Nothing was drained.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.acked.is_empty() && self.failed.is_empty()
     }
 }
 
 /// What `add` changed.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct AddOutcome {
+pub(crate) struct AddOutcome {
     /// Cursors that were caught up and now have something to deliver.
     pub ready: Vec<CursorId>,
     /// Containers skipped as redeliveries (token not newer than the last
@@ -75,7 +76,7 @@ pub struct AddOutcome {
 
 /// Where a cursor stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CursorPosition {
+pub(crate) enum CursorPosition {
     /// The next container to deliver has this token.
     Next(SequenceToken),
     /// Caught up; the last token seen (if any).

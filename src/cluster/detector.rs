@@ -33,7 +33,7 @@ use crate::stream::NodeId;
 use crate::telemetry;
 
 /// How long the dial of a peer whose link closed may take.
-pub const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+pub(super) const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// What a dial of a lost peer found.
 #[derive(Debug, PartialEq, Eq)]
@@ -46,7 +46,7 @@ enum Probe {
 
 /// Watches this node's links and evicts peers found dead. See the module
 /// documentation for the rule.
-pub struct FailureDetector {
+pub(crate) struct FailureDetector {
     /// This node.
     pub me: NodeId,
     /// Where the peers' addresses are, and where eviction writes.
@@ -58,7 +58,7 @@ pub struct FailureDetector {
 impl FailureDetector {
     /// Runs until `stop`, on `lost` (the transport's
     /// [`super::TcpTransport::lost_links`]).
-    pub async fn run(self, mut lost: broadcast::Receiver<NodeId>, stop: CancellationToken) {
+    pub(crate) async fn run(self, mut lost: broadcast::Receiver<NodeId>, stop: CancellationToken) {
         loop {
             let peer = tokio::select! {
                 _ = stop.cancelled() => return,

@@ -61,7 +61,7 @@ const HOLDERS_PER_CALL: usize = 256;
 
 /// The key prefix every key of `queue` starts with: `{prefix}:{q3}`, whose
 /// hash tag puts all of them in one Redis Cluster slot.
-pub fn queue_tag(prefix: &str, queue: QueueId) -> String {
+pub(crate) fn queue_tag(prefix: &str, queue: QueueId) -> String {
     format!("{prefix}:{{{queue}}}")
 }
 

@@ -30,7 +30,7 @@ use crate::queue::Checkpointer;
 use crate::stream::{NodeId, QueueId};
 
 /// What the admin API reads the cluster from.
-pub struct ClusterView {
+pub(crate) struct ClusterView {
     /// This node.
     pub me: NodeId,
     /// Membership in Redis, when the node runs in a multi-process cluster;
@@ -109,7 +109,7 @@ fn default_page() -> usize {
 }
 
 /// The admin routes over `view`, behind the `admin` scope of `auth`.
-pub fn admin_router(auth: &AuthOptions, view: ClusterView) -> Router {
+pub(crate) fn admin_router(auth: &AuthOptions, view: ClusterView) -> Router {
     Router::new()
         .route("/api/v1/admin/cluster", get(cluster))
         .route("/api/v1/admin/agents", get(agents))

@@ -114,6 +114,7 @@ pub(crate) async fn require(State(auth): State<Arc<Auth>>, request: Request, nex
 }
 
 /// The `admin` scope, for every request (`/api/v1/admin/…`).
+#[cfg(feature = "cluster")]
 pub(crate) async fn require_admin(State(auth): State<Arc<Auth>>, request: Request, next: Next) -> Response {
     let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     match auth.check_scope(Scope::Admin, authorization) {

@@ -5,20 +5,20 @@ use bytes::Bytes;
 use serde::Serialize;
 
 /// `TOO_MANY_RUNS`.
-pub const TOO_MANY_RUNS: &str = "The server is already streaming the maximum number of pipeline runs. Retry shortly or use the paginated log endpoint.";
+pub(crate) const TOO_MANY_RUNS: &str = "The server is already streaming the maximum number of pipeline runs. Retry shortly or use the paginated log endpoint.";
 /// `TOO_MANY_VIEWERS`.
-pub const TOO_MANY_VIEWERS: &str = "The server is already serving the maximum number of log stream connections. Retry shortly or use the paginated log endpoint.";
+pub(crate) const TOO_MANY_VIEWERS: &str = "The server is already serving the maximum number of log stream connections. Retry shortly or use the paginated log endpoint.";
 /// `idleTimeout`.
-pub const IDLE_MESSAGE: &str = "No new logs for this run. Reconnect with the last cursor to resume.";
+pub(crate) const IDLE_MESSAGE: &str = "No new logs for this run. Reconnect with the last cursor to resume.";
 /// `maxDuration`.
-pub const DURATION_MESSAGE: &str = "Stream lifetime limit reached. Reconnect with the last cursor to resume.";
+pub(crate) const DURATION_MESSAGE: &str = "Stream lifetime limit reached. Reconnect with the last cursor to resume.";
 /// `maxBytes`.
-pub const BYTES_MESSAGE: &str = "Stream size limit reached. Download the full log to see the rest of this run.";
+pub(crate) const BYTES_MESSAGE: &str = "Stream size limit reached. Download the full log to see the rest of this run.";
 
 /// Why a stream completed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub enum EndReason {
+pub(super) enum EndReason {
     /// The run finished (or never reported) and went quiet.
     RunFinished,
     /// No new lines for `max_idle_seconds`.
@@ -31,7 +31,7 @@ pub enum EndReason {
 
 impl EndReason {
     /// The `message` of its `complete` event (none for `runFinished`).
-    pub fn message(self) -> Option<&'static str> {
+    pub(super) fn message(self) -> Option<&'static str> {
         match self {
             EndReason::RunFinished => None,
             EndReason::IdleTimeout => Some(IDLE_MESSAGE),
@@ -70,7 +70,7 @@ fn frame(event: &LogStreamEvent<'_>) -> Bytes {
 }
 
 /// A chunk of lines; `after` is the cursor just past it.
-pub fn logs(run_id: &str, lines: &str, after: u64, replay: bool) -> Bytes {
+pub(super) fn logs(run_id: &str, lines: &str, after: u64, replay: bool) -> Bytes {
     frame(&LogStreamEvent {
         event_type: "logs",
         run_id,
@@ -84,7 +84,7 @@ pub fn logs(run_id: &str, lines: &str, after: u64, replay: bool) -> Bytes {
 }
 
 /// The truncation notice: reset the view, a replay follows. No `after`.
-pub fn truncated(run_id: &str) -> Bytes {
+pub(super) fn truncated(run_id: &str) -> Bytes {
     frame(&LogStreamEvent {
         event_type: "logs",
         run_id,
@@ -98,7 +98,7 @@ pub fn truncated(run_id: &str) -> Bytes {
 }
 
 /// The end of the stream.
-pub fn complete(run_id: &str, after: Option<u64>, reason: EndReason) -> Bytes {
+pub(super) fn complete(run_id: &str, after: Option<u64>, reason: EndReason) -> Bytes {
     frame(&LogStreamEvent {
         event_type: "complete",
         run_id,
@@ -112,7 +112,7 @@ pub fn complete(run_id: &str, after: Option<u64>, reason: EndReason) -> Bytes {
 }
 
 /// A failure, then the stream closes.
-pub fn error(run_id: &str, message: &str) -> Bytes {
+pub(super) fn error(run_id: &str, message: &str) -> Bytes {
     frame(&LogStreamEvent {
         event_type: "error",
         run_id,

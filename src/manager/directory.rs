@@ -11,23 +11,23 @@ use crate::stream::QueueId;
 
 /// The running agent of each queue (shared by the nodes of one process).
 #[derive(Default)]
-pub struct AgentDirectory {
+pub(crate) struct AgentDirectory {
     agents: Mutex<HashMap<QueueId, ActorRef<AgentMsg>>>,
 }
 
 impl AgentDirectory {
     /// Empty.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// `agent` now serves `queue`.
-    pub fn register(&self, queue: QueueId, agent: ActorRef<AgentMsg>) {
+    pub(crate) fn register(&self, queue: QueueId, agent: ActorRef<AgentMsg>) {
         self.agents.lock().insert(queue, agent);
     }
 
     /// `agent` no longer serves `queue` (a newer registration is kept).
-    pub fn unregister(&self, queue: QueueId, agent: &ActorRef<AgentMsg>) {
+    pub(crate) fn unregister(&self, queue: QueueId, agent: &ActorRef<AgentMsg>) {
         let mut agents = self.agents.lock();
         if agents.get(&queue).is_some_and(|a| a.get_id() == agent.get_id()) {
             agents.remove(&queue);
@@ -35,7 +35,7 @@ impl AgentDirectory {
     }
 
     /// The agent serving `queue`, if any.
-    pub fn get(&self, queue: QueueId) -> Option<ActorRef<AgentMsg>> {
+    pub(crate) fn get(&self, queue: QueueId) -> Option<ActorRef<AgentMsg>> {
         self.agents.lock().get(&queue).cloned()
     }
 }

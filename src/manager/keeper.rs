@@ -186,3 +186,6 @@ impl Keeper {
         let _ = self.manager.cast(msg);
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -46,7 +46,7 @@ pub struct NodeBuilder {
 
 /// Told whether the agents run after `start_agents`/`stop_agents` (a
 /// multi-process node publishes it in its member record).
-pub type AgentsHook = Arc<dyn Fn(bool) + Send + Sync>;
+pub(crate) type AgentsHook = Arc<dyn Fn(bool) + Send + Sync>;
 
 impl NodeBuilder {
     /// The settings (agents, cache, checkpoints, balancer…).
@@ -92,20 +92,21 @@ impl NodeBuilder {
     }
 
     /// Where running agents are published.
-    pub fn agents(mut self, agents: Arc<AgentDirectory>) -> Self {
+    pub(crate) fn agents(mut self, agents: Arc<AgentDirectory>) -> Self {
         self.agents = Some(agents);
         self
     }
 
     /// Reaches consumers on other nodes.
-    pub fn remote_consumers(mut self, resolver: Arc<dyn ConsumerResolver>) -> Self {
+    pub(crate) fn remote_consumers(mut self, resolver: Arc<dyn ConsumerResolver>) -> Self {
         self.remote = Some(resolver);
         self
     }
 
     /// The transport to the other processes of a cluster: it reaches their
     /// consumers, and attaches subscriptions on the queue's lease holder.
-    pub fn transport(mut self, transport: Arc<dyn ClusterTransport>) -> Self {
+    #[cfg(all(feature = "edge", feature = "cluster"))]
+    pub(crate) fn transport(mut self, transport: Arc<dyn ClusterTransport>) -> Self {
         self.remote = Some(transport.clone());
         self.transport = Some(transport);
         self
@@ -113,20 +114,15 @@ impl NodeBuilder {
 
     /// Called with `true` before the agents start and `false` before they
     /// stop.
-    pub fn on_agents_switched(mut self, hook: AgentsHook) -> Self {
+    #[cfg(all(feature = "edge", feature = "cluster"))]
+    pub(crate) fn on_agents_switched(mut self, hook: AgentsHook) -> Self {
         self.on_agents = Some(hook);
         self
     }
 
     /// This node's consumer directory (to share it with a transport).
-    pub fn local_consumers(mut self, consumers: Arc<LocalConsumers>) -> Self {
+    pub(crate) fn local_consumers(mut self, consumers: Arc<LocalConsumers>) -> Self {
         self.consumers = Some(consumers);
-        self
-    }
-
-    /// Cancelled to crash the node (tests).
-    pub fn kill_switch(mut self, kill: CancellationToken) -> Self {
-        self.kill = kill;
         self
     }
 
@@ -235,8 +231,8 @@ impl Node {
     /// ```
     /// use std::sync::Arc;
     /// use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-    /// use tailrace::node::Node;
-    /// use tailrace::stream::NodeId;
+    /// use tailrace::Node;
+    /// use tailrace::NodeId;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -7,10 +7,12 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 
 use super::{Node, NodeError, ownership};
+use crate::agent::{AgentMsg, AgentStatus};
 use crate::manager::{AgentsState, ManagerMsg, ManagerStatus};
+use crate::stream::QueueId;
 use crate::tasks::STOP_TIMEOUT;
 
-/// How long a call to the pulling manager may take.
+/// How long a call to the pulling manager, or to an agent, may take.
 const MANAGER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Node {
@@ -22,7 +24,7 @@ impl Node {
             Ok(CallResult::Success(value)) => Ok(value),
             Ok(CallResult::Timeout) => Err(NodeError::ManagerTimeout(MANAGER_CALL_TIMEOUT)),
             Ok(CallResult::SenderError) => Err(NodeError::ManagerGone),
-            Err(e) => Err(NodeError::Manager(e)),
+            Err(e) => Err(NodeError::Manager(e.to_string())),
         }
     }
 
@@ -56,11 +58,21 @@ impl Node {
         self.ask(ManagerMsg::GetStatus).await
     }
 
+    /// The counters of this node's agent of `queue` (reads, deliveries,
+    /// acks, whether it sleeps…), or `None` when no agent of this node
+    /// serves it (or it stopped before it answered).
+    pub async fn agent_status(&self, queue: QueueId) -> Option<AgentStatus> {
+        let agent = self.agents.get(queue)?;
+        match agent.call(AgentMsg::GetStatus, Some(MANAGER_CALL_TIMEOUT)).await {
+            Ok(CallResult::Success(status)) => Some(status),
+            _ => None,
+        }
+    }
+
     /// Leaves the cluster gracefully: other nodes take the queues over as
     /// this node's agents finish their ordered shutdown. Returns once the
-    /// manager stopped and every task of the node ended, or
-    /// [`STOP_TIMEOUT`] after the manager stopped (what still runs then is
-    /// logged and left behind). The tasks are waited for even if the
+    /// manager stopped and every task of the node ended, or 2 s after the
+    /// manager stopped (what still runs then is logged and left behind). The tasks are waited for even if the
     /// manager did not answer.
     pub async fn shutdown(&self) -> Result<(), NodeError> {
         self.membership.leave(&self.id);

@@ -29,7 +29,7 @@ impl Node {
     /// again: at least one of their heartbeats) and attaches every
     /// subscription of this node again, each up to five times,
     /// `settle` apart.
-    pub fn reattach_on_rejoin(self: &Arc<Self>, mut rejoins: watch::Receiver<u64>, settle: Duration) {
+    pub(crate) fn reattach_on_rejoin(self: &Arc<Self>, mut rejoins: watch::Receiver<u64>, settle: Duration) {
         let node = Arc::downgrade(self);
         let stop = self.tasks.token().clone();
         self.tasks.spawn("reattach on rejoin", async move {

@@ -23,10 +23,10 @@ impl Node {
     /// use std::sync::Arc;
     /// use async_trait::async_trait;
     /// use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, StartPosition, StreamConsumer};
-    /// use tailrace::stream::{Event, StreamId};
+    /// use tailrace::{Event, StreamId};
     /// # use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-    /// # use tailrace::node::Node;
-    /// # use tailrace::stream::NodeId;
+    /// # use tailrace::Node;
+    /// # use tailrace::NodeId;
     ///
     /// /// Forwards every payload to a channel.
     /// struct Lines(tokio::sync::mpsc::Sender<String>);

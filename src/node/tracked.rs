@@ -33,6 +33,7 @@ impl TrackedConsumer {
         self.closed.store(true, Ordering::SeqCst);
     }
 
+    #[cfg(all(feature = "edge", feature = "cluster"))]
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }

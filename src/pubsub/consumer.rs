@@ -24,7 +24,7 @@ pub struct SubscriptionInfo {
 /// use std::sync::Arc;
 /// use tailrace::pubsub::{Delivery, SubscriptionId};
 /// use tailrace::queue::Fence;
-/// use tailrace::stream::{BatchContainer, Event, SequenceToken, StreamId};
+/// use tailrace::{BatchContainer, Event, SequenceToken, StreamId};
 ///
 /// let stream = StreamId::new("logs", "etl/run-1");
 /// let batch = BatchContainer {

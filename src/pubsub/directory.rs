@@ -40,7 +40,7 @@ pub trait ConsumerResolver: Send + Sync + 'static {
 }
 
 /// The consumers hosted by one node, by name. Bounded.
-pub struct LocalConsumers {
+pub(crate) struct LocalConsumers {
     node: NodeId,
     limit: usize,
     consumers: Mutex<HashMap<String, Arc<dyn StreamConsumer>>>,
@@ -48,17 +48,21 @@ pub struct LocalConsumers {
 
 impl LocalConsumers {
     /// An empty directory for `node` holding at most `limit` consumers.
-    pub fn new(node: NodeId, limit: usize) -> Self {
+    pub(crate) fn new(node: NodeId, limit: usize) -> Self {
         Self { node, limit, consumers: Mutex::new(HashMap::new()) }
     }
 
     /// The node these consumers live on.
-    pub fn node(&self) -> &NodeId {
+    pub(crate) fn node(&self) -> &NodeId {
         &self.node
     }
 
     /// Registers `consumer` under `name`; returns its address.
-    pub fn register(&self, name: String, consumer: Arc<dyn StreamConsumer>) -> Result<ConsumerAddress, PubSubError> {
+    pub(crate) fn register(
+        &self,
+        name: String,
+        consumer: Arc<dyn StreamConsumer>,
+    ) -> Result<ConsumerAddress, PubSubError> {
         let mut consumers = self.consumers.lock();
         if !consumers.contains_key(&name) && consumers.len() >= self.limit {
             return Err(PubSubError::TooManyConsumers { node: self.node.to_string(), limit: self.limit });
@@ -68,43 +72,28 @@ impl LocalConsumers {
     }
 
     /// Removes a consumer.
-    pub fn unregister(&self, name: &str) {
+    pub(crate) fn unregister(&self, name: &str) {
         self.consumers.lock().remove(name);
     }
 
     /// The consumer named `name`.
-    pub fn get(&self, name: &str) -> Option<Arc<dyn StreamConsumer>> {
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<dyn StreamConsumer>> {
         self.consumers.lock().get(name).cloned()
-    }
-
-    /// How many consumers are registered.
-    pub fn len(&self) -> usize {
-        self.consumers.lock().len()
-    }
-
-    /// Whether none is registered.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
 /// Resolves addresses: local ones from the node's consumers, others through
 /// the cluster transport.
 #[derive(Clone)]
-pub struct ConsumerDirectory {
+pub(crate) struct ConsumerDirectory {
     local: Arc<LocalConsumers>,
     remote: Option<Arc<dyn ConsumerResolver>>,
 }
 
 impl ConsumerDirectory {
     /// A directory over `local`, asking `remote` for other nodes.
-    pub fn new(local: Arc<LocalConsumers>, remote: Option<Arc<dyn ConsumerResolver>>) -> Self {
+    pub(crate) fn new(local: Arc<LocalConsumers>, remote: Option<Arc<dyn ConsumerResolver>>) -> Self {
         Self { local, remote }
-    }
-
-    /// The node's own consumers.
-    pub fn local(&self) -> &Arc<LocalConsumers> {
-        &self.local
     }
 }
 

@@ -33,7 +33,7 @@ impl QueueMapper {
     ///
     /// ```
     /// use tailrace::queue::QueueMapper;
-    /// use tailrace::stream::StreamId;
+    /// use tailrace::StreamId;
     ///
     /// let stream = StreamId::new("logs", "etl.daily/run-7");
     /// let eight = QueueMapper::new(8);

@@ -15,7 +15,7 @@ use super::RedisConn;
 
 /// Redis's persistence settings, as read at start.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Persistence {
+pub(crate) enum Persistence {
     /// Read from the server.
     Known {
         /// `appendonly yes`: every write goes to the append-only file.
@@ -66,7 +66,7 @@ async fn default_user_limited(conn: &mut RedisConn) -> Option<bool> {
 impl Persistence {
     /// Reads the settings; a refusal (`CONFIG` renamed, forbidden by an ACL
     /// or the provider) is [`Persistence::Unknown`].
-    pub async fn read(conn: &mut RedisConn) -> Self {
+    pub(crate) async fn read(conn: &mut RedisConn) -> Self {
         let read = async {
             Ok::<_, redis::RedisError>(Self::Known {
                 appendonly: config_get(conn, "appendonly").await? == "yes",
@@ -81,7 +81,7 @@ impl Persistence {
     /// Whether a fencing counter survives a Redis restart: `Some(false)`
     /// with neither the append-only file nor RDB snapshots; `None` if
     /// unknown.
-    pub fn survives_restart(&self) -> Option<bool> {
+    pub(crate) fn survives_restart(&self) -> Option<bool> {
         match self {
             Self::Known { appendonly: true, default_user_limited: Some(true), .. } => Some(false),
             Self::Known { appendonly, save, .. } => Some(*appendonly || !save.trim().is_empty()),
@@ -91,7 +91,7 @@ impl Persistence {
 
     /// Whether a Redis crash can lose an acknowledged write (`None` if
     /// unknown).
-    pub fn loses_on_crash(&self) -> Option<bool> {
+    pub(crate) fn loses_on_crash(&self) -> Option<bool> {
         match self {
             Self::Known { appendonly: true, appendfsync, .. } => Some(appendfsync != "always"),
             Self::Known { .. } => Some(true),
@@ -100,7 +100,7 @@ impl Persistence {
     }
 
     /// One line: the settings and what they guarantee.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let what = "acknowledged events, checkpoints, run log lines and fence increments";
         match self {
             Self::Known { appendonly: true, appendfsync, default_user_limited: Some(true), .. } => format!(

@@ -52,7 +52,7 @@ impl Backing for RedisServer {
 }
 
 /// Each queue's fencing counter and checkpoint (as the nodes wrote them).
-pub async fn queue_marks(backing: &impl Backing) -> Vec<(Option<u64>, Option<tailrace::stream::SequenceToken>)> {
+pub async fn queue_marks(backing: &impl Backing) -> Vec<(Option<u64>, Option<tailrace::SequenceToken>)> {
     let config = tailrace::redis_conn::reconnecting(Duration::from_secs(5));
     let conn = backing.endpoint().connect_any(config, Duration::from_secs(5)).await.unwrap();
     let mut marks = Vec::new();

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tailrace::pubsub::{ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer};
 use tailrace::queue::{Checkpointer, QueueMapper};
-use tailrace::stream::{QueueId, SequenceToken, StreamId};
+use tailrace::{QueueId, SequenceToken, StreamId};
 
 /// Runs this test binary again on the ignored entry `entry`.
 pub fn child(entry: &str, env: &[(&str, String)]) -> Child {

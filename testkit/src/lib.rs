@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use tailrace::pubsub::{
     ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer, SubscriptionInfo,
 };
-use tailrace::stream::{Event, EventId, NodeId, QueueId, SequenceToken, StreamId};
+use tailrace::{Event, EventId, NodeId, QueueId, SequenceToken, StreamId};
 
 /// The `tailrace` binary the process tests run: `TAILRACE_TEST_BIN` (a
 /// build of another commit, a mutant), or the one cargo built beside the
@@ -181,7 +181,7 @@ pub fn ids(prefix: &str, range: std::ops::Range<u64>) -> Vec<String> {
 }
 
 /// The ids of the events in containers a receiver read, in order.
-pub fn read_ids(batches: &[Arc<tailrace::stream::BatchContainer>]) -> Vec<String> {
+pub fn read_ids(batches: &[Arc<tailrace::BatchContainer>]) -> Vec<String> {
     batches.iter().flat_map(|b| b.events.iter().map(|e| e.id.to_string())).collect()
 }
 
@@ -205,16 +205,14 @@ pub mod scripted;
 pub mod store;
 pub mod tcp_proxy;
 
-use tailrace::agent::{AgentMsg, AgentStatus};
+use tailrace::AgentStatus;
+use tailrace::Node;
 use tailrace::config::Config;
-use tailrace::manager::AgentDirectory;
-use tailrace::node::Node;
 use tailrace::queue::QueueAdapterFactory;
 
-/// One node over a factory, with its agent directory and store exposed.
+/// One node over a factory, with its pub-sub store exposed.
 pub struct TestNode {
     pub node: Node,
-    pub agents: Arc<AgentDirectory>,
     pub store: Arc<store::GatedStore>,
 }
 
@@ -227,24 +225,20 @@ impl TestNode {
         factory: Arc<dyn QueueAdapterFactory>,
         config: Config,
         implicit: ImplicitSubscriptions,
-        extra: impl FnOnce(tailrace::node::NodeBuilder) -> tailrace::node::NodeBuilder,
+        extra: impl FnOnce(tailrace::NodeBuilder) -> tailrace::NodeBuilder,
     ) -> Self {
-        let agents = Arc::new(AgentDirectory::new());
         let store = store::GatedStore::new();
-        let builder = Node::builder(NodeId::new("test"), factory)
-            .config(config)
-            .implicit(implicit)
-            .agents(agents.clone())
-            .store(store.clone());
+        let builder =
+            Node::builder(NodeId::new("test"), factory).config(config).implicit(implicit).store(store.clone());
         let node = extra(builder).start().await.unwrap();
-        Self { node, agents, store }
+        Self { node, store }
     }
 
-    /// The agent of `queue`, once it runs.
-    pub async fn agent(&self, queue: u32) -> ractor::ActorRef<AgentMsg> {
+    /// The status of the agent of `queue`, once it runs (panics after 10 s).
+    pub async fn agent(&self, queue: u32) -> AgentStatus {
         for _ in 0..2_000 {
-            if let Some(agent) = self.agents.get(QueueId(queue)) {
-                return agent;
+            if let Some(status) = self.node.agent_status(QueueId(queue)).await {
+                return status;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -264,17 +258,18 @@ impl TestNode {
         }
     }
 
+    /// The status of the agent of `queue` (waits for it to run, as
+    /// [`TestNode::agent`]).
     pub async fn status(&self, queue: u32) -> AgentStatus {
-        let agent = self.agent(queue).await;
-        ractor::call!(agent, AgentMsg::GetStatus).unwrap()
+        self.agent(queue).await
     }
 }
 
 /// Test settings: quick retries, quick polls.
 pub fn quick_config() -> Config {
     let mut config = Config::default();
-    config.agent.delivery_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(10));
-    config.agent.reader_backoff = tailrace::retry::Backoff::fixed(Duration::from_millis(10));
+    config.agent.delivery_backoff = tailrace::config::Backoff::fixed(Duration::from_millis(10));
+    config.agent.reader_backoff = tailrace::config::Backoff::fixed(Duration::from_millis(10));
     config.agent.max_delivery_time = Duration::from_secs(2);
     config.agent.delivery_attempt_timeout = Duration::from_secs(1);
     config.checkpoint.persist_interval = Duration::ZERO;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use serde_json::Value;
+use tailrace::Node;
 use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
 use tailrace::archive::{
     Append, Archiver, FileRunLogStore, LOGS_NAMESPACE, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore,
@@ -17,9 +18,8 @@ use tailrace::archive::{
 };
 use tailrace::config::{Config, EdgeOptions, LogStreamSettings};
 use tailrace::edge::LogEdge;
-use tailrace::node::Node;
 use tailrace::pubsub::ImplicitSubscriptions;
-use tailrace::stream::{NodeId, SequenceToken};
+use tailrace::{NodeId, SequenceToken};
 use tokio_util::sync::CancellationToken;
 
 /// Short limits for tests (seconds may be fractional).

@@ -13,7 +13,7 @@ use tailrace::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer, SubscriptionInfo,
 };
 use tailrace::queue::QueueAdapterFactory;
-use tailrace::stream::{Event, EventId, StreamId};
+use tailrace::{Event, EventId, QueueId, StreamId};
 
 use super::{TestNode, quick_config};
 
@@ -92,8 +92,8 @@ pub async fn run(node: &TestNode, key: &str, trial: &Trial, produced: &mut u64) 
     *produced += tokens.len() as u64;
     let queue = node.node.mapper().queue_for(&stream).0;
     let want_acked = *produced;
-    let agent = node.agent(queue).await;
-    let acked = async || ractor::call!(agent, tailrace::agent::AgentMsg::GetStatus).map(|s| s.acked).unwrap_or(0);
+    node.agent(queue).await;
+    let acked = async || node.node.agent_status(QueueId(queue)).await.map_or(0, |s| s.acked);
     let deadline = tokio::time::Instant::now() + WAIT;
     while acked().await < want_acked {
         if tokio::time::Instant::now() >= deadline {
@@ -205,7 +205,7 @@ where
 /// A start older than what the queue holds is refused, naming the oldest
 /// position it still holds; a subscription from there gets everything
 /// from there on, exactly.
-pub async fn past_retention(node: TestNode, stream: StreamId, old: tailrace::stream::SequenceToken, written: u64) {
+pub async fn past_retention(node: TestNode, stream: StreamId, old: tailrace::SequenceToken, written: u64) {
     let refused = node.node.subscribe(&stream, Arc::new(Tape::default()), StartPosition::At(old)).await.unwrap_err();
     let oldest = refused.oldest_held().unwrap_or_else(|| panic!("the refusal names no oldest position: {refused}"));
     assert!(oldest > old, "{refused}");

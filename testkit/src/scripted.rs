@@ -14,7 +14,7 @@ use tailrace::queue::{
     CacheOptions, Checkpointer, Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper,
     QueueReceiver,
 };
-use tailrace::stream::{BatchContainer, Event, EventId, QueueId, SequenceToken, StreamId};
+use tailrace::{BatchContainer, Event, EventId, QueueId, SequenceToken, StreamId};
 use tokio::sync::Semaphore;
 
 /// What the receiver did and will do.

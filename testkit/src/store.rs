@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use tailrace::StreamId;
 use tailrace::pubsub::{MemoryPubSubStore, PubSubError, PubSubStore, Subscription, SubscriptionId};
-use tailrace::stream::StreamId;
 use tokio::sync::Semaphore;
 
 #[derive(Default)]

@@ -22,7 +22,7 @@ use tailrace::harness::InProcessCluster;
 use tailrace::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer,
 };
-use tailrace::stream::{Event, StreamId};
+use tailrace::{Event, StreamId};
 use tokio_util::sync::CancellationToken;
 
 /// Options of the demo.
@@ -98,7 +98,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let retention = tailrace::archive::Retention::spawn(store.clone(), config.archive.retention.clone(), stop.clone());
     let factory = tailrace::backend::build(&config, Some(&owner)).await.context("opening the queues")?.factory;
     let adapter = factory.create_adapter().await?;
-    let life = tailrace::stream::now_ms();
+    let life = super::now_ms();
     let tally = Tally::open(&args.data_dir, life)?;
     let archiver = Archiver::new(store.clone());
     let implicit = ImplicitSubscriptions::new()
@@ -122,7 +122,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .serve(args.listen, tailrace::edge::router(metrics), stop.clone())
         .await
         .context("the demo serves its edge there; pick another --listen")?;
-    let epoch = tailrace::stream::now_ms() / 1000;
+    let epoch = super::now_ms() / 1000;
     let runs = super::pipelines::spawn(first.clone(), epoch, stop.clone());
 
     println!(

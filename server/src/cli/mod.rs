@@ -34,6 +34,11 @@ pub fn node_config(file: Option<&PathBuf>, data_dir: &Path, listen: Option<Socke
     Ok(config)
 }
 
+/// Milliseconds since the Unix epoch, as events are stamped.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The scheme of the edge's URLs: `https` with `[edge.tls]`.
 pub fn edge_scheme(config: &Config) -> &'static str {
     if config.edge.tls.is_some() { "https" } else { "http" }

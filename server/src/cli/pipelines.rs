@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::RngExt;
+use tailrace::Node;
 use tailrace::archive::{RunKey, RunState, status_event};
-use tailrace::node::Node;
-use tailrace::stream::{Event, EventId};
+use tailrace::{Event, EventId};
 use tokio_util::sync::CancellationToken;
 
 /// The simulated pipelines.
@@ -82,7 +82,7 @@ async fn one_run(node: &Node, key: &RunKey, stop: &CancellationToken) -> anyhow:
 
 /// `HH:MM:SS.mmm` (UTC) of now.
 fn clock() -> String {
-    let ms = tailrace::stream::now_ms();
+    let ms = super::now_ms();
     let (s, ms) = (ms / 1000, ms % 1000);
     format!("{:02}:{:02}:{:02}.{ms:03}", (s / 3600) % 24, (s / 60) % 60, s % 60)
 }

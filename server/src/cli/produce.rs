@@ -14,7 +14,7 @@ mod command;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tailrace::retry::Backoff;
+use tailrace::config::Backoff;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
 /// The run a command talks to, and how to reach it.

@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use serde::Deserialize;
-use tailrace::retry::Backoff;
+use tailrace::config::Backoff;
 
 use super::produce::{RunTarget, enc};
 

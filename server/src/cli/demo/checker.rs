@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use tailrace::pubsub::{ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, StreamConsumer};
-use tailrace::stream::{EventId, StreamId};
+use tailrace::{EventId, StreamId};
 
 /// Lines in the seen-log after which it is rewritten with one line per stream.
 const COMPACT_AFTER: u64 = 100_000;

@@ -2,27 +2,26 @@
 //! start/stop commands (Orleans scenario 30), handoff on this node, and
 //! restarts of crashed agents.
 
-use tailrace_testkit as common;
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::scripted::ScriptedFactory;
-use common::*;
-use tailrace::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
-use tailrace::harness::InProcessCluster;
-use tailrace::manager::{AgentsState, ManagerMsg};
-use tailrace::pubsub::ImplicitSubscriptions;
-use tailrace::stream::QueueId;
+use super::*;
+use crate::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
+use crate::harness::InProcessCluster;
+use crate::node::Node;
+use crate::pubsub::ImplicitSubscriptions;
+use crate::retry::Backoff;
+use crate::testing::scripted::ScriptedFactory;
+use crate::testing::*;
 
 const WAIT: Duration = Duration::from_secs(10);
 
-async fn running(node: &tailrace::node::Node) -> Vec<QueueId> {
+async fn running(node: &Node) -> Vec<QueueId> {
     node.status().await.unwrap().running
 }
 
-async fn wait_running(node: &tailrace::node::Node, want: &[u32]) {
+async fn wait_running(node: &Node, want: &[u32]) {
     let want: Vec<QueueId> = want.iter().map(|q| QueueId(*q)).collect();
     for _ in 0..1_000 {
         if running(node).await == want {
@@ -140,7 +139,7 @@ async fn a_crashed_agent_is_restarted_with_backoff() {
     let factory = ScriptedFactory::new();
     let script = factory.script.clone();
     let mut config = quick_config();
-    config.manager.restart_backoff = tailrace::retry::Backoff::fixed(Duration::from_secs(5));
+    config.manager.restart_backoff = Backoff::fixed(Duration::from_secs(5));
     let node = TestNode::start(factory, config, ImplicitSubscriptions::new()).await;
     assert!(eventually(WAIT, || script.read_calls() > 0).await);
     script.panics.store(1, Ordering::SeqCst);

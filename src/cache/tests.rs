@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use tailrace::cache::*;
-use tailrace::queue::CacheOptions;
-use tailrace::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
+use super::*;
+use crate::queue::CacheOptions;
+use crate::stream::{BatchContainer, Event, EventId, SequenceToken, StreamId};
 
 fn s(name: &str) -> StreamId {
     StreamId::new("test", name)

@@ -2,21 +2,20 @@
 //! `PersistentStreamPullingAgentTests` (reference §3, 1–16) ported to
 //! tailrace's semantics, driven through a scripted adapter.
 
-use tailrace_testkit as common;
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::scripted::ScriptedFactory;
-use common::*;
-use tailrace::agent::AgentMsg;
-use tailrace::pubsub::{
+
+use super::*;
+use crate::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer, SubscriptionInfo,
 };
-use tailrace::queue::{Checkpointer, Fence};
-use tailrace::stream::{QueueId, SequenceToken};
+use crate::queue::{CacheOptions, Checkpointer, Fence};
+use crate::stream::{QueueId, SequenceToken};
+use crate::testing::scripted::ScriptedFactory;
+use crate::testing::*;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -196,7 +195,7 @@ async fn no_ack_while_a_batch_is_being_delivered() {
 ///    exactly the next event when it arrives.
 #[tokio::test]
 async fn a_drained_cursor_gets_exactly_the_next_event_after_a_purge() {
-    let factory = ScriptedFactory::with_cache(tailrace::queue::CacheOptions { cache_size: 20, buckets: 10 });
+    let factory = ScriptedFactory::with_cache(CacheOptions { cache_size: 20, buckets: 10 });
     let recorder = Recorder::new();
     let node = TestNode::start(factory.clone(), quick_config(), implicit("t", &recorder)).await;
     let (a, b) = (stream("t", "a"), stream("t", "b"));

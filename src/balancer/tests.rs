@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use tailrace::balancer::BalancerKind;
-use tailrace::stream::{NodeId, QueueId};
+use super::BalancerKind;
+use crate::stream::{NodeId, QueueId};
 
 fn nodes(n: usize) -> Vec<NodeId> {
     (0..n).map(|i| NodeId::new(format!("node-{i:03}"))).collect()

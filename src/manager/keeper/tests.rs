@@ -4,23 +4,20 @@
 //! checkpoint; a fenced read is not restarted like a crash; a crashed agent
 //! restarts only under a fresh lease.
 
-use tailrace_testkit as common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::scripted::ScriptedFactory;
-use common::*;
-use tailrace::cluster::{Lease, LeaseError, MemoryLeases, QueueLeases};
-use tailrace::manager::ManagerStatus;
-use tailrace::pubsub::{
-    ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer,
-};
-use tailrace::queue::QueueError;
-use tailrace::stream::{NodeId, QueueId};
 use tokio::time::Instant;
+
+use crate::cluster::{Lease, LeaseError, LeaseOptions, MemoryLeases, QueueLeases};
+use crate::manager::{ManagerMsg, ManagerStatus};
+use crate::pubsub::{ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer};
+use crate::queue::QueueError;
+use crate::stream::{NodeId, QueueId, StreamId};
+use crate::testing::scripted::ScriptedFactory;
+use crate::testing::*;
 
 const WAIT: Duration = Duration::from_secs(30);
 const Q: QueueId = QueueId(0);
@@ -119,7 +116,7 @@ async fn a_store_answering_slower_than_the_renew_period_loses_no_lease() {
     let leases = Arc::new(SwitchedLeases::default());
     let (node, factory) = start(leases.clone()).await;
     let first = leases.inner.holder(Q).await.unwrap().unwrap();
-    *leases.slow.lock().unwrap() = tailrace::cluster::LeaseOptions::default().renew + Duration::from_millis(250);
+    *leases.slow.lock().unwrap() = LeaseOptions::default().renew + Duration::from_millis(250);
     tokio::time::sleep(Duration::from_secs(60)).await;
     let now = leases.inner.holder(Q).await.unwrap().expect("still held");
     assert_eq!(now.token, first.token, "never lost and granted again");
@@ -228,7 +225,7 @@ async fn a_lease_stays_held_through_an_ordered_shutdown_longer_than_its_ttl() {
     wait_status(&node, "running", running).await;
     let lease = leases.holder(Q).await.unwrap().unwrap();
     factory.script.hang.store(true, Ordering::SeqCst);
-    node.node.manager().cast(tailrace::manager::ManagerMsg::StopAgents(None)).unwrap();
+    node.node.manager().cast(ManagerMsg::StopAgents(None)).unwrap();
     wait_status(&node, "stopping", |s| s.stopping == [Q]).await;
     tokio::time::sleep(Duration::from_secs(12)).await;
     assert_eq!(node.node.status().await.unwrap().stopping, [Q], "still handing over");
@@ -260,7 +257,7 @@ impl ConsumerFactory for RefusingFactory {
         "refuses-as-stale"
     }
 
-    fn create(&self, _: &tailrace::stream::StreamId) -> Arc<dyn StreamConsumer> {
+    fn create(&self, _: &StreamId) -> Arc<dyn StreamConsumer> {
         self.0.clone()
     }
 }

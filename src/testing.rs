@@ -1,0 +1,245 @@
+//! Fixtures of the unit tests that drive a pulling agent or the pulling
+//! manager through their messages (`agent/tests.rs`, `manager/tests.rs`,
+//! `manager/keeper/tests.rs`): a node whose agent directory the test
+//! reads, a scripted adapter, a gated pub-sub store, recording consumers.
+//!
+//! They repeat the test kit's (`testkit/`) over this crate's own types:
+//! the kit links the published `tailrace`, which to the compiler is another
+//! crate than the one these tests are built in, and the messages they send
+//! are not part of its API.
+
+pub(crate) mod scripted;
+pub(crate) mod store;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ractor::ActorRef;
+
+use crate::agent::{AgentMsg, AgentStatus};
+use crate::config::Config;
+use crate::manager::AgentDirectory;
+use crate::node::{Node, NodeBuilder};
+use crate::pubsub::{
+    ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer, SubscriptionInfo,
+};
+use crate::queue::QueueAdapterFactory;
+use crate::retry::Backoff;
+use crate::stream::{NodeId, QueueId, StreamId};
+
+/// Polls `check` every 10 ms until it holds or `timeout` passes; returns
+/// whether it held.
+pub(crate) async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub(crate) fn stream(ns: &str, key: &str) -> StreamId {
+    StreamId::new(ns, key)
+}
+
+/// Test settings: quick retries, quick polls.
+pub(crate) fn quick_config() -> Config {
+    let mut config = Config::default();
+    config.agent.delivery_backoff = Backoff::fixed(Duration::from_millis(10));
+    config.agent.reader_backoff = Backoff::fixed(Duration::from_millis(10));
+    config.agent.max_delivery_time = Duration::from_secs(2);
+    config.agent.delivery_attempt_timeout = Duration::from_secs(1);
+    config.checkpoint.persist_interval = Duration::ZERO;
+    config.pubsub.attach_timeout = Duration::from_secs(5);
+    config
+}
+
+/// What a recording consumer saw.
+#[derive(Default, Clone, Debug)]
+pub(crate) struct Seen {
+    /// Event ids per stream, in delivery order.
+    events: BTreeMap<StreamId, Vec<String>>,
+    /// Errors reported through `on_error`.
+    pub(crate) errors: Vec<String>,
+}
+
+/// Records every delivery; shared between clones.
+#[derive(Clone, Default)]
+pub(crate) struct Recorder {
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl Recorder {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    pub(crate) fn snapshot(&self) -> Seen {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub(crate) fn ids(&self, stream: &StreamId) -> Vec<String> {
+        self.seen.lock().unwrap().events.get(stream).cloned().unwrap_or_default()
+    }
+
+    pub(crate) fn total(&self) -> usize {
+        self.seen.lock().unwrap().events.values().map(Vec::len).sum()
+    }
+
+    pub(crate) fn record(&self, delivery: &Delivery) {
+        let mut seen = self.seen.lock().unwrap();
+        let ids = seen.events.entry(delivery.stream.clone()).or_default();
+        for (event, _) in delivery.events() {
+            ids.push(event.id.to_string());
+        }
+    }
+}
+
+#[async_trait]
+impl StreamConsumer for Recorder {
+    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        self.record(delivery);
+        Ok(DeliveryOutcome::Continue)
+    }
+
+    async fn on_error(&self, _: &SubscriptionInfo, error: &str) {
+        self.seen.lock().unwrap().errors.push(error.to_string());
+    }
+}
+
+/// An implicit factory handing out one shared consumer.
+struct SharedFactory {
+    name: String,
+    consumer: Arc<dyn StreamConsumer>,
+}
+
+impl ConsumerFactory for SharedFactory {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn create(&self, _: &StreamId) -> Arc<dyn StreamConsumer> {
+        self.consumer.clone()
+    }
+}
+
+/// `implicit` with namespace `ns` bound to `consumer`, named `name`.
+pub(crate) fn bind(
+    implicit: ImplicitSubscriptions,
+    ns: &str,
+    name: &str,
+    consumer: Arc<dyn StreamConsumer>,
+) -> ImplicitSubscriptions {
+    implicit.bind(ns, Arc::new(SharedFactory { name: name.into(), consumer }))
+}
+
+/// An implicit-subscription factory whose consumers all record into one
+/// recorder.
+struct RecordingFactory {
+    recorder: Recorder,
+}
+
+impl ConsumerFactory for RecordingFactory {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+
+    fn create(&self, _: &StreamId) -> Arc<dyn StreamConsumer> {
+        Arc::new(self.recorder.clone())
+    }
+}
+
+/// Implicit subscriptions of namespace `ns` recording into `recorder`.
+pub(crate) fn implicit(ns: &str, recorder: &Recorder) -> ImplicitSubscriptions {
+    ImplicitSubscriptions::new().bind(ns, Arc::new(RecordingFactory { recorder: recorder.clone() }))
+}
+
+/// A consumer whose deliveries wait for a permit each; counts arrivals.
+#[derive(Clone)]
+pub(crate) struct GatedConsumer {
+    recorder: Recorder,
+    pub(crate) gate: Arc<tokio::sync::Semaphore>,
+    pub(crate) entered: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl GatedConsumer {
+    pub(crate) fn new() -> Self {
+        Self { recorder: Recorder::new(), gate: Arc::new(tokio::sync::Semaphore::new(0)), entered: Default::default() }
+    }
+
+    pub(crate) fn entered(&self) -> usize {
+        self.entered.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(crate) fn open(&self) {
+        self.gate.add_permits(1_000_000);
+    }
+}
+
+#[async_trait]
+impl StreamConsumer for GatedConsumer {
+    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
+        self.entered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Ok(permit) = self.gate.acquire().await {
+            permit.forget();
+        }
+        self.recorder.record(delivery);
+        Ok(DeliveryOutcome::Continue)
+    }
+}
+
+/// One node over a factory, with its agent directory and store exposed.
+pub(crate) struct TestNode {
+    pub(crate) node: Node,
+    agents: Arc<AgentDirectory>,
+    pub(crate) store: Arc<store::GatedStore>,
+}
+
+impl TestNode {
+    pub(crate) async fn start(
+        factory: Arc<dyn QueueAdapterFactory>,
+        config: Config,
+        implicit: ImplicitSubscriptions,
+    ) -> Self {
+        Self::start_with(factory, config, implicit, |b| b).await
+    }
+
+    pub(crate) async fn start_with(
+        factory: Arc<dyn QueueAdapterFactory>,
+        config: Config,
+        implicit: ImplicitSubscriptions,
+        extra: impl FnOnce(NodeBuilder) -> NodeBuilder,
+    ) -> Self {
+        let agents = Arc::new(AgentDirectory::new());
+        let store = store::GatedStore::new();
+        let builder = Node::builder(NodeId::new("test"), factory)
+            .config(config)
+            .implicit(implicit)
+            .agents(agents.clone())
+            .store(store.clone());
+        let node = extra(builder).start().await.unwrap();
+        Self { node, agents, store }
+    }
+
+    /// The agent of `queue`, once it runs.
+    pub(crate) async fn agent(&self, queue: u32) -> ActorRef<AgentMsg> {
+        for _ in 0..2_000 {
+            if let Some(agent) = self.agents.get(QueueId(queue)) {
+                return agent;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("no agent for queue {queue}");
+    }
+
+    pub(crate) async fn status(&self, queue: u32) -> AgentStatus {
+        let agent = self.agent(queue).await;
+        ractor::call!(agent, AgentMsg::GetStatus).unwrap()
+    }
+}
