@@ -49,6 +49,9 @@ pub mod conformance;
 #[cfg(feature = "edge")]
 pub mod edge;
 pub mod failure;
+#[cfg(any(test, feature = "test-fixtures"))]
+#[doc(hidden)]
+pub mod fixtures;
 pub mod handoff;
 pub mod harness;
 mod manager;

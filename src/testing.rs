@@ -3,13 +3,11 @@
 //! `manager/keeper/tests.rs`): a node whose agent directory the test
 //! reads, a scripted adapter, a gated pub-sub store, recording consumers.
 //!
-//! They repeat the test kit's (`testkit/`) over this crate's own types:
-//! the kit links the published `tailrace`, which to the compiler is another
-//! crate than the one these tests are built in, and the messages they send
-//! are not part of its API.
+//! The adapter and the store are the test kit's too (`crate::fixtures`);
+//! these few helpers stay here because they reach the agents' messages,
+//! which are not part of the API the kit sees.
 
-pub(crate) mod scripted;
-pub(crate) mod store;
+use crate::fixtures::store;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -9,12 +9,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::*;
+use crate::fixtures::scripted::ScriptedFactory;
 use crate::pubsub::{
     ConsumerError, Delivery, DeliveryOutcome, ImplicitSubscriptions, StartPosition, StreamConsumer, SubscriptionInfo,
 };
 use crate::queue::{CacheOptions, Checkpointer, Fence};
 use crate::stream::{QueueId, SequenceToken};
-use crate::testing::scripted::ScriptedFactory;
 use crate::testing::*;
 
 const WAIT: Duration = Duration::from_secs(10);

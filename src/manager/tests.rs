@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use super::*;
 use crate::adapters::memory::{MemoryAdapterFactory, MemoryOptions};
+use crate::fixtures::scripted::ScriptedFactory;
 use crate::harness::InProcessCluster;
 use crate::node::Node;
 use crate::pubsub::ImplicitSubscriptions;
 use crate::retry::Backoff;
-use crate::testing::scripted::ScriptedFactory;
 use crate::testing::*;
 
 const WAIT: Duration = Duration::from_secs(10);

@@ -201,8 +201,7 @@ pub mod powercut;
 pub mod redis_cluster;
 pub mod redis_server;
 pub mod replay;
-pub mod scripted;
-pub mod store;
+pub use tailrace::fixtures::{scripted, store};
 pub mod tcp_proxy;
 
 use tailrace::AgentStatus;

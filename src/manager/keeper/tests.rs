@@ -12,11 +12,11 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::cluster::{Lease, LeaseError, LeaseOptions, MemoryLeases, QueueLeases};
+use crate::fixtures::scripted::ScriptedFactory;
 use crate::manager::{ManagerMsg, ManagerStatus};
 use crate::pubsub::{ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer};
 use crate::queue::QueueError;
 use crate::stream::{NodeId, QueueId, StreamId};
-use crate::testing::scripted::ScriptedFactory;
 use crate::testing::*;
 
 const WAIT: Duration = Duration::from_secs(30);
