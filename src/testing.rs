@@ -7,10 +7,10 @@
 //! these few helpers stay here because they reach the agents' messages,
 //! which are not part of the API the kit sees.
 
+pub(crate) use crate::fixtures::recorder::{Recorder, RecordingFactory, eventually};
 use crate::fixtures::store;
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,27 +20,10 @@ use crate::agent::{AgentMsg, AgentStatus};
 use crate::config::Config;
 use crate::manager::AgentDirectory;
 use crate::node::{Node, NodeBuilder};
-use crate::pubsub::{
-    ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer, SubscriptionInfo,
-};
+use crate::pubsub::{ConsumerError, ConsumerFactory, Delivery, DeliveryOutcome, ImplicitSubscriptions, StreamConsumer};
 use crate::queue::QueueAdapterFactory;
 use crate::retry::Backoff;
 use crate::stream::{NodeId, QueueId, StreamId};
-
-/// Polls `check` every 10 ms until it holds or `timeout` passes; returns
-/// whether it held.
-pub(crate) async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if check() {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 pub(crate) fn stream(ns: &str, key: &str) -> StreamId {
     StreamId::new(ns, key)
@@ -56,59 +39,6 @@ pub(crate) fn quick_config() -> Config {
     config.checkpoint.persist_interval = Duration::ZERO;
     config.pubsub.attach_timeout = Duration::from_secs(5);
     config
-}
-
-/// What a recording consumer saw.
-#[derive(Default, Clone, Debug)]
-pub(crate) struct Seen {
-    /// Event ids per stream, in delivery order.
-    events: BTreeMap<StreamId, Vec<String>>,
-    /// Errors reported through `on_error`.
-    pub(crate) errors: Vec<String>,
-}
-
-/// Records every delivery; shared between clones.
-#[derive(Clone, Default)]
-pub(crate) struct Recorder {
-    seen: Arc<Mutex<Seen>>,
-}
-
-impl Recorder {
-    pub(crate) fn new() -> Self {
-        Self::default()
-    }
-
-    pub(crate) fn snapshot(&self) -> Seen {
-        self.seen.lock().unwrap().clone()
-    }
-
-    pub(crate) fn ids(&self, stream: &StreamId) -> Vec<String> {
-        self.seen.lock().unwrap().events.get(stream).cloned().unwrap_or_default()
-    }
-
-    pub(crate) fn total(&self) -> usize {
-        self.seen.lock().unwrap().events.values().map(Vec::len).sum()
-    }
-
-    pub(crate) fn record(&self, delivery: &Delivery) {
-        let mut seen = self.seen.lock().unwrap();
-        let ids = seen.events.entry(delivery.stream.clone()).or_default();
-        for (event, _) in delivery.events() {
-            ids.push(event.id.to_string());
-        }
-    }
-}
-
-#[async_trait]
-impl StreamConsumer for Recorder {
-    async fn deliver(&self, delivery: &Delivery) -> Result<DeliveryOutcome, ConsumerError> {
-        self.record(delivery);
-        Ok(DeliveryOutcome::Continue)
-    }
-
-    async fn on_error(&self, _: &SubscriptionInfo, error: &str) {
-        self.seen.lock().unwrap().errors.push(error.to_string());
-    }
 }
 
 /// An implicit factory handing out one shared consumer.
@@ -137,25 +67,10 @@ pub(crate) fn bind(
     implicit.bind(ns, Arc::new(SharedFactory { name: name.into(), consumer }))
 }
 
-/// An implicit-subscription factory whose consumers all record into one
-/// recorder.
-struct RecordingFactory {
-    recorder: Recorder,
-}
-
-impl ConsumerFactory for RecordingFactory {
-    fn name(&self) -> &str {
-        "recorder"
-    }
-
-    fn create(&self, _: &StreamId) -> Arc<dyn StreamConsumer> {
-        Arc::new(self.recorder.clone())
-    }
-}
-
 /// Implicit subscriptions of namespace `ns` recording into `recorder`.
 pub(crate) fn implicit(ns: &str, recorder: &Recorder) -> ImplicitSubscriptions {
-    ImplicitSubscriptions::new().bind(ns, Arc::new(RecordingFactory { recorder: recorder.clone() }))
+    ImplicitSubscriptions::new()
+        .bind(ns, Arc::new(RecordingFactory { name: "recorder".into(), recorder: recorder.clone() }))
 }
 
 /// A consumer whose deliveries wait for a permit each; counts arrivals.
