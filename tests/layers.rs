@@ -7,8 +7,8 @@
 //! goes down the layer order that `docs/architecture.md` states under
 //! "Layers". A new module must be placed in that list.
 //!
-//! Unit tests in files of their own (`x/tests.rs`) and their fixtures
-//! (`testing`) are left out: like the tests under `tests/`, they drive a
+//! Unit tests in files of their own (`x/tests.rs`) and the fixtures
+//! (`testing`, `fixtures`) are left out: like the tests under `tests/`, they drive a
 //! module from above, through any module of the crate.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,14 +22,14 @@ fn src() -> PathBuf {
 }
 
 /// The top-level modules: `src/x.rs` and `src/x/` (not `lib.rs`, `main.rs`,
-/// nor the unit tests' fixtures, `testing`).
+/// nor the tests' fixtures, `testing` and `fixtures`).
 fn top_level_modules() -> BTreeSet<String> {
     let mut modules = BTreeSet::new();
     for entry in fs::read_dir(src()).expect("src/ is readable") {
         let path = entry.expect("a directory entry").path();
         let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
         let is_module = path.is_dir() || path.extension().is_some_and(|e| e == "rs");
-        if is_module && !["lib", "main", "testing"].contains(&name.as_str()) {
+        if is_module && !["lib", "main", "testing", "fixtures"].contains(&name.as_str()) {
             modules.insert(name);
         }
     }
