@@ -1,8 +1,10 @@
 //! Writing your own queue adapter: a small in-process queue with acks, not
 //! rewindable, proven by the conformance kit and then run under a node.
 //!
-//! Run it with `cargo run --example custom_adapter`. `docs/adapters.md`
-//! walks through it.
+//! Run it with `cargo run --example custom_adapter`. It needs none of the
+//! library's optional parts: `cargo run --example custom_adapter
+//! --no-default-features` builds it against the runtime alone (no Redis,
+//! Kafka, HTTP or cluster crates). `docs/adapters.md` walks through it.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

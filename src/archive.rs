@@ -23,6 +23,7 @@ mod archiver;
 mod audit;
 mod file_names;
 mod file_store;
+#[cfg(feature = "redis")]
 mod redis_store;
 mod retention;
 mod run_stream;
@@ -38,6 +39,7 @@ use serde::{Deserialize, Serialize};
 pub use archiver::{Archiver, RunLogReader};
 pub use audit::{AuditError, AuditLine, AuditLog};
 pub use file_store::FileRunLogStore;
+#[cfg(feature = "redis")]
 pub use redis_store::RedisRunLogStore;
 pub use retention::{MAX_REPORTED_RUNS, MAX_RUNS_PER_PRUNE, PruneReport, Retention, RetentionPolicy, Verdict};
 pub use run_stream::{Contents, RESERVED_ID_PREFIX, STATUS_ID_PREFIX, is_reserved, is_status, status_event};
@@ -46,7 +48,7 @@ pub(crate) use run_stream::{batch_fingerprint, lines_of};
 pub(crate) use writes::stored_within;
 pub use writes::{Append, STORED_POLL};
 
-use crate::redis_conn::{RedisAccess, RedisEndpoint, WaitReplicas};
+use crate::redis_conn::{RedisAccess, WaitReplicas};
 use crate::stream::{SequenceToken, StreamId};
 
 /// `[archive]`: where the archiver keeps run logs. `Debug` shows
@@ -106,13 +108,19 @@ pub async fn open_store(
 ) -> Result<Arc<dyn RunLogStore>, StoreError> {
     match options.store.as_str() {
         "file" => Ok(Arc::new(FileRunLogStore::open(&options.dir, options.fsync)?)),
+        #[cfg(feature = "redis")]
         "redis" => {
-            let endpoint = RedisEndpoint {
+            let endpoint = crate::redis_conn::RedisEndpoint {
                 url: options.redis_url.clone(),
                 url_setting: "[archive] redis_url".into(),
                 access: access.clone(),
             };
             Ok(Arc::new(RedisRunLogStore::connect_to(&endpoint, &options.redis_prefix).await?.with_wait_replicas(wait)))
+        }
+        #[cfg(not(feature = "redis"))]
+        "redis" => {
+            let _ = (access, wait);
+            Err(StoreError::Backend("[archive] store = \"redis\" needs tailrace built with the `redis` feature".into()))
         }
         other => Err(StoreError::Backend(format!("unknown archive store `{other}` (built in: file, redis)"))),
     }

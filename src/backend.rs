@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use crate::adapters::{file, memory, redis};
+use crate::adapters::{file, memory};
 use crate::config::Config;
 use crate::handoff::DataDirLock;
 use crate::pubsub::PubSubStore;
@@ -41,13 +41,7 @@ pub async fn build(config: &Config, owner: Option<&DataDirLock>) -> Result<Backe
                 };
                 (Arc::new(factory.with_cache(cache)), None)
             }
-            "redis" => {
-                let factory =
-                    redis::RedisAdapterFactory::connect(count, config.adapters.redis.clone(), &config.node.name)
-                        .await?;
-                let store = Arc::new(factory.pubsub_store(config.pubsub.max_subscriptions_per_stream));
-                (Arc::new(factory.with_cache(cache)), Some(store))
-            }
+            "redis" => redis(config).await?,
             "kafka" => (kafka(config).await?, None),
             other => {
                 return Err(QueueError::Config(format!(
@@ -66,11 +60,7 @@ async fn kafka(config: &Config) -> Result<Arc<dyn QueueAdapterFactory>, QueueErr
     use crate::adapters::kafka::{CheckpointStore, KafkaAdapterFactory};
     let options = config.adapters.kafka.clone();
     let checkpointer: Arc<dyn crate::queue::Checkpointer> = match options.checkpoints {
-        CheckpointStore::Redis => {
-            let redis = &config.adapters.redis;
-            let conn = redis::connect(redis).await?;
-            Arc::new(redis::RedisCheckpointer::new(conn, &redis.key_prefix).with_wait_replicas(redis.wait()))
-        }
+        CheckpointStore::Redis => redis_checkpointer(config).await?,
         CheckpointStore::File | CheckpointStore::Auto => Arc::new(
             crate::checkpoint::FileCheckpointer::new(&options.checkpoint_dir)
                 .map_err(|e| QueueError::Config(format!("[adapters.kafka] checkpoint_dir: {e}")))?,
@@ -80,10 +70,45 @@ async fn kafka(config: &Config) -> Result<Arc<dyn QueueAdapterFactory>, QueueErr
     Ok(Arc::new(factory.with_cache(config.cache.clone())))
 }
 
+/// The Redis adapter and its pub-sub store, shared by the nodes.
+#[cfg(feature = "redis")]
+async fn redis(config: &Config) -> Result<(Arc<dyn QueueAdapterFactory>, Option<Arc<dyn PubSubStore>>), QueueError> {
+    use crate::adapters::redis::RedisAdapterFactory;
+    let factory =
+        RedisAdapterFactory::connect(config.queues.count, config.adapters.redis.clone(), &config.node.name).await?;
+    let store = Arc::new(factory.pubsub_store(config.pubsub.max_subscriptions_per_stream));
+    Ok((Arc::new(factory.with_cache(config.cache.clone())), Some(store)))
+}
+
+/// This build has no Redis adapter.
+#[cfg(not(feature = "redis"))]
+async fn redis(_config: &Config) -> Result<(Arc<dyn QueueAdapterFactory>, Option<Arc<dyn PubSubStore>>), QueueError> {
+    Err(without("Redis adapter", "redis"))
+}
+
+/// Checkpoints in the Redis of `[adapters.redis]`.
+#[cfg(all(feature = "kafka", feature = "redis"))]
+async fn redis_checkpointer(config: &Config) -> Result<Arc<dyn crate::queue::Checkpointer>, QueueError> {
+    use crate::adapters::redis;
+    let options = &config.adapters.redis;
+    let conn = redis::connect(options).await?;
+    Ok(Arc::new(redis::RedisCheckpointer::new(conn, &options.key_prefix).with_wait_replicas(options.wait())))
+}
+
+/// This build cannot keep checkpoints in Redis.
+#[cfg(all(feature = "kafka", not(feature = "redis")))]
+async fn redis_checkpointer(_config: &Config) -> Result<Arc<dyn crate::queue::Checkpointer>, QueueError> {
+    Err(without("[adapters.kafka] checkpoints = \"redis\"", "redis"))
+}
+
+/// What a build without `feature` says when the config asks for `what`.
+#[cfg(any(not(feature = "redis"), not(feature = "kafka")))]
+fn without(what: &str, feature: &str) -> QueueError {
+    QueueError::Config(format!("this build of tailrace has no {what} (it was built without the `{feature}` feature)"))
+}
+
 /// This build has no Kafka adapter.
 #[cfg(not(feature = "kafka"))]
 async fn kafka(_config: &Config) -> Result<Arc<dyn QueueAdapterFactory>, QueueError> {
-    Err(QueueError::Config(
-        "this build of tailrace has no Kafka adapter (it was built without the `kafka` feature)".into(),
-    ))
+    Err(without("Kafka adapter", "kafka"))
 }

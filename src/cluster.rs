@@ -17,7 +17,9 @@
 mod detector;
 mod lease;
 mod membership;
+#[cfg(feature = "redis")]
 mod redis_leases;
+#[cfg(feature = "redis")]
 mod redis_membership;
 mod settings;
 // Being rewritten (one `TcpTransport`): its files keep their `pub` items
@@ -29,8 +31,11 @@ pub mod wire;
 pub(crate) use detector::FailureDetector;
 pub use lease::{Lease, LeaseError, MemoryLeases, QueueLeases};
 pub use membership::Membership;
+#[cfg(feature = "redis")]
 pub use redis_leases::RedisLeases;
+#[cfg(feature = "redis")]
 pub(crate) use redis_leases::queue_tag;
+#[cfg(feature = "redis")]
 pub use redis_membership::{Member, MembershipError, RedisMembership};
 pub use settings::{LeaseOptions, MembershipOptions};
 pub use transport::{ClusterTransport, Served, TransportError};

@@ -29,6 +29,11 @@
 //! - [`telemetry`]: metric names; [`redis_conn`] and [`tls`]: how Redis
 //!   and TLS files named in settings are reached and read.
 //!
+//! Cargo features, all on by default, add the optional parts: `redis`,
+//! `kafka` (those adapters and what keeps state in Redis), `edge` (the HTTP
+//! edge) and `cluster` (several processes as one cluster). Without them the
+//! runtime keeps the memory and file adapters and the conformance kit.
+//!
 //! Start with `docs/architecture.md`; `docs/adapters.md` shows how to plug in
 //! a queue.
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::{CONNECT_TIMEOUT, RedisConnError, RedisEndpoint};
+use super::{CONNECT_TIMEOUT, RedisConnError, RedisEndpoint, WaitReplicas};
 
 /// A connection to Redis, cheap to clone: to one server (reconnecting with
 /// backoff) or to a Redis Cluster (the cluster client's, which follows
@@ -110,16 +110,6 @@ impl RedisConn {
             })
             .collect()
     }
-}
-
-/// How many replicas must have a write before it is acknowledged (`WAIT`),
-/// and for how long to wait for them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WaitReplicas {
-    /// Replicas that must confirm.
-    pub replicas: u32,
-    /// Longest wait.
-    pub timeout: std::time::Duration,
 }
 
 impl RedisConn {

@@ -89,14 +89,21 @@ pub fn stream(ns: &str, key: &str) -> StreamId {
 
 pub mod browser;
 pub mod certs;
+#[cfg(all(feature = "redis", feature = "edge"))]
 pub mod chaos;
+#[cfg(feature = "redis")]
 pub mod cluster;
 pub mod crash;
+#[cfg(feature = "redis")]
 pub mod kafka_broker;
+#[cfg(feature = "redis")]
 pub mod life;
+#[cfg(feature = "edge")]
 pub mod logs;
 pub mod powercut;
+#[cfg(feature = "redis")]
 pub mod redis_cluster;
+#[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod replay;
 pub use tailrace::fixtures::{scripted, store};
