@@ -79,7 +79,7 @@ pub trait DeadLetterSink: Send + Sync + 'static {
 }
 
 /// Logs each dead letter (the default sink): at most 5 per 10 s in one
-/// process; the next one logged after a flood says how many were not
+/// process; each line says how many were not logged since the last one
 /// (`not_logged`).
 #[derive(Default)]
 pub struct LogDeadLetters;
