@@ -201,6 +201,7 @@ impl Config {
             )));
         }
         self.edge.check().map_err(invalid)?;
+        self.adapters.kafka.check().map_err(|e| invalid(e.to_string()))?;
         if self.node.name.is_empty() {
             return Err(invalid("node.name must not be empty".into()));
         }

@@ -1,8 +1,11 @@
 //! What happens when a consumer keeps failing: the failure handler decides
 //! (skip the batch or fault the subscription), and a skipped batch goes to a
-//! dead-letter sink together with the original error.
+//! dead-letter sink together with the original error. Also where a queue's
+//! unreadable lines or records go (the same sink), and the throttle that
+//! keeps a flood of them from flooding the log.
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -75,13 +78,19 @@ pub trait DeadLetterSink: Send + Sync + 'static {
     async fn dead_letter(&self, letter: DeadLetter) -> Result<(), String>;
 }
 
-/// Logs each dead letter (the default sink).
+/// Logs each dead letter (the default sink): at most 5 per 10 s in one
+/// process; each line says how many were not logged since the last one
+/// (`not_logged`).
 #[derive(Default)]
 pub struct LogDeadLetters;
+
+/// The throttle of [`LogDeadLetters`]' log.
+static LOGGED: LogThrottle = LogThrottle::new(5, Duration::from_secs(10));
 
 #[async_trait]
 impl DeadLetterSink for LogDeadLetters {
     async fn dead_letter(&self, letter: DeadLetter) -> Result<(), String> {
+        let Some(not_logged) = LOGGED.admit() else { return Ok(()) };
         tracing::error!(
             subscription = ?letter.subscription,
             origin = ?letter.origin,
@@ -90,9 +99,51 @@ impl DeadLetterSink for LogDeadLetters {
             events = letter.events.len(),
             attempts = letter.attempts,
             error = %letter.error,
+            not_logged,
             "dead letter: delivery given up"
         );
         Ok(())
+    }
+}
+
+/// Lets a repeated error into the log `burst` times per `window`, and
+/// says, with the next one it lets in, how many it held back meanwhile.
+pub(crate) struct LogThrottle {
+    burst: u32,
+    window: Duration,
+    state: Mutex<Throttled>,
+}
+
+struct Throttled {
+    since: Option<Instant>,
+    logged: u32,
+    held: u64,
+}
+
+impl LogThrottle {
+    pub(crate) const fn new(burst: u32, window: Duration) -> Self {
+        Self { burst, window, state: parking_lot::const_mutex(Throttled { since: None, logged: 0, held: 0 }) }
+    }
+
+    /// `Some(how many were held back since the last one logged)` when this
+    /// one may be logged now.
+    pub(crate) fn admit(&self) -> Option<u64> {
+        self.admit_at(Instant::now())
+    }
+
+    fn admit_at(&self, now: Instant) -> Option<u64> {
+        let mut state = self.state.lock();
+        if state.since.is_none_or(|since| now.saturating_duration_since(since) >= self.window) {
+            state.since = Some(now);
+            state.logged = 0;
+        }
+        if state.logged < self.burst {
+            state.logged += 1;
+            Some(std::mem::take(&mut state.held))
+        } else {
+            state.held += 1;
+            None
+        }
     }
 }
 
@@ -123,5 +174,27 @@ impl DeadLetterSink for MemoryDeadLetters {
         }
         letters.push_back(letter);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A flood is logged `burst` times per window; the first line after
+    /// it says how many were held back.
+    #[test]
+    fn a_flood_is_logged_a_few_times_per_window_and_counted() {
+        let throttle = LogThrottle::new(2, Duration::from_secs(10));
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        assert_eq!(throttle.admit_at(at(0)), Some(0));
+        assert_eq!(throttle.admit_at(at(1)), Some(0));
+        for ms in 2..100 {
+            assert_eq!(throttle.admit_at(at(ms)), None, "held back at {ms} ms");
+        }
+        assert_eq!(throttle.admit_at(at(10_000)), Some(98), "a new window says what was held back");
+        assert_eq!(throttle.admit_at(at(10_001)), Some(0));
+        assert_eq!(throttle.admit_at(at(10_002)), None);
     }
 }

@@ -25,6 +25,10 @@ use bytes::Bytes;
 use compact_str::CompactString;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+mod run_key;
+
+pub use run_key::{InvalidName, LOGS_NAMESPACE, MAX_NAME_BYTES, RunKey};
+
 /// One queue of a provider: its index in `0..queue_count`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]

@@ -72,6 +72,10 @@ pub const QUEUE_DISK_FULL: &str = "tailrace_queue_disk_full";
 /// went on, by `outcome`: `filled` (read again until they showed), or
 /// `skipped` (still missing after the adapter's patience).
 pub const QUEUE_OFFSET_GAPS: &str = "tailrace_queue_offset_gaps_total";
+/// Records or lines a queue could not read, sent to the dead-letter sink
+/// (labels `queue` and `reason`: `format`, not in the queue's format;
+/// `misplaced`, a Kafka record whose stream another partition holds).
+pub const QUEUE_UNREADABLE: &str = "tailrace_queue_unreadable_total";
 /// Tailers re-based on the run log store after a gap in their run's
 /// stream (events their subscription skipped: a batch given up, a
 /// catch-up the queue could no longer serve).
@@ -138,6 +142,11 @@ pub fn describe() {
             Unit::Count,
             "Gaps a queue's read found in the offsets a broker answered: filled when read again, or skipped.",
         ),
+        (
+            QUEUE_UNREADABLE,
+            Unit::Count,
+            "Records or lines a queue could not read, sent to the dead-letter sink, by reason.",
+        ),
         (EDGE_REBASES, Unit::Count, "Tailers re-based on the run log store after a gap in their run's stream."),
         (EDGE_STORE_READS, Unit::Count, "Reads the edge made from the run log store."),
     ];
@@ -160,7 +169,7 @@ pub fn describe() {
 }
 
 /// Every name above, for tests that check each one is described.
-pub const ALL: [&str; 36] = [
+pub const ALL: [&str; 37] = [
     AGENT_EVENTS_READ,
     AGENT_EVENTS_DELIVERED,
     AGENT_EVENTS_UNSUBSCRIBED,
@@ -197,6 +206,7 @@ pub const ALL: [&str; 36] = [
     EDGE_STORE_READS,
     QUEUE_DISK_FULL,
     QUEUE_OFFSET_GAPS,
+    QUEUE_UNREADABLE,
 ];
 
 #[cfg(test)]

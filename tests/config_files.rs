@@ -99,3 +99,37 @@ fn defaults_toml_leaves_the_balancer_to_the_command() {
     let chosen = Config::from_toml("[balancer]\nkind = \"lease\"\n", "node.toml").unwrap();
     assert_eq!(chosen.balancer_kind(), tailrace::config::BalancerKind::Lease);
 }
+
+/// Every value `defaults.toml` shows for the Kafka adapter parses: its
+/// commented lines, uncommented, with `records = "mapped"`, make a config
+/// that loads (a commented example the code refused would send a user
+/// who copied it to a node that does not start).
+#[test]
+fn the_kafka_sections_commented_values_parse() {
+    let text = std::fs::read_to_string("cluster-config/defaults.toml").unwrap();
+    let mut section = String::new();
+    let mut uncommented = Vec::new();
+    let mut out = String::new();
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix('[') {
+            section = name.split(']').next().unwrap_or_default().to_string();
+        }
+        let line = match line.strip_prefix("# ") {
+            Some(setting) if section.starts_with("adapters.kafka") && setting.contains(" = ") => {
+                uncommented.push(setting.split(" = ").next().unwrap_or_default().to_string());
+                setting
+            }
+            _ => line,
+        };
+        out.push_str(&line.replace("records = \"tailrace\"", "records = \"mapped\""));
+        out.push('\n');
+    }
+    for key in ["default_stream", "pipeline", "run", "sasl_mechanism", "tls_ca_file"] {
+        assert!(uncommented.iter().any(|k| k == key), "`{key}` is not shown commented: {uncommented:?}");
+    }
+    let config = Config::from_toml(&out, "defaults.toml, uncommented").unwrap_or_else(|e| panic!("{e}"));
+    let kafka = config.adapters.kafka;
+    assert_eq!(kafka.records, tailrace::adapters::kafka::RecordFormat::Mapped);
+    assert_eq!(kafka.mapping.pipeline.as_deref(), Some("header:pipeline"));
+    assert_eq!(kafka.mapping.default_stream.as_deref(), Some("svc.misc/unnamed"));
+}

@@ -1,22 +1,30 @@
-//! The `kafka` adapter: one topic, partition `n` is queue `n`; one record
-//! per batch container, its offset the container's token (`offset-0`).
-//! Kafka keeps the data; tailrace does what a consumer group would, its own
-//! way: the balancer (leases under `tailrace node`) decides which node
-//! reads a partition, and checkpoints live in the checkpointer the factory
-//! is given (Redis or files), fenced by the leases.
+//! The `kafka` adapter: one topic, partition `n` is queue `n`; a record's
+//! offset is its container's token (`offset-0`). Kafka keeps the data;
+//! tailrace does what a consumer group would, its own way: the balancer
+//! (leases under `tailrace node`) decides which node reads a partition,
+//! and checkpoints live in the checkpointer the factory is given (Redis or
+//! files), fenced by the leases.
 //!
 //! - At connect the topic must have as many partitions as `[queues] count`
 //!   (or is created so, with `create_topic`): a mismatch is refused, naming
 //!   both numbers.
-//! - `enqueue` produces one record (`acks = all`; the client offers no
-//!   idempotent producer, so a produce retried after a lost answer may
-//!   store the container twice, with two offsets). Its value is the
-//!   container's JSON (the Redis entry's format), its key the stream.
+//! - `records` says what a record is (`records.rs`): tailrace's own (one
+//!   record per batch container, its value the container's JSON, the Redis
+//!   entry's format, its key the stream), or `mapped`, records others
+//!   write (Vector, Fluent Bit, a team's own producers), read and written
+//!   as `[adapters.kafka.mapping]` says (`mapping.rs`): one record per
+//!   event, keyed by the stream's key, on the partition Kafka's default
+//!   partitioner gives that key.
+//! - `enqueue` produces (`acks = all`; the client offers no idempotent
+//!   producer, so a produce retried after a lost answer may store the
+//!   batch twice, with other offsets).
 //! - A receiver fetches from the offset after the stored checkpoint (or
 //!   the partition's start) on a connection of its own: a broker serves one
 //!   connection's requests one at a time, so a fetch that waits must not
 //!   hold up producers or other partitions. Acks cost nothing: the
-//!   checkpoint is the ack.
+//!   checkpoint is the ack. A record that does not read as a container of
+//!   its partition goes to the dead-letter sink (`dead_letters.rs`), and
+//!   the queue goes on.
 //! - An idle receiver waits on a fetch that the broker holds until a record
 //!   arrives (`idle_wait`), or on this process's own produce to the
 //!   partition.
@@ -24,7 +32,6 @@
 //!   its retention removed is refused, naming the partition's start.
 //! - Every request is bounded by `response_timeout`; the client's own
 //!   retries end there too.
-
 //!
 //! The settings are always here; the adapter is built with the `kafka`
 //! cargo feature (on by default).
@@ -34,7 +41,12 @@ mod adapter;
 #[cfg(feature = "kafka")]
 mod connect;
 #[cfg(feature = "kafka")]
+mod dead_letters;
+mod mapping;
+#[cfg(feature = "kafka")]
 mod receiver;
+#[cfg(feature = "kafka")]
+mod records;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -43,6 +55,7 @@ use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "kafka")]
 pub use adapter::{KafkaAdapter, KafkaAdapterFactory};
+pub use mapping::KafkaMapping;
 
 #[cfg(feature = "kafka")]
 const NAME: &str = "kafka";
@@ -60,6 +73,19 @@ pub enum CheckpointStore {
     File,
     /// The Redis of `[adapters.redis]`, under its `key_prefix`.
     Redis,
+}
+
+/// What the topic's records are (`records`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RecordFormat {
+    /// tailrace's own: one record per batch, its value the batch's JSON,
+    /// its key the stream.
+    #[default]
+    Tailrace,
+    /// Records others write (and tailrace writes alike), read as
+    /// `[adapters.kafka.mapping]` says.
+    Mapped,
 }
 
 /// A SASL mechanism the client speaks.
@@ -131,6 +157,11 @@ pub struct KafkaOptions {
     /// The SASL password (`TAILRACE_KAFKA_PASSWORD` wins).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sasl_password: Option<String>,
+    /// What the topic's records are: tailrace's own, or `mapped`.
+    pub records: RecordFormat,
+    /// Where `mapped` records name their stream, run and lines (last: a
+    /// table, written after the plain values).
+    pub mapping: KafkaMapping,
 }
 
 impl Default for KafkaOptions {
@@ -154,7 +185,22 @@ impl Default for KafkaOptions {
             sasl_mechanism: None,
             sasl_username: None,
             sasl_password: None,
+            records: RecordFormat::Tailrace,
+            mapping: KafkaMapping::default(),
         }
+    }
+}
+
+impl KafkaOptions {
+    /// Checks `records` and `[adapters.kafka.mapping]` (a mapping given
+    /// while tailrace's own records are read is refused: it would do
+    /// nothing).
+    pub(crate) fn check(&self) -> Result<(), mapping::MappingError> {
+        self.mapping.compile()?;
+        if self.records == RecordFormat::Tailrace && self.mapping != KafkaMapping::default() {
+            return Err(mapping::MappingError::Unused);
+        }
+        Ok(())
     }
 }
 
@@ -164,6 +210,8 @@ impl std::fmt::Debug for KafkaOptions {
             .field("brokers", &self.brokers)
             .field("topic", &self.topic)
             .field("checkpoints", &self.checkpoints)
+            .field("records", &self.records)
+            .field("mapping", &self.mapping)
             .field("tls", &self.tls)
             .field("sasl_mechanism", &self.sasl_mechanism)
             .field("sasl_username", &self.sasl_username)

@@ -3,6 +3,12 @@
 //! [`StreamId::stable_hash`]) and spreads hashes over the queues with jump
 //! consistent hashing (Lamping & Veach), so growing the queue count moves only
 //! `1/n` of the streams. Golden vectors in the tests pin the mapping.
+//!
+//! A Kafka topic whose records others write (`records = "mapped"`) places
+//! a stream as Kafka's default partitioner places a record keyed by the
+//! stream's key (murmur2, as the Java client and kafka-python do), so that
+//! a foreign producer's keyed records land on the partition tailrace reads
+//! their stream from.
 
 use crate::stream::{QueueId, StreamId};
 
@@ -10,12 +16,31 @@ use crate::stream::{QueueId, StreamId};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueueMapper {
     queue_count: u32,
+    placement: Placement,
+}
+
+/// How a stream's queue is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placement {
+    /// A jump consistent hash of the id's stable hash.
+    Jump,
+    /// Kafka's default partitioner on the stream's key.
+    #[cfg(feature = "kafka")]
+    KafkaKey,
 }
 
 impl QueueMapper {
     /// A mapper over `queue_count` queues (at least 1).
     pub fn new(queue_count: u32) -> Self {
-        Self { queue_count: queue_count.max(1) }
+        Self { queue_count: queue_count.max(1), placement: Placement::Jump }
+    }
+
+    /// A mapper that puts a stream where Kafka's default partitioner puts
+    /// a record whose key is the stream's key: `murmur2(key) & 0x7fffffff
+    /// mod queue_count`.
+    #[cfg(feature = "kafka")]
+    pub(crate) fn kafka_keys(queue_count: u32) -> Self {
+        Self { queue_count: queue_count.max(1), placement: Placement::KafkaKey }
     }
 
     /// How many queues there are.
@@ -42,8 +67,38 @@ impl QueueMapper {
     /// assert_eq!(QueueMapper::new(1).queue_for(&stream).0, 0);
     /// ```
     pub fn queue_for(&self, stream: &StreamId) -> QueueId {
-        QueueId(jump_consistent_hash(stream.stable_hash(), self.queue_count))
+        match self.placement {
+            Placement::Jump => QueueId(jump_consistent_hash(stream.stable_hash(), self.queue_count)),
+            #[cfg(feature = "kafka")]
+            Placement::KafkaKey => QueueId((murmur2(stream.key().as_bytes()) & 0x7fff_ffff) % self.queue_count),
+        }
     }
+}
+
+/// Kafka's murmur2 (`org.apache.kafka.common.utils.Utils.murmur2`), which
+/// its default partitioner hashes a record's key with.
+#[cfg(feature = "kafka")]
+fn murmur2(data: &[u8]) -> u32 {
+    const M: u32 = 0x5bd1_e995;
+    let mut h = 0x9747_b28c_u32 ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for chunk in &mut chunks {
+        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M) ^ k;
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        for (i, byte) in rest.iter().enumerate().rev() {
+            h ^= u32::from(*byte) << (8 * i);
+        }
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^ (h >> 15)
 }
 
 /// Jump consistent hash: a bucket in `0..buckets` for `key`.
@@ -106,6 +161,33 @@ mod tests {
         // Ideal is 1/9 of the streams.
         assert!(moved < 1_400, "moved {moved}");
         assert!(streams.iter().all(|s| nine.queue_for(s) == eight.queue_for(s) || nine.queue_for(s).0 == 8));
+    }
+
+    /// Kafka's own test vectors (`UtilsTest.testMurmur2`, as unsigned) and
+    /// what kafka-python's default partitioner computes: a record keyed by
+    /// a stream's key lands on the partition tailrace reads it from.
+    #[cfg(feature = "kafka")]
+    #[test]
+    fn kafka_placement_is_kafkas_default_partitioner() {
+        for (key, hash) in [
+            ("", 275_646_681),
+            ("a", 2_731_586_172),
+            ("ab", 316_155_434),
+            ("abc", 479_470_107),
+            ("21", 3_321_034_988),
+            ("foobar", 3_504_634_814),
+            ("a-little-bit-long-string", 3_308_985_760),
+            ("svc.a/r-1", 3_655_838_945),
+            ("ünï", 3_724_512_787),
+        ] {
+            assert_eq!(murmur2(key.as_bytes()), hash, "murmur2({key:?})");
+        }
+        let three = QueueMapper::kafka_keys(3);
+        // 1508355297 % 3: kafka-python put the record keyed `svc.a/r-1` on partition 0.
+        assert_eq!(three.queue_for(&StreamId::new("logs", "svc.a/r-1")), QueueId(0));
+        assert_eq!(three.queue_for(&StreamId::new("other", "svc.a/r-1")), QueueId(0), "the key alone places");
+        assert_eq!(QueueMapper::kafka_keys(7).queue_for(&StreamId::new("x", "21")), QueueId(1_173_551_340 % 7));
+        assert_ne!(three, QueueMapper::new(3));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 
 use super::{FileOptions, NAME};
 use crate::checkpoint::FileCheckpointer;
-use crate::failure::{DeadLetter, DeadLetterSink};
+use crate::failure::{DeadLetter, DeadLetterSink, LogThrottle};
 use crate::queue::{Checkpointer, QueueError, QueueReceiver, Wake};
 use crate::stream::{BatchContainer, Event, EventId, QueueId, SequenceToken};
 
@@ -31,6 +31,8 @@ pub(crate) struct FileReceiver {
     sealed: Arc<Notify>,
     checkpointer: Arc<FileCheckpointer>,
     dead_letters: Arc<dyn DeadLetterSink>,
+    /// Keeps a flood of corrupt lines from flooding the log.
+    logged: LogThrottle,
     /// Shared by the receivers of this queue in this process.
     acked: Arc<Mutex<Option<SequenceToken>>>,
     files: Option<Files>,
@@ -57,6 +59,7 @@ impl FileReceiver {
             sealed,
             checkpointer,
             dead_letters,
+            logged: LogThrottle::new(5, Duration::from_secs(10)),
             acked,
             files: Some(files),
             outstanding: VecDeque::new(),
@@ -110,10 +113,16 @@ impl FileReceiver {
     }
 
     /// A line that is not an event goes to the dead-letter sink with its
-    /// file and line; the queue goes on.
+    /// file and line, counted, and logged unless a flood of them was; the
+    /// queue goes on.
     async fn dead_letter(&self, line: BadLine) {
         let file = format!("{}/{}-{}.jsonl", self.queue, self.options.prefix, line.token.major);
-        tracing::error!(queue = %self.queue, %file, line = line.token.minor, error = %line.error, "corrupt line skipped to the dead-letter sink");
+        metrics::counter!(crate::telemetry::QUEUE_UNREADABLE, "queue" => self.queue.to_string(), "reason" => "format")
+            .increment(1);
+        if let Some(not_logged) = self.logged.admit() {
+            tracing::error!(queue = %self.queue, %file, line = line.token.minor, error = %line.error, not_logged,
+                "corrupt line skipped to the dead-letter sink");
+        }
         let letter = DeadLetter {
             subscription: None,
             origin: Some(format!("{file}:{}", line.token.minor)),

@@ -1,14 +1,16 @@
-//! The factory and the adapter: producing, and handing out receivers.
+//! The factory and the adapter: producing (in the topic's record format),
+//! and handing out receivers.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use rskafka::client::partition::{Compression, PartitionClient};
-use rskafka::record::Record;
 use tokio::sync::Notify;
 
+use super::records::Records;
 use super::{KafkaOptions, NAME, connect, receiver};
-use crate::adapters::entry::encode_entry;
+use crate::failure::{DeadLetterSink, LogDeadLetters};
 use crate::queue::{
     CacheOptions, Checkpointer, Direction, Fence, QueueAdapter, QueueAdapterFactory, QueueError, QueueMapper,
     QueueReceiver,
@@ -23,13 +25,15 @@ pub struct KafkaAdapterFactory {
 }
 
 impl KafkaAdapterFactory {
-    /// Connects to the brokers and checks (or creates) the topic: it must
+    /// Checks the settings (`records`, `[adapters.kafka.mapping]`),
+    /// connects to the brokers and checks (or creates) the topic: it must
     /// have `queue_count` partitions.
     pub async fn connect(
         queue_count: u32,
         options: KafkaOptions,
         checkpointer: Arc<dyn Checkpointer>,
     ) -> Result<Self, QueueError> {
+        let records = Records::new(&options)?;
         let client = connect::client(&options, "producer").await?;
         connect::topic(&client, &options, queue_count).await?;
         let mut partitions = Vec::with_capacity(queue_count as usize);
@@ -37,7 +41,9 @@ impl KafkaAdapterFactory {
             partitions.push(Arc::new(connect::partition(&client, &options, partition).await?));
         }
         let adapter = Arc::new(KafkaAdapter {
-            mapper: QueueMapper::new(queue_count),
+            mapper: records.mapper(queue_count),
+            records: Arc::new(records),
+            dead_letters: Mutex::new(Arc::new(LogDeadLetters)),
             options,
             client,
             written: (0..queue_count).map(|_| Arc::new(Notify::new())).collect(),
@@ -50,6 +56,12 @@ impl KafkaAdapterFactory {
     /// Uses these cache options for every queue.
     pub fn with_cache(mut self, cache: CacheOptions) -> Self {
         self.cache = cache;
+        self
+    }
+
+    /// Where unreadable records go (default: the log).
+    pub fn with_dead_letters(self, sink: Arc<dyn DeadLetterSink>) -> Self {
+        *self.adapter.dead_letters.lock() = sink;
         self
     }
 
@@ -85,6 +97,10 @@ impl QueueAdapterFactory for KafkaAdapterFactory {
 /// Produces to and fetches from the topic's partitions.
 pub struct KafkaAdapter {
     mapper: QueueMapper,
+    /// The topic's record format.
+    records: Arc<Records>,
+    /// Where receivers send unreadable records.
+    dead_letters: Mutex<Arc<dyn DeadLetterSink>>,
     options: KafkaOptions,
     /// Producers' connection (and metadata's).
     client: rskafka::client::Client,
@@ -122,25 +138,16 @@ impl QueueAdapter for KafkaAdapter {
             return Err(QueueError::EmptyBatch(stream.clone()));
         }
         let queue = self.mapper.queue_for(stream);
-        let value = encode_entry(stream, &events);
-        if value.len() > self.options.max_record_bytes {
-            return Err(QueueError::BatchTooManyBytes {
-                queue,
-                bytes: value.len(),
-                limit: self.options.max_record_bytes,
-            });
+        let (records, bytes) = self.records.encode(stream, &events)?;
+        if bytes > self.options.max_record_bytes {
+            return Err(QueueError::BatchTooManyBytes { queue, bytes, limit: self.options.max_record_bytes });
         }
-        let record = Record {
-            key: Some(stream.to_string().into_bytes()),
-            value: Some(value),
-            headers: Default::default(),
-            timestamp: connect::timestamp(crate::stream::now_ms()),
-        };
         let partition = self.partition(queue)?;
         let produced =
-            connect::bounded(&self.options, "producing", partition.produce(vec![record], Compression::NoCompression))
+            connect::bounded(&self.options, "producing", partition.produce(records, Compression::NoCompression))
                 .await?;
-        let offset = produced.first().copied().ok_or_else(|| QueueError::Backend {
+        // A batch of several records is one container each: its token is the last one's.
+        let offset = produced.last().copied().ok_or_else(|| QueueError::Backend {
             adapter: NAME.into(),
             message: format!("producing to partition {}: the broker answered no offset", queue.0),
             transient: false,
@@ -152,11 +159,13 @@ impl QueueAdapter for KafkaAdapter {
 
     async fn create_receiver(&self, queue: QueueId, _fence: Fence) -> Result<Box<dyn QueueReceiver>, QueueError> {
         self.partition(queue)?;
+        let dead_letters = self.dead_letters.lock().clone();
         Ok(Box::new(receiver::KafkaReceiver::new(
             queue,
             self.options.clone(),
             self.checkpointer.clone(),
             self.written[queue.0 as usize].clone(),
+            receiver::Reading { records: self.records.clone(), mapper: self.mapper, dead_letters },
         )))
     }
 

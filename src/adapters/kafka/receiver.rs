@@ -1,14 +1,14 @@
 //! The receiver of one partition: fetches from the offset after the stored
 //! checkpoint on a connection of its own, hands out what a fetch returned
-//! a container at a time, and serves rewinds from any offset the partition
-//! still holds. Acks cost nothing (the agent's checkpoint is the ack).
+//! a container at a time (a record that is none goes to the dead-letter
+//! sink), and serves rewinds from any offset the partition still holds.
+//! Acks cost nothing (the agent's checkpoint is the ack).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use rskafka::client::error::{Error as KafkaError, ProtocolError};
 use rskafka::client::partition::{OffsetAt, PartitionClient};
 use rskafka::record::RecordAndOffset;
@@ -16,17 +16,30 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::connect::{self, bounded, offset, token};
+use super::dead_letters::DeadLetters;
+use super::records::{Records, Unreadable};
 use super::{KafkaOptions, NAME};
-use crate::adapters::entry::decode_entry;
-use crate::queue::{Checkpointer, QueueError, QueueReceiver, Wake};
+use crate::failure::DeadLetterSink;
+use crate::queue::{Checkpointer, QueueError, QueueMapper, QueueReceiver, Wake};
 use crate::stream::{BatchContainer, QueueId, SequenceToken, StreamIdCache};
 use crate::telemetry;
+
+/// How a receiver reads its records: their format, where a stream
+/// belongs, where the unreadable ones go.
+pub(super) struct Reading {
+    pub(super) records: Arc<Records>,
+    pub(super) mapper: QueueMapper,
+    pub(super) dead_letters: Arc<dyn DeadLetterSink>,
+}
 
 /// Reads one partition. See the module documentation.
 pub(super) struct KafkaReceiver {
     queue: QueueId,
     options: KafkaOptions,
     checkpointer: Arc<dyn Checkpointer>,
+    records: Arc<Records>,
+    mapper: QueueMapper,
+    dead_letters: DeadLetters,
     /// Signalled when this process produced to the partition.
     written: Arc<Notify>,
     /// The partition on this receiver's connection (made at initialize).
@@ -56,11 +69,17 @@ impl KafkaReceiver {
         options: KafkaOptions,
         checkpointer: Arc<dyn Checkpointer>,
         written: Arc<Notify>,
+        reading: Reading,
     ) -> Self {
+        let dead_letters =
+            DeadLetters::new(queue, options.topic.clone(), reading.dead_letters, options.response_timeout);
         Self {
             queue,
             options,
             checkpointer,
+            records: reading.records,
+            mapper: reading.mapper,
+            dead_letters,
             written,
             reader: None,
             waker: None,
@@ -112,23 +131,17 @@ impl KafkaReceiver {
         })
     }
 
-    /// The records as containers (one that is not a container of this
-    /// adapter's is logged and skipped).
-    fn containers(&mut self, records: Vec<RecordAndOffset>) -> Vec<Arc<BatchContainer>> {
-        let mut out = Vec::with_capacity(records.len());
-        for RecordAndOffset { record, offset } in records {
-            let at = token(offset);
-            let decoded = match record.value {
-                Some(value) => decode_entry(at, Bytes::from(value), &mut self.streams),
-                None => Err(format!("record {at} has no value")),
-            };
-            match decoded {
+    /// The records as containers, and those that are none (not in the
+    /// topic's format, or of a stream another partition holds).
+    fn containers(&mut self, records: Vec<RecordAndOffset>) -> (Vec<Arc<BatchContainer>>, Vec<Unreadable>) {
+        let (mut out, mut unreadable) = (Vec::with_capacity(records.len()), Vec::new());
+        for record in records {
+            match self.records.decode(self.queue, self.mapper, record, &mut self.streams) {
                 Ok(container) => out.push(Arc::new(container)),
-                Err(error) => tracing::error!(queue = %self.queue, topic = %self.options.topic, %error,
-                    "unreadable record skipped (it stays in the topic)"),
+                Err(record) => unreadable.push(*record),
             }
         }
-        out
+        (out, unreadable)
     }
 
     /// The reader's partition client, on a new connection if a failure
@@ -157,9 +170,10 @@ impl KafkaReceiver {
                 if let Some(last) = records.last() {
                     self.next = last.offset + 1;
                 }
-                let containers = self.containers(records);
+                let (containers, unreadable) = self.containers(records);
                 self.fetched.extend(containers);
                 self.gap(gap, handed_out);
+                self.dead_letters.found(unreadable);
                 Ok(())
             }
             Err(error) if out_of_range(&error) => {
@@ -295,12 +309,18 @@ impl QueueReceiver for KafkaReceiver {
         tracing::debug!(queue = %self.queue, ?stored, earliest, next = self.next, "kafka receiver positioned");
         self.fetched.clear();
         self.rewound.clear();
+        // Read again from the checkpoint: found again there.
+        self.dead_letters.forget();
         Ok(())
     }
 
+    /// What the last fetch brought, or a new fetch once that is handed
+    /// out and its unreadable records sent to the dead-letter sink.
     async fn read(&mut self, max: usize) -> Result<Vec<Arc<BatchContainer>>, QueueError> {
-        if self.fetched.is_empty() {
+        self.dead_letters.send().await;
+        if self.fetched.is_empty() && self.dead_letters.is_empty() {
             self.fetch_next().await?;
+            self.dead_letters.send().await;
         }
         let n = self.fetched.len().min(max);
         Ok(self.fetched.drain(..n).collect())
@@ -313,8 +333,13 @@ impl QueueReceiver for KafkaReceiver {
 
     /// Until this process produces to the partition, or the broker answers
     /// a fetch held open for `idle_wait` (at once when a record arrives, on
-    /// a broker that answers held fetches early).
+    /// a broker that answers held fetches early); at once while unreadable
+    /// records wait to be sent to the dead-letter sink.
     fn wake_on_write(&mut self) -> Option<Wake> {
+        if !self.dead_letters.is_empty() {
+            // Letters wait to be sent: read again at once.
+            return Some(Box::pin(async {}));
+        }
         let (written, from, wait) = (self.written.clone(), self.next, self.options.idle_wait);
         let waker = self.waker.clone()?;
         let (limit, queue) = (wait + self.options.response_timeout, self.queue);
@@ -406,7 +431,12 @@ impl QueueReceiver for KafkaReceiver {
                 });
             }
         };
-        let mut out: VecDeque<_> = self.containers(records).into();
+        let (containers, unreadable) = self.containers(records);
+        if let (Some(first), Some(last)) = (unreadable.first(), unreadable.last()) {
+            tracing::debug!(queue = %self.queue, from = first.offset, to = last.offset,
+                "unreadable records passed again in a rewind (sent to the dead-letter sink when first read)");
+        }
+        let mut out: VecDeque<_> = containers.into();
         self.rewound = out.split_off(max.min(out.len()));
         self.rewound_through = out.back().map(|c| c.token);
         Ok(out.into())

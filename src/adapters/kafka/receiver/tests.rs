@@ -22,7 +22,12 @@ fn offsets(records: &[RecordAndOffset]) -> Vec<i64> {
 #[tokio::test(start_paused = true)]
 async fn a_gap_is_waited_for_then_passed_after_its_patience() {
     let checkpoints = Arc::new(crate::checkpoint::MemoryCheckpointer::new());
-    let mut receiver = KafkaReceiver::new(QueueId(0), KafkaOptions::default(), checkpoints, Arc::default());
+    let reading = Reading {
+        records: Arc::new(Records::Tailrace),
+        mapper: QueueMapper::new(1),
+        dead_letters: Arc::new(crate::failure::LogDeadLetters),
+    };
+    let mut receiver = KafkaReceiver::new(QueueId(0), KafkaOptions::default(), checkpoints, Arc::default(), reading);
     receiver.next = 12;
     let gap = Some(Gap { missing: 12, resumes: 13 });
     receiver.gap(gap, false);
