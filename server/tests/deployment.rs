@@ -112,6 +112,9 @@ fn kubernetes_waits_out_a_handoff_and_its_ports_probes_and_config_agree() {
     assert!(!manifest.contains("8588"), "one node-to-node port");
     let advertise = config.cluster.advertise.clone().unwrap();
     assert_eq!(advertise, format!("tailrace-0.tailrace-peers:{}", port(&config.cluster.listen)));
+    // This release cannot run beside an older one (docs/upgrading.md): a
+    // new image must not roll the pods one by one.
+    assert_eq!(find(&manifest, r"updateStrategy:\n\s+type: (\w+)"), "OnDelete");
     assert_eq!(find(&manifest, r"readinessProbe:\n\s+httpGet: \{ path: (\S+), port: edge \}"), "/readyz");
     assert_eq!(find(&manifest, r"livenessProbe:\n\s+httpGet: \{ path: (\S+), port: edge \}"), "/healthz");
 }

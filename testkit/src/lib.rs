@@ -277,3 +277,18 @@ pub fn free_port() -> u16 {
         }
     }
 }
+
+/// Copies the directory tree `from` into `to` (which exists): files,
+/// empty ones included, and folders.
+pub fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}

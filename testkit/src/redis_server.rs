@@ -177,7 +177,7 @@ impl RedisServer {
     /// far: the append-only file is synced before each reply).
     pub fn snapshot(&self) -> tempfile::TempDir {
         let copy = tempfile::tempdir().unwrap();
-        copy_tree(self.dir.path(), copy.path());
+        crate::copy_tree(self.dir.path(), copy.path());
         copy
     }
 
@@ -187,7 +187,7 @@ impl RedisServer {
     pub fn restart_from(&mut self, snapshot: &tempfile::TempDir) {
         self.stop();
         self.wipe();
-        copy_tree(snapshot.path(), self.dir.path());
+        crate::copy_tree(snapshot.path(), self.dir.path());
         self.spawn();
     }
 
@@ -222,19 +222,6 @@ fn still_loading(mut stream: std::net::TcpStream) -> bool {
     let mut reply = [0u8; 16];
     let read = stream.read(&mut reply).unwrap_or(0);
     reply[..read].starts_with(b"-LOADING")
-}
-
-fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            std::fs::create_dir_all(&target).unwrap();
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
 }
 
 impl Drop for RedisServer {
