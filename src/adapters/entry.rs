@@ -135,6 +135,21 @@ mod tests {
         assert!(matches!(entry.e[0].id, Cow::Borrowed("1")));
     }
 
+    /// Redis entries and Kafka records (`records = "tailrace"`) as release
+    /// 0.1.0 wrote them are read, and written back byte for byte.
+    #[test]
+    fn the_previous_releases_entries_are_read_and_written_the_same() {
+        let golden = include_str!("../../tests/golden/0.1.0/entries.jsonl");
+        for (n, line) in golden.lines().enumerate() {
+            let token = SequenceToken::new(n as u64 + 1, 0);
+            let container = decode_entry(token, Bytes::copy_from_slice(line.as_bytes()), &mut StreamIdCache::default());
+            let container = container.unwrap_or_else(|e| panic!("line {}: {e}", n + 1));
+            let again = encode_entry(&container.stream, &container.events);
+            assert_eq!(String::from_utf8_lossy(&again), line, "line {}", n + 1);
+        }
+        assert_eq!(golden.lines().count(), 2);
+    }
+
     #[test]
     fn bad_entries_are_errors() {
         let token = SequenceToken::new(5, 1);
