@@ -36,9 +36,10 @@ mod state;
 mod writer;
 
 pub use dir_lock::{DATA_DIR_LOCK, DataDirLock};
-pub(crate) use files::file_path;
-pub use files::{PrefixFile, list_prefix_files, sealed_path, validate_prefix};
-pub use line::{DecodedLine, LineView, decode_line, encode_line};
+pub use files::{PrefixFile, list_prefix_files};
+pub(crate) use files::{file_path, sealed_path, validate_prefix};
+pub(crate) use line::LineView;
+pub use line::{DecodedLine, decode_line};
 pub use recover::{QUARANTINE, RecoveredFile, RecoveryReport, recover, recover_from, recover_tree};
 pub use writer::{FsyncPolicy, LinePosition, LoggingConsumer, WriterOptions};
 

@@ -1,8 +1,7 @@
 //! The failure detector: a dead node's queues move in about a second, not
 //! after its lease TTL.
 //!
-//! **The rule.** When this node's link to a peer closes (its last ready
-//! session ends), the detector dials the peer's advertised address at
+//! **The rule.** When this node's lane to a peer closes, the detector dials the peer's advertised address at
 //! once. If the dial is *refused* (the host answers that nothing listens
 //! on that port), the peer's process is gone: a process that dies closes
 //! its sockets, its listener with them, and the kernel refuses new

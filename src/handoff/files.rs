@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use super::HandoffError;
 
 /// Checks a prefix: `[A-Za-z0-9][A-Za-z0-9._-]*`.
-pub fn validate_prefix(prefix: &str) -> Result<(), HandoffError> {
+pub(crate) fn validate_prefix(prefix: &str) -> Result<(), HandoffError> {
     let invalid = |reason| HandoffError::InvalidPrefix { prefix: prefix.chars().take(80).collect(), reason };
     let mut chars = prefix.chars();
     match chars.next() {
@@ -66,7 +66,7 @@ pub fn list_prefix_files(dir: &Path, prefix: &str) -> Result<Vec<PrefixFile>, Ha
 }
 
 /// The path of sealed file `n` of `prefix`.
-pub fn sealed_path(dir: &Path, prefix: &str, n: u64) -> PathBuf {
+pub(crate) fn sealed_path(dir: &Path, prefix: &str, n: u64) -> PathBuf {
     file_path(dir, prefix, n, false)
 }
 

@@ -28,7 +28,7 @@ struct StreamView<'a> {
 
 /// A line as read, borrowing from the line's bytes.
 #[derive(Debug, Deserialize)]
-pub struct LineView<'a> {
+pub(crate) struct LineView<'a> {
     #[serde(borrow)]
     id: Cow<'a, str>,
     #[serde(borrow)]
@@ -47,12 +47,13 @@ pub struct LineView<'a> {
 
 /// Appends `event` of `stream` as one line (with its `\n`) to `out`;
 /// `batch` is the batch's line count, given on its first line only.
-pub fn encode_line(stream: &StreamId, event: &Event, batch: Option<u32>, out: &mut Vec<u8>) {
+#[cfg(test)]
+pub(crate) fn encode_line(stream: &StreamId, event: &Event, batch: Option<u32>, out: &mut Vec<u8>) {
     write_line(&stream_json(stream), event, batch.filter(|n| *n > 1), out);
 }
 
 /// Appends the lines of one batch of `stream` to `out`: what
-/// [`encode_line`] writes for each event (the first line carrying the
+/// `encode_line` writes for each event (the first line carrying the
 /// batch's line count), with the stream serialised once, not per line.
 pub(crate) fn encode_batch(stream: &StreamId, events: &[Event], out: &mut Vec<u8>) {
     let stream = stream_json(stream);
@@ -132,7 +133,7 @@ impl PartialEq for LineView<'_> {
 
 impl<'a> LineView<'a> {
     /// Parses one line (without its `\n`).
-    pub fn parse(line: &'a [u8]) -> Result<Self, String> {
+    pub(crate) fn parse(line: &'a [u8]) -> Result<Self, String> {
         match fast::parse(line) {
             Some(view) => Ok(view),
             None => Self::parse_json(line),
@@ -143,7 +144,7 @@ impl<'a> LineView<'a> {
     /// has exactly the shape the writer produces, without escapes: the
     /// view and the line's length (without its `\n`). `None`: find the
     /// line's end and use [`LineView::parse`].
-    pub fn parse_prefix(text: &'a str) -> Option<(Self, usize)> {
+    pub(crate) fn parse_prefix(text: &'a str) -> Option<(Self, usize)> {
         fast::parse_prefix(text)
     }
 
@@ -157,24 +158,24 @@ impl<'a> LineView<'a> {
     /// `\n`) when it has the writer's exact shape and this line's stream
     /// bytes. `None`: read it with [`LineView::parse_prefix`] or
     /// [`LineView::parse`]. `buffer` holds the file's bytes.
-    pub fn next_in_batch(&self, text: &'a str, buffer: &bytes::Bytes) -> Option<(Event, usize)> {
+    pub(crate) fn next_in_batch(&self, text: &'a str, buffer: &bytes::Bytes) -> Option<(Event, usize)> {
         let (id, ts, payload, length) = fast::parse_in_batch(text, self.stream_json?)?;
         let event = Event { id: EventId::new(id), timestamp_ms: ts, payload: buffer.slice_ref(payload.as_bytes()) };
         Some((event, length))
     }
 
     /// Lines in the batch this line starts (1 for a single event).
-    pub fn batch(&self) -> u32 {
+    pub(crate) fn batch(&self) -> u32 {
         self.batch.unwrap_or(1).max(1)
     }
 
     /// Whether the line belongs to `stream`.
-    pub fn is_of(&self, stream: &StreamId) -> bool {
+    pub(crate) fn is_of(&self, stream: &StreamId) -> bool {
         self.stream.namespace == stream.namespace() && self.stream.key == stream.key()
     }
 
     /// Its stream.
-    pub fn stream(&self) -> StreamId {
+    pub(crate) fn stream(&self) -> StreamId {
         StreamId::new(self.stream.namespace.as_ref(), self.stream.key.as_ref())
     }
 
@@ -186,7 +187,7 @@ impl<'a> LineView<'a> {
     /// Its event. `buffer` holds the bytes the view was parsed from (the
     /// line or the whole file): a text payload without escapes is shared
     /// with it, not copied.
-    pub fn event(&self, buffer: &bytes::Bytes) -> Result<Event, String> {
+    pub(crate) fn event(&self, buffer: &bytes::Bytes) -> Result<Event, String> {
         let payload = match (&self.payload, &self.payload_b64) {
             (Some(Cow::Borrowed(text)), None) => buffer.slice_ref(text.as_bytes()),
             (Some(Cow::Owned(text)), None) => bytes::Bytes::from(text.clone()),
