@@ -53,8 +53,10 @@ impl QueueMapper {
         (0..self.queue_count).map(QueueId).collect()
     }
 
-    /// The queue that holds `stream`: a jump consistent hash of its stable
-    /// hash, the same in every process and release.
+    /// The queue that holds `stream`, the same in every process and
+    /// release: a jump consistent hash of its stable hash, or, for a Kafka
+    /// topic of mapped records, where Kafka's default partitioner puts a
+    /// record keyed by the stream's key.
     ///
     /// ```
     /// use tailrace::queue::QueueMapper;
