@@ -1,7 +1,8 @@
-//! The upgrade promise on what earlier releases left on disk: a copy of
-//! each data directory in `tests/golden/` (see its README) is opened by
-//! today's `tailrace serve`, which must serve every line, the finished run
-//! as finished, and go on taking lines.
+//! The upgrade promise on what earlier releases left on disk and in Redis:
+//! a copy of each data directory in `tests/golden/` (see its README) is
+//! opened by today's `tailrace serve`, and a Redis restored from its
+//! append-only files is served by today's `tailrace node`; each must serve
+//! every line, the finished run as finished, and go on taking lines.
 //!
 //! A new golden folder is made with the release it records: `tailrace
 //! serve --data-dir D` on the defaults; 300 text lines to
@@ -23,9 +24,9 @@ fn run_a() -> String {
 
 /// The whole log of `run`, as a user downloads it (none while the store
 /// has no line of it: 404).
-async fn download(node: &ServeNode, run: &str) -> Option<String> {
+async fn download(base: &str, run: &str) -> Option<String> {
     let path = format!("/api/v1/services/ingestionPipelines/logs/golden.pipe/last/download?runId={run}");
-    let answer = common::http_client().get(node.url(&path)).send().await.unwrap();
+    let answer = common::http_client().get(format!("{base}{path}")).send().await.unwrap();
     if answer.status() == 404 {
         return None;
     }
@@ -35,9 +36,9 @@ async fn download(node: &ServeNode, run: &str) -> Option<String> {
 
 /// The lines of `run` a viewer's stream sent before `complete` (a run that
 /// finished a moment ago keeps its grace for late lines: 10 s).
-async fn streamed(node: &ServeNode, run: &str) -> String {
+async fn streamed(base: &str, run: &str) -> String {
     let path = format!("/api/v1/services/ingestionPipelines/logs/golden.pipe/stream/{run}");
-    let request = common::http_client().get(node.url(&path)).send();
+    let request = common::http_client().get(format!("{base}{path}")).send();
     let body = tokio::time::timeout(Duration::from_secs(30), async move { request.await.unwrap().text().await })
         .await
         .expect("the stream of a finished run ends")
@@ -55,19 +56,15 @@ async fn streamed(node: &ServeNode, run: &str) -> String {
     lines
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_data_directory_of_release_0_1_0_is_served_whole() {
-    let mut node = ServeNode::new("");
-    std::fs::create_dir_all(node.data_dir()).unwrap();
-    common::copy_tree(&std::path::Path::new(GOLDEN).join("0.1.0-file"), &node.data_dir());
-    node.start();
-
+/// What a node of today's build on release 0.1.0's data must serve: run-a
+/// (finished) and run-b whole, in order, once, and run-b goes on.
+async fn served_whole(base: &str) {
     // run-a was archived and finished; run-b was only in a queue file the
     // crash left open: both whole, in order, once.
-    assert_eq!(download(&node, "run-a").await, Some(run_a()));
+    assert_eq!(download(base, "run-a").await, Some(run_a()));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let got = download(&node, "run-b").await.unwrap_or_default();
+        let got = download(base, "run-b").await.unwrap_or_default();
         if got == RUN_B {
             break;
         }
@@ -75,11 +72,11 @@ async fn a_data_directory_of_release_0_1_0_is_served_whole() {
         assert!(tokio::time::Instant::now() < deadline, "run-b was not recovered: {got:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(streamed(&node, "run-a").await, run_a());
+    assert_eq!(streamed(base, "run-a").await, run_a());
 
     // And the old run goes on: a line and a status from today's build.
     let client = common::http_client();
-    let runs = node.url("/api/v1/logs/golden.pipe/runs/run-b");
+    let runs = format!("{base}/api/v1/logs/golden.pipe/runs/run-b");
     let added = client.post(format!("{runs}/lines")).body("B four").send().await.unwrap();
     assert_eq!(added.status(), 202);
     let status = client
@@ -90,6 +87,29 @@ async fn a_data_directory_of_release_0_1_0_is_served_whole() {
         .await
         .unwrap();
     assert!(status.status().is_success(), "{}", status.status());
-    assert_eq!(streamed(&node, "run-b").await, format!("{RUN_B}B four\n"));
+    assert_eq!(streamed(base, "run-b").await, format!("{RUN_B}B four\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_of_release_0_1_0_is_served_whole() {
+    let mut node = ServeNode::new("");
+    std::fs::create_dir_all(node.data_dir()).unwrap();
+    common::copy_tree(&std::path::Path::new(GOLDEN).join("0.1.0-file"), &node.data_dir());
+    node.start();
+
+    served_whole(&node.url("")).await;
     node.stop();
+}
+
+/// The same runs as release 0.1.0's `tailrace node` left them in Redis
+/// (queue streams, fences, leases, checkpoints, membership, the Redis run
+/// log store), killed with `kill -9`: a node of today's build on that Redis
+/// serves them whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_of_release_0_1_0_is_served_whole() {
+    let mut server = common::redis_server::RedisServer::start();
+    let golden = std::path::Path::new(GOLDEN).join("0.1.0-redis");
+    tokio::task::block_in_place(|| server.restart_with(|dir| common::copy_tree(&golden, dir)));
+    let node = tokio::task::block_in_place(|| common::cluster::node_on_defaults(&server.url(), "n1", ""));
+    served_whole(&node.url("")).await;
 }
