@@ -98,7 +98,7 @@ async fn redis_checkpointer(config: &Config) -> Result<Arc<dyn crate::queue::Che
 /// This build cannot keep checkpoints in Redis.
 #[cfg(all(feature = "kafka", not(feature = "redis")))]
 async fn redis_checkpointer(_config: &Config) -> Result<Arc<dyn crate::queue::Checkpointer>, QueueError> {
-    Err(without("[adapters.kafka] checkpoints = \"redis\"", "redis"))
+    Err(without("Kafka checkpoints in Redis ([adapters.kafka] checkpoints = \"redis\")", "redis"))
 }
 
 /// What a build without `feature` says when the config asks for `what`.
@@ -111,4 +111,19 @@ fn without(what: &str, feature: &str) -> QueueError {
 #[cfg(not(feature = "kafka"))]
 async fn kafka(_config: &Config) -> Result<Arc<dyn QueueAdapterFactory>, QueueError> {
     Err(without("Kafka adapter", "kafka"))
+}
+
+#[cfg(all(test, not(feature = "redis")))]
+mod tests {
+    use super::*;
+
+    /// A build without `redis` refuses a config that asks for it, naming
+    /// the feature, instead of failing later or quietly running something
+    /// else.
+    #[tokio::test]
+    async fn a_build_without_redis_refuses_the_redis_adapter_naming_the_feature() {
+        let config = Config::from_toml("[queues]\nadapter = \"redis\"\n", "a test").unwrap();
+        let refused = build(&config, None).await.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.contains("has no Redis adapter (it was built without the `redis` feature)"), "{refused}");
+    }
 }
