@@ -71,6 +71,27 @@ fn spawn(dir: &std::path::Path, port: u16, password: Option<&str>, durable: bool
         .expect("redis-server (apt-get install redis-server)")
 }
 
+/// A node answering on a port of its own. A free port can be taken by
+/// another test's server before this one binds it: a server that exits
+/// instead of answering is started again on another port.
+fn start_node(dir: &std::path::Path, password: Option<&str>, durable: bool) -> Node {
+    let deadline = Instant::now() + FORM_WAIT;
+    loop {
+        let port = cluster_port();
+        let mut child = spawn(dir, port, password, durable);
+        loop {
+            if cli_as(password, port, &["PING"]).is_ok_and(|r| r.trim() == "PONG") {
+                return Node { port, child: Some(child) };
+            }
+            if child.try_wait().is_ok_and(|exited| exited.is_some()) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the Redis Cluster: node {port} answering not within {FORM_WAIT:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 /// `redis-cli` against `port`, with the cluster's password if it has one.
 fn cli_as(password: Option<&str>, port: u16, args: &[&str]) -> std::io::Result<String> {
     let mut command = Command::new("redis-cli");
@@ -104,17 +125,10 @@ impl RedisCluster {
 
     fn start_as(password: Option<String>, shape: Shape) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let mut nodes = Vec::new();
-        for _ in 0..shape.masters * (1 + shape.replicas) {
-            let port = cluster_port();
-            nodes.push(Node { port, child: Some(spawn(dir.path(), port, password.as_deref(), shape.durable)) });
-        }
+        let nodes = (0..shape.masters * (1 + shape.replicas))
+            .map(|_| start_node(dir.path(), password.as_deref(), shape.durable))
+            .collect();
         let cluster = Self { nodes, password, durable: shape.durable, _dir: dir };
-        for node in &cluster.nodes {
-            cluster.wait(&format!("node {} answering", node.port), || {
-                cluster.cli(node.port, &["PING"]).is_ok_and(|r| r.trim() == "PONG")
-            });
-        }
         let addresses: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let mut create = Command::new("redis-cli");
         if let Some(password) = &cluster.password {
