@@ -16,13 +16,16 @@ mod admin;
 mod auth;
 mod body;
 mod direct;
+mod failures;
 mod frames;
+mod groups;
 mod health;
 mod https;
 mod incident;
 mod ingest;
 mod pages;
 mod problem;
+mod reads;
 mod search;
 mod sse;
 mod tailer;
@@ -240,7 +243,8 @@ impl LogEdge {
     pub fn router(self: &Arc<Self>) -> Router {
         let auth = self.auth.clone();
         let api = Router::new()
-            .route("/api/v1/logs/{fqn}/runs/{run}/lines", post(ingest::post_lines))
+            .route("/api/v1/logs/{fqn}/runs/{run}/lines", post(ingest::post_lines).get(reads::lines))
+            .route("/api/v1/logs/{fqn}/runs/{run}/failures", get(failures::failures))
             .route("/api/v1/logs/{fqn}/runs/{run}/status", put(ingest::put_status))
             .route("/api/v1/logs/pipelines", get(pages::pipelines))
             .route("/api/v1/logs/{fqn}/runs", get(pages::runs))

@@ -45,6 +45,13 @@ enum Command {
     Produce(cli::produce::ProduceArgs),
     /// Follow a run's log from the terminal, resuming across disconnects.
     Tail(cli::tail::TailArgs),
+    /// Read a stored run as a script or an agent wants it: a range, the
+    /// last lines, matches with context, errors, or the failing groups
+    /// (bounded answers; exits 1 when a filter finds nothing).
+    Logs(cli::logs::LogsArgs),
+    /// A Model Context Protocol server on standard input and output, whose
+    /// tools read a running edge's logs for a coding agent.
+    Mcp(cli::mcp::McpArgs),
     /// The file handoff: recover a prefix after a writer crashed.
     Handoff {
         #[command(subcommand)]
@@ -79,11 +86,13 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         let done = match args.command {
             // A command run by `produce` decides the exit code.
             Command::Produce(args) => return cli::produce::run(args).await,
+            Command::Logs(args) => return cli::logs::run(args).await,
             Command::Demo(demo) => cli::demo::run(demo).await,
             Command::Serve(serve) => cli::serve::run(serve).await,
             Command::Node(node) => cli::node::run(node).await,
             Command::Agents(args) => cli::agents::run(args).await,
             Command::Tail(args) => cli::tail::run(args).await,
+            Command::Mcp(args) => cli::mcp::run(args).await,
             Command::Handoff { command: HandoffCommand::Recover(args) } => cli::handoff::recover(args),
         };
         done.map(|()| 0)

@@ -43,6 +43,9 @@ pub struct EdgeOptions {
     pub max_search_scan_lines: usize,
     /// Most matches one search request returns (`limit` is capped to it).
     pub max_search_matches: usize,
+    /// Most bytes of records one JSON Lines read (`…/lines`, `…/failures`)
+    /// answers (`maxBytes` may ask for less); `next` continues.
+    pub max_answer_bytes: usize,
     /// Bearer tokens.
     pub auth: AuthOptions,
     /// HTTPS (off unless set): with it the edge serves HTTPS only.
@@ -66,6 +69,7 @@ impl Default for EdgeOptions {
             max_written_runs: 10_000,
             max_search_scan_lines: 1_000_000,
             max_search_matches: 1_000,
+            max_answer_bytes: 64 * 1024,
             auth: AuthOptions::default(),
             tls: None,
             log_stream: LogStreamSettings::default(),

@@ -49,8 +49,8 @@ pub(crate) const MATCH_TEXT_BYTES: usize = 1024;
 /// Longest query text.
 const MAX_QUERY_BYTES: usize = 1024;
 /// Lines and bytes read from the store per page while scanning.
-const SCAN_PAGE_LINES: usize = 10_000;
-const SCAN_PAGE_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const SCAN_PAGE_LINES: usize = 10_000;
+pub(crate) const SCAN_PAGE_BYTES: usize = 4 * 1024 * 1024;
 
 #[derive(Deserialize)]
 pub(crate) struct SearchQuery {
@@ -63,20 +63,38 @@ pub(crate) struct SearchQuery {
     limit: Option<usize>,
 }
 
-fn flag(value: &Option<String>) -> bool {
+pub(crate) fn flag(value: &Option<String>) -> bool {
     matches!(value.as_deref(), Some("1" | "true" | "on" | "yes"))
 }
 
 /// What a search looks for, and whether it looks before the `\r` rule.
-struct Matcher {
+pub(crate) struct Matcher {
     regex: Regex,
     raw: bool,
 }
 
 impl Matcher {
     fn of(query: &SearchQuery) -> Result<Self, ApiError> {
+        Self::new(
+            query.q.as_deref(),
+            flag(&query.regex),
+            flag(&query.case),
+            query.level.as_deref(),
+            flag(&query.groups),
+        )
+    }
+
+    /// What `q` (plain text, or a regular expression with `regex`; case
+    /// ignored unless `case`), `level` or `groups` ask for: exactly one.
+    pub(crate) fn new(
+        q: Option<&str>,
+        regex: bool,
+        case: bool,
+        level: Option<&str>,
+        groups: bool,
+    ) -> Result<Self, ApiError> {
         let bad = |message: String| problem(StatusCode::BAD_REQUEST, message);
-        let (pattern, case_insensitive, raw) = match (&query.q, query.level.as_deref(), flag(&query.groups)) {
+        let (pattern, case_insensitive, raw) = match (q, level, groups) {
             (Some(q), None, false) => {
                 if q.is_empty() {
                     return Err(bad("q must not be empty".into()));
@@ -84,8 +102,8 @@ impl Matcher {
                 if q.len() > MAX_QUERY_BYTES {
                     return Err(bad(format!("q is longer than {MAX_QUERY_BYTES} bytes")));
                 }
-                let pattern = if flag(&query.regex) { q.clone() } else { regex::escape(q) };
-                (pattern, !flag(&query.case), false)
+                let pattern = if regex { q.to_string() } else { regex::escape(q) };
+                (pattern, !case, false)
             }
             (None, Some("error"), false) => (ERROR_PATTERN.to_string(), false, false),
             (None, Some("warning"), false) => (WARNING_PATTERN.to_string(), false, false),
@@ -102,7 +120,7 @@ impl Matcher {
         Ok(Self { regex, raw })
     }
 
-    fn is_match(&self, line: &str) -> bool {
+    pub(crate) fn is_match(&self, line: &str) -> bool {
         if self.raw { self.regex.is_match(&strip_escapes(line)) } else { self.regex.is_match(&visible(line)) }
     }
 }
@@ -156,10 +174,15 @@ pub(crate) fn visible(line: &str) -> Cow<'_, str> {
 }
 
 fn cut(line: &str) -> &str {
-    if line.len() <= MATCH_TEXT_BYTES {
+    cut_at(line, MATCH_TEXT_BYTES)
+}
+
+/// `line`, at most `bytes` long, cut on a character boundary.
+pub(crate) fn cut_at(line: &str, bytes: usize) -> &str {
+    if line.len() <= bytes {
         return line;
     }
-    let mut end = MATCH_TEXT_BYTES;
+    let mut end = bytes;
     while !line.is_char_boundary(end) {
         end -= 1;
     }

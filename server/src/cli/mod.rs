@@ -1,8 +1,11 @@
 //! The `tailrace` command line.
 
 pub mod agents;
+pub mod client;
 pub mod demo;
 pub mod handoff;
+pub mod logs;
+pub mod mcp;
 pub mod node;
 pub mod pipelines;
 pub mod produce;

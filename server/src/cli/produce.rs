@@ -15,46 +15,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tailrace::config::Backoff;
+
+use super::client::RunTarget;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-
-/// The run a command talks to, and how to reach it.
-#[derive(clap::Args, Debug)]
-pub struct RunTarget {
-    /// The edge (`http://` or `https://`).
-    #[arg(long, default_value = "http://127.0.0.1:8585")]
-    pub url: String,
-    /// A PEM file of the authority an HTTPS edge's certificate chains to
-    /// (a private CA; only it is then trusted).
-    #[arg(long, env = "TAILRACE_CA_FILE")]
-    pub ca_file: Option<std::path::PathBuf>,
-    /// The pipeline's fully qualified name.
-    #[arg(long)]
-    pub fqn: String,
-    /// The run id.
-    #[arg(long)]
-    pub run: String,
-    /// A bearer token (`write` scope to produce, `read` to tail).
-    #[arg(long, env = "TAILRACE_TOKEN")]
-    pub token: Option<String>,
-}
-
-impl RunTarget {
-    /// A client for this edge.
-    pub fn client(&self) -> anyhow::Result<reqwest::Client> {
-        super::http_client(self.ca_file.as_deref())
-    }
-
-    /// A request to `{url}{path}`, with `{fqn}` and `{run}` in `path`
-    /// replaced by the percent-encoded pipeline and run, and the token.
-    pub fn request(&self, client: &reqwest::Client, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let path = path.replace("{fqn}", &enc(&self.fqn)).replace("{run}", &enc(&self.run));
-        let request = client.request(method, format!("{}{path}", self.url.trim_end_matches('/')));
-        match &self.token {
-            Some(token) => request.bearer_auth(token),
-            None => request,
-        }
-    }
-}
 
 /// Options of `tailrace produce`.
 #[derive(clap::Args, Debug)]
@@ -170,19 +133,6 @@ impl Poster {
         }
         bail!("gave up after {} attempts; {} lines were sent before", self.args.attempts, self.sent)
     }
-}
-
-/// Percent-encodes a path segment.
-pub fn enc(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for byte in segment.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
 }
 
 impl Poster {

@@ -16,7 +16,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use tailrace::config::Backoff;
 
-use super::produce::{RunTarget, enc};
+use super::client::{RunTarget, enc};
 
 /// Options of `tailrace tail`.
 #[derive(clap::Args, Debug)]
