@@ -290,6 +290,8 @@ fn viewer_page() -> &'static str {
             include_str!("edge/page/lines.js"),
             include_str!("edge/page/render.js"),
             include_str!("edge/page/search.js"),
+            include_str!("edge/page/runs.js"),
+            include_str!("edge/page/compare.js"),
             include_str!("edge/page/stream.js"),
         ]
         .concat()
