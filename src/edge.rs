@@ -7,7 +7,7 @@
 //! every connection is HTTPS (`edge/https.rs`).
 //!
 //! Every task the edge spawns (one per accepted connection, one per tailer
-//! and per tailer's unsubscribe) is tracked; the server task returned by
+//! and per tailer's unsubscribe, one per watched pipeline's run feed) is tracked; the server task returned by
 //! [`serve`] and [`LogEdge::serve`] ends only once they all ended, or 2 s
 //! after its stop.
 

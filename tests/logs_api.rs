@@ -7,7 +7,7 @@ use tailrace_testkit as common;
 
 use common::logs::*;
 use serde_json::{Value, json};
-use tailrace::config::{AuthOptions, EdgeOptions, RunsStreamSettings, Scope, TokenEntry};
+use tailrace::config::{AuthOptions, EdgeOptions, LogStreamSettings, RunsStreamSettings, Scope, TokenEntry};
 
 async fn body(response: reqwest::Response) -> (u16, Value) {
     let status = response.status().as_u16();
@@ -331,6 +331,24 @@ async fn the_runs_stream_follows_a_pipelines_runs_and_resumes_by_cursor() {
     let (status, problem) = body(bad).await;
     assert_eq!(status, 400);
     assert!(problem["message"].as_str().unwrap().contains("control character"), "{problem}");
+}
+
+/// A quiet runs stream gets heartbeats, and ends after
+/// `max_stream_seconds` with `complete` and its cursor, as a log stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runs_stream_ends_at_its_lifetime_with_its_cursor() {
+    let server =
+        LogServer::start(LogStreamSettings { max_stream_seconds: 0.5, heartbeat_seconds: 0.1, ..quick_settings() })
+            .await;
+    server.lines("svc.life", "r-1", "x").await;
+    server.archived("svc.life", "r-1", 1).await;
+    let mut stream = Sse::open(&server.client, &server.url("/api/v1/logs/svc.life/runs/stream")).await;
+    let run = stream.event().await.unwrap();
+    assert_eq!((&run["runId"], &run["state"]), (&json!("r-1"), &Value::Null), "{run}");
+    assert_eq!(stream.frame_within(FRAME_WAIT).await.as_deref(), Some(": heartbeat"));
+    let message = "Stream lifetime limit reached. Reconnect with the last cursor to resume.";
+    let end = json!({ "eventType": "complete", "after": run["after"], "reason": "maxDuration", "message": message });
+    assert_eq!(stream.rest().await, [end]);
 }
 
 /// The runs stream reads the run log store, so a node sees the runs any
