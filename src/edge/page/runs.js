@@ -11,7 +11,9 @@
   }
   // The listing of `fqn` (`GET …/runs`), then its changes as they come.
   function listRuns(fqn, runs, preferRun) {
-    if (feed.fqn !== fqn) { feed.runs = new Map(); watchRuns(fqn); }
+    if (feed.fqn !== fqn) feed.runs = new Map();
+    // A new pipeline, or the stream gave up (a token typed in since, say).
+    if (feed.fqn !== fqn || feed.failures > MAX_FAILURES) watchRuns(fqn);
     for (const r of runs) if (!feed.runs.has(r.runId)) feed.runs.set(r.runId, r);
     showRuns(preferRun);
   }
