@@ -26,7 +26,7 @@ pub use cluster::{COOKIE_ENV, ClusterSection, ClusterTls, MIN_COOKIE_LEN};
 pub use diagnostics::DiagnosticsSection;
 #[cfg(feature = "edge")]
 pub(crate) use edge::secs;
-pub use edge::{AuthOptions, EdgeOptions, EdgeTls, LogStreamSettings, Scope, TokenEntry};
+pub use edge::{AuthOptions, EdgeOptions, EdgeTls, LogStreamSettings, RunsStreamSettings, Scope, TokenEntry};
 
 /// A whole node configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

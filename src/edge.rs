@@ -1,12 +1,13 @@
 //! The HTTP edge of a node: `GET /metrics` (Prometheus text format),
 //! `GET /healthz` (live), `GET /readyz` (ready: `edge/health.rs`), and the log path: ingest, the SSE live tail (one tailer
 //! per watched run, shared by its viewers), the paginated and download
-//! endpoints, listings and the viewer page at `/`; the admin API
+//! endpoints, listings, a pipeline's runs live (one store reader per
+//! watched pipeline, shared by its watchers) and the viewer page at `/`; the admin API
 //! (`/api/v1/admin/`, the server's). `docs/sse.md` is the protocol. With `[edge.tls]`
 //! every connection is HTTPS (`edge/https.rs`).
 //!
 //! Every task the edge spawns (one per accepted connection, one per tailer
-//! and per tailer's unsubscribe) is tracked; the server task returned by
+//! and per tailer's unsubscribe, one per watched pipeline's run feed) is tracked; the server task returned by
 //! [`serve`] and [`LogEdge::serve`] ends only once they all ended, or 2 s
 //! after its stop.
 
@@ -26,6 +27,8 @@ mod ingest;
 mod pages;
 mod problem;
 mod reads;
+mod runs_feed;
+mod runs_stream;
 mod search;
 mod sse;
 mod tailer;
@@ -126,6 +129,8 @@ pub struct LogEdge {
     options: EdgeOptions,
     settings: Arc<LogStreamSettings>,
     runs: Arc<tailer::Runs>,
+    /// One reader of the run log store per watched pipeline.
+    run_feeds: Arc<runs_feed::Feeds>,
     registry: Arc<viewer::Registry>,
     /// Generated event ids: `{id_prefix}-{n}`.
     id_prefix: String,
@@ -155,6 +160,7 @@ impl LogEdge {
         let registry = viewer::Registry::new(settings.max_active_connections);
         let store = archiver.reader();
         let runs = tailer::Runs::new(node.clone(), store.clone(), settings.clone(), tasks.clone());
+        let run_feeds = runs_feed::Feeds::new(store.clone(), options.runs_stream.clone(), tasks.clone());
         let id_prefix = format!("{}-{:08x}", node.id(), rand::random::<u32>());
         let auth = auth::Auth::new(&options.auth);
         let bodies = body::Budget::new(options.max_total_body_bytes);
@@ -165,6 +171,7 @@ impl LogEdge {
             options,
             settings,
             runs,
+            run_feeds,
             registry,
             id_prefix,
             next_id: AtomicU64::new(1),
@@ -193,6 +200,11 @@ impl LogEdge {
     /// Runs tailed now (each holds one subscription, however many viewers).
     pub fn active_runs(&self) -> usize {
         self.runs.len()
+    }
+
+    /// Pipelines whose runs this node watches now (one store reader each).
+    pub fn watched_pipelines(&self) -> usize {
+        self.run_feeds.len()
     }
 
     /// SSE connections open now.
@@ -248,6 +260,8 @@ impl LogEdge {
             .route("/api/v1/logs/{fqn}/runs/{run}/status", put(ingest::put_status))
             .route("/api/v1/logs/pipelines", get(pages::pipelines))
             .route("/api/v1/logs/{fqn}/runs", get(pages::runs))
+            // Before `runs/{run}` (a static segment wins over a name).
+            .route("/api/v1/logs/{fqn}/runs/stream", get(runs_stream::stream))
             .route("/api/v1/logs/{fqn}/runs/{run}", get(search::run_info))
             .route("/api/v1/logs/{fqn}/runs/{run}/search", get(search::search))
             .route("/api/v1/logs/{fqn}/runs/{run}/times", get(search::times))
@@ -280,6 +294,8 @@ fn viewer_page() -> &'static str {
             include_str!("edge/page/lines.js"),
             include_str!("edge/page/render.js"),
             include_str!("edge/page/search.js"),
+            include_str!("edge/page/runs.js"),
+            include_str!("edge/page/compare.js"),
             include_str!("edge/page/stream.js"),
         ]
         .concat()

@@ -1,12 +1,13 @@
 //! The log path's request/response endpoints over real HTTP: ingest and
 //! its validation, run states, the paginated and download endpoints,
-//! listings, bearer-token auth, the viewer page.
+//! listings and the runs stream (resumed by cursor, across two nodes),
+//! bearer-token auth, the viewer page.
 
 use tailrace_testkit as common;
 
 use common::logs::*;
 use serde_json::{Value, json};
-use tailrace::config::{AuthOptions, EdgeOptions, Scope, TokenEntry};
+use tailrace::config::{AuthOptions, EdgeOptions, LogStreamSettings, RunsStreamSettings, Scope, TokenEntry};
 
 async fn body(response: reqwest::Response) -> (u16, Value) {
     let status = response.status().as_u16();
@@ -240,6 +241,135 @@ async fn listings_name_pipelines_and_runs_newest_first() {
     let runs = body(server.client.get(server.url("/api/v1/logs/a.pipe/runs")).send().await.unwrap()).await.1;
     let ids: Vec<&str> = runs["runs"].as_array().unwrap().iter().map(|r| r["runId"].as_str().unwrap()).collect();
     assert_eq!(ids, ["new", "old"]);
+}
+
+/// Reads the runs stream until a `run` event of `run` in `state`; the
+/// events read, that one last.
+async fn until_run(stream: &mut Sse, run: &str, state: &str) -> Vec<Value> {
+    let mut seen = Vec::new();
+    loop {
+        let event = stream.event().await.unwrap_or_else(|| panic!("the stream ended after {seen:?}"));
+        let found = event["eventType"] == "run" && event["runId"] == run && event["state"] == state;
+        seen.push(event);
+        if found {
+            return seen;
+        }
+    }
+}
+
+/// The runs the events name, each once, in the order first named.
+fn run_ids(events: &[Value]) -> Vec<&str> {
+    let mut ids: Vec<&str> = Vec::new();
+    for id in events.iter().map(|e| e["runId"].as_str().unwrap()) {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
+}
+
+/// `…/runs/stream`: the pipeline's runs as they start and change state;
+/// resumed with a cursor, the runs active since it (and only those); an
+/// unreadable cursor gets them all; past `max_pipelines` an `error`; the
+/// store is read only while someone watches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runs_stream_follows_a_pipelines_runs_and_resumes_by_cursor() {
+    let runs_stream = RunsStreamSettings { resume_overlap_seconds: 0.0, max_pipelines: 1, ..quick_runs_stream() };
+    let options = EdgeOptions { log_stream: quick_settings(), runs_stream, ..EdgeOptions::default() };
+    let server = LogServer::start_with(options, common::quick_config()).await;
+    server.lines("svc.live", "r-1", "one").await;
+    server.state("svc.live", "r-1", "success").await;
+    let url = server.url("/api/v1/logs/svc.live/runs/stream");
+    let mut stream = Sse::open(&server.client, &url).await;
+    assert_eq!((stream.status, stream.content_type.as_str()), (200, "text/event-stream"));
+    let first = stream.event().await.unwrap();
+    assert_eq!(
+        (&first["eventType"], &first["pipeline"], &first["runId"], &first["state"], &first["lines"]),
+        (&json!("run"), &json!("svc.live"), &json!("r-1"), &json!("success"), &json!(1)),
+        "{first}"
+    );
+    let other = Sse::open(&server.client, &server.url("/api/v1/logs/svc.other/runs/stream")).await.rest().await;
+    assert_eq!(other.len(), 1, "{other:?}");
+    assert_eq!(other[0]["eventType"], "error");
+    assert!(other[0]["message"].as_str().unwrap().contains("maximum number of pipelines"), "{other:?}");
+
+    // A run that starts, then fails, while the stream is open.
+    server.lines("svc.live", "r-2", "two").await;
+    server.state("svc.live", "r-2", "running").await;
+    until_run(&mut stream, "r-2", "running").await;
+    server.state("svc.live", "r-2", "failed").await;
+    let failed = until_run(&mut stream, "r-2", "failed").await.pop().unwrap();
+    drop(stream);
+
+    // Resumed: what changed since the cursor, oldest first, nothing older
+    // (a run seen while it changes may come once per state).
+    server.lines("svc.live", "r-3", "three").await;
+    server.state("svc.live", "r-3", "running").await;
+    let cursor = failed["after"].as_str().unwrap();
+    let mut resumed = Sse::open(&server.client, &format!("{url}?after={cursor}")).await;
+    let events = until_run(&mut resumed, "r-3", "running").await;
+    assert_eq!(run_ids(&events), ["r-2", "r-3"], "{events:?}");
+    assert_eq!(events[0], failed, "the run at the cursor, again (as it is)");
+    assert!(resumed.quiet_for(std::time::Duration::from_millis(300)).await, "nothing else changed");
+    drop(resumed);
+    let mut all = Sse::open(&server.client, &format!("{url}?after=not-a-cursor")).await;
+    let events = until_run(&mut all, "r-3", "running").await;
+    assert_eq!(run_ids(&events), ["r-1", "r-2", "r-3"], "an unreadable cursor: every run");
+    drop(all);
+
+    // Nobody watches: the store is not read any more.
+    let unwatched = async {
+        while server.edge.watched_pipelines() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(5), unwatched).await.expect("the feed ends");
+    let reads = server.store.listings.load(std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    assert_eq!(server.store.listings.load(std::sync::atomic::Ordering::SeqCst), reads, "5 polls' time, no read");
+    let bad = server.client.get(server.url("/api/v1/logs/svc%0Alive/runs/stream")).send().await.unwrap();
+    let (status, problem) = body(bad).await;
+    assert_eq!(status, 400);
+    assert!(problem["message"].as_str().unwrap().contains("control character"), "{problem}");
+}
+
+/// A quiet runs stream gets heartbeats, and ends after
+/// `max_stream_seconds` with `complete` and its cursor, as a log stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runs_stream_ends_at_its_lifetime_with_its_cursor() {
+    let server =
+        LogServer::start(LogStreamSettings { max_stream_seconds: 0.5, heartbeat_seconds: 0.1, ..quick_settings() })
+            .await;
+    server.lines("svc.life", "r-1", "x").await;
+    server.archived("svc.life", "r-1", 1).await;
+    let mut stream = Sse::open(&server.client, &server.url("/api/v1/logs/svc.life/runs/stream")).await;
+    let run = stream.event().await.unwrap();
+    assert_eq!((&run["runId"], &run["state"]), (&json!("r-1"), &Value::Null), "{run}");
+    assert_eq!(stream.frame_within(FRAME_WAIT).await.as_deref(), Some(": heartbeat"));
+    let message = "Stream lifetime limit reached. Reconnect with the last cursor to resume.";
+    let end = json!({ "eventType": "complete", "after": run["after"], "reason": "maxDuration", "message": message });
+    assert_eq!(stream.rest().await, [end]);
+}
+
+/// The runs stream reads the run log store, so a node sees the runs any
+/// node of the cluster stored: here two nodes share one store, the stream
+/// is open on the second before the pipeline has a run, and the run is
+/// started and finished through the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_node_streams_the_runs_started_through_the_first() {
+    let first = LogServer::start(quick_settings()).await;
+    let options =
+        EdgeOptions { log_stream: quick_settings(), runs_stream: quick_runs_stream(), ..EdgeOptions::default() };
+    let second = first.beside(options).await;
+    let mut stream = Sse::open(&second.client, &second.url("/api/v1/logs/svc.shared/runs/stream")).await;
+    assert_eq!(stream.status, 200);
+    first.lines("svc.shared", "r-1", "started on the first node").await;
+    first.state("svc.shared", "r-1", "running").await;
+    until_run(&mut stream, "r-1", "running").await;
+    first.state("svc.shared", "r-1", "success").await;
+    let done = until_run(&mut stream, "r-1", "success").await.pop().unwrap();
+    assert_eq!(done["lines"], 1, "{done}");
+    assert_eq!((first.edge.watched_pipelines(), second.edge.watched_pipelines()), (0, 1));
 }
 
 /// Media types are read case-insensitively, anything but text/plain and

@@ -1,8 +1,10 @@
 //! The viewer page's features in a real headless Chromium, one test each:
 //! ANSI colours (and no HTML from log text), folding groups, following a
 //! live run, and a run of a million lines (opened at its tail, a link to a
-//! line 900 000 back, search in parts never loaded, a bounded DOM) and the
-//! keys.
+//! line 900 000 back, search in parts never loaded, a bounded DOM), the
+//! keys, the live run list, preferences kept across a reload, repeated
+//! lines, a failed run opened at its first error, and the comparison with
+//! the last success.
 
 use tailrace_testkit as common;
 
@@ -102,7 +104,12 @@ async fn finished_groups_fold_and_open_on_a_click() {
     server.state("svc.groups", "r-1", "running").await;
     let browser = Browser::start(1280, 800).await;
     browser.client.goto(&page(&server, "svc.groups", "r-1")).await.unwrap();
-    let folded = "return JSON.stringify([...document.querySelectorAll('#log .ln')].map((l) => l.querySelector('.tx').textContent))";
+    // (Each group's duration, once its times came, left out.)
+    let folded = "return JSON.stringify([...document.querySelectorAll('#log .ln')].map((l) => {
+                    const tx = l.querySelector('.tx').cloneNode(true);
+                    tx.querySelectorAll('.dur').forEach((d) => d.remove());
+                    return tx.textContent;
+                  }))";
     let want = r#"["before","Build2 lines","Deploying1 lines","Test1 lines","t1"]"#;
     let shown = browser
         .until("the groups folded", &format!("const s = (() => {{ {folded} }})(); return s === '{want}' ? s : false"))
@@ -330,4 +337,169 @@ async fn the_keyboard_searches_goes_to_a_line_and_follows() {
     browser.until("the tail", &line_in_view(400)).await;
     server.lines("svc.keys", "r-1", "line 401 after End").await;
     assert_eq!(browser.until("the new line", &line_in_view(401)).await, "line 401 after End");
+}
+
+/// The run list follows the pipeline's runs stream: a run started after
+/// the page opened appears, and its state changes show, without a reload;
+/// the page stays on its run until "follow the newest run" is on, then
+/// opens the next run that starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_run_list_follows_the_pipeline_and_can_follow_the_newest_run() {
+    let server = LogServer::start(quick_settings()).await;
+    server.lines("svc.live", "r-1", "first run").await;
+    server.state("svc.live", "r-1", "running").await;
+    let browser = Browser::start(1280, 800).await;
+    browser.goto(&page(&server, "svc.live", "r-1")).await;
+    assert_eq!(browser.until("the first run's line", &line_in_view(1)).await, "first run");
+    let listed = |entry: &str| {
+        format!(
+            "const o = [...document.querySelectorAll('#run option')].map((o) => o.value + ' ' + o.className);
+             return o.includes('{entry}') && o"
+        )
+    };
+    browser.until("r-1 listed", &listed("r-1 state-running")).await;
+
+    server.lines("svc.live", "r-2", "second run").await;
+    server.state("svc.live", "r-2", "running").await;
+    browser.until("r-2 listed, running", &listed("r-2 state-running")).await;
+    server.state("svc.live", "r-2", "failed").await;
+    let options = browser.until("r-2 failed", &listed("r-2 state-failed")).await;
+    assert_eq!(options, serde_json::json!(["r-2 state-failed", "r-1 state-running"]), "newest first");
+    assert_eq!(browser.js("return document.getElementById('run').value").await, "r-1", "still on its run");
+    assert_eq!(browser.js(&line_in_view(1)).await, "first run");
+
+    browser.js("document.getElementById('newest').click(); return true").await;
+    server.lines("svc.live", "r-3", "third run").await;
+    let opened = format!("const t = (() => {{ {} }})(); return t === 'third run' && location.search", line_in_view(1));
+    let address = browser.until("r-3 opened", &opened).await;
+    assert!(address.as_str().unwrap().contains("run=r-3"), "{address}");
+    assert_eq!(browser.js("return document.getElementById('run').value").await, "r-3");
+}
+
+/// Wrap, times and the theme are the reader's: kept across a reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrap_times_and_theme_survive_a_reload() {
+    let server = LogServer::start(quick_settings()).await;
+    server.lines("svc.prefs", "r-1", &format!("short\n{}end", "a long line ".repeat(60))).await;
+    server.state("svc.prefs", "r-1", "running").await;
+    let browser = Browser::start(1024, 700).await;
+    let url = page(&server, "svc.prefs", "r-1");
+    browser.goto(&url).await;
+    browser.until("the long line", &line_in_view(1)).await;
+    let tall = "const row = [...document.querySelectorAll('#log .ln')].find((l) => l.dataset.n === '2');
+                return !!row && row.getBoundingClientRect().height > 40";
+    assert_eq!(browser.js(tall).await, false, "one line per row unless wrapped");
+    for button in ["wrap", "times", "theme"] {
+        browser.js(&format!("document.getElementById('{button}').click(); return true")).await;
+    }
+    browser.until("the long line wrapped", tall).await;
+
+    browser.goto(&url).await;
+    browser.until("the page again", &line_in_view(1)).await;
+    browser.until("still wrapped", tall).await;
+    let clock = "const t = [...document.querySelectorAll('#log .ts')].map((s) => s.textContent);
+                 return t.length === 2 && /^\\d\\d:\\d\\d:\\d\\d\\.\\d{3}$/.test(t[0])";
+    browser.until("times on the clock", clock).await;
+    let buttons = "return [document.getElementById('wrap').getAttribute('aria-pressed'),
+                           document.getElementById('times').textContent, document.documentElement.dataset.theme]";
+    let dark = if browser.js("return matchMedia('(prefers-color-scheme: dark)').matches").await == true {
+        "light"
+    } else {
+        "dark"
+    };
+    assert_eq!(browser.js(buttons).await, serde_json::json!(["true", "Times: clock", dark]));
+}
+
+/// Consecutive lines that show the same (escape sequences removed, a
+/// `\r`-redrawn line as its last state) are one row with `× N`; a group
+/// shows how long it took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_lines_show_once_with_their_count_and_groups_their_duration() {
+    let server = LogServer::start(quick_settings()).await;
+    let lines = [
+        "start",
+        "\x1b[32mwaiting\x1b[0m",
+        "waiting",
+        "\x1b[1mwaiting\x1b[0m",
+        "progress 5%\rwaiting",
+        "done",
+        "done!",
+        "::group::Build",
+        "compile",
+        "::endgroup::",
+    ];
+    server.lines("svc.repeat", "r-1", &lines.join("\n")).await;
+    server.state("svc.repeat", "r-1", "running").await;
+    let browser = Browser::start(1280, 800).await;
+    browser.goto(&page(&server, "svc.repeat", "r-1")).await;
+    let shown = browser
+        .until(
+            "the repeats as one row and the group folded with its duration",
+            "const t = [...document.querySelectorAll('#log .tx')].map((l) => l.textContent);
+             return t.length === 5 && /\\d\\.\\ds$/.test(t[4]) && t",
+        )
+        .await;
+    let shown: Vec<String> = serde_json::from_value(shown).unwrap();
+    assert_eq!(shown[..4], ["start", "waiting× 4", "done", "done!"]);
+    let took = regex::Regex::new(r"^Build1 lines\d+\.\ds$").unwrap();
+    assert!(took.is_match(&shown[4]), "{shown:?}");
+    let colour =
+        "const s = document.querySelector('#log .ln[data-n=\"2\"] .tx span'); return getComputedStyle(s).color";
+    assert_eq!(browser.js(colour).await, "rgb(29, 122, 58)", "the first of the repeats shows, green");
+}
+
+/// A failed run opens at its first error, selected and in view, with the
+/// group it is in unfolded (the other finished groups folded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_run_opens_at_its_first_error_with_its_group_unfolded() {
+    let server = LogServer::start(quick_settings()).await;
+    let mut lines: Vec<String> = ["setup", "::group::Prepare", "p1", "::endgroup::", "::group::Build", "compiling"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    lines.extend(["error: the build broke".into(), "more".into(), "::endgroup::".into()]);
+    lines.extend((1..=300).map(|i| format!("after {i}")));
+    lines.push("error: a later one".into());
+    server.lines("svc.failed", "r-1", &lines.join("\n")).await;
+    server.state("svc.failed", "r-1", "failed").await;
+    let browser = Browser::start(1280, 800).await;
+    browser.goto(&page(&server, "svc.failed", "r-1")).await;
+    let folded = "const rows = [...document.querySelectorAll('#log .ln.grp')];
+                  const shut = (t) => rows.some((r) => r.querySelector('.tx').firstChild.textContent === t && r.classList.contains('shut'));
+                  return rows.length === 2 && shut('Prepare') && !shut('Build')";
+    browser.until("Prepare folded, Build open", folded).await;
+    assert_eq!(browser.until("the first error", &line_in_view(7)).await, "error: the build broke");
+    let selected = "return [...document.querySelectorAll('#log .ln.sel')].map((l) => l.dataset.n)";
+    assert_eq!(browser.js(selected).await, serde_json::json!(["7"]));
+}
+
+/// Compare with last success: a failed run against the success before it
+/// shows the lines it added, the first in view; a line number still links.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the diff endpoint"]
+async fn compare_with_last_success_shows_the_added_error_lines() {
+    let server = LogServer::start(quick_settings()).await;
+    let common: Vec<String> = (1..=200).map(|i| format!("step {i} ok")).collect();
+    server.lines("svc.cmp", "r-1", &common.join("\n")).await;
+    server.state("svc.cmp", "r-1", "success").await;
+    let mut failed = common.clone();
+    failed.insert(150, "error: the disk is full".into());
+    failed.insert(151, "error: giving up".into());
+    server.lines("svc.cmp", "r-2", &failed.join("\n")).await;
+    server.state("svc.cmp", "r-2", "failed").await;
+    let browser = Browser::start(1280, 800).await;
+    browser.goto(&page(&server, "svc.cmp", "r-2")).await;
+    browser.until("the first error", &line_in_view(151)).await;
+    browser.js("document.getElementById('compare').click(); return true").await;
+    let added = "const rows = [...document.querySelectorAll('#diff .dl.add')];
+                 return rows.length > 0 && rows.map((r) => r.querySelector('.tx').textContent)";
+    let added = browser.until("the added lines", added).await;
+    assert_eq!(added, serde_json::json!(["error: the disk is full", "error: giving up"]));
+    let in_view = "const box = document.getElementById('diff').getBoundingClientRect();
+                   const r = document.querySelector('#diff .dl.add').getBoundingClientRect();
+                   return r.top >= box.top && r.bottom <= box.bottom";
+    assert_eq!(browser.js(in_view).await, true, "the first divergence in view");
+    browser.js("[...document.querySelectorAll('#diff .dl.add a.no')].find((a) => a.textContent === '152').click(); return true").await;
+    assert_eq!(browser.until("line 152", &line_in_view(152)).await, "error: giving up");
+    assert_eq!(browser.js("return location.hash").await, "#L152");
 }

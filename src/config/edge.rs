@@ -53,6 +53,8 @@ pub struct EdgeOptions {
     pub tls: Option<EdgeTls>,
     /// The SSE log stream.
     pub log_stream: LogStreamSettings,
+    /// The SSE stream of a pipeline's runs (`…/runs/stream`).
+    pub runs_stream: RunsStreamSettings,
 }
 
 impl Default for EdgeOptions {
@@ -73,6 +75,7 @@ impl Default for EdgeOptions {
             auth: AuthOptions::default(),
             tls: None,
             log_stream: LogStreamSettings::default(),
+            runs_stream: RunsStreamSettings::default(),
         }
     }
 }
@@ -100,7 +103,8 @@ impl EdgeOptions {
                 }
             }
         }
-        self.log_stream.check()
+        self.log_stream.check()?;
+        self.runs_stream.check()
     }
 }
 
@@ -225,6 +229,51 @@ impl Default for LogStreamSettings {
             max_active_connections: 500,
             heartbeat_seconds: 25.0,
         }
+    }
+}
+
+/// `[edge.runs_stream]`: a pipeline's runs as they start, change state and
+/// finish (`GET /api/v1/logs/{fqn}/runs/stream`). A node reads a watched
+/// pipeline's runs from the run log store with one reader per pipeline,
+/// shared by its watchers, and only while someone watches.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunsStreamSettings {
+    /// How often a watched pipeline's runs are read from the store.
+    pub poll_seconds: f64,
+    /// The newest runs each read takes: the stream follows those.
+    pub max_runs: usize,
+    /// Pipelines watched at once on this node (one reader each).
+    pub max_pipelines: usize,
+    /// A resumed stream sends again the runs changed up to this long
+    /// before its cursor (the clocks of the nodes that stored them may
+    /// differ by that much).
+    pub resume_overlap_seconds: f64,
+}
+
+impl Default for RunsStreamSettings {
+    fn default() -> Self {
+        Self { poll_seconds: 1.0, max_runs: 50, max_pipelines: 100, resume_overlap_seconds: 5.0 }
+    }
+}
+
+impl RunsStreamSettings {
+    /// Problems with these settings, if any.
+    pub fn check(&self) -> Result<(), String> {
+        let poll = self.poll_seconds;
+        if !(poll > 0.0 && poll.is_finite()) {
+            return Err(format!("edge.runs_stream.poll_seconds must be a positive number of seconds (got {poll})"));
+        }
+        let overlap = self.resume_overlap_seconds;
+        if !(overlap >= 0.0 && overlap.is_finite()) {
+            return Err(format!("edge.runs_stream.resume_overlap_seconds must be 0 or more seconds (got {overlap})"));
+        }
+        for (name, value) in [("max_runs", self.max_runs), ("max_pipelines", self.max_pipelines)] {
+            if value == 0 {
+                return Err(format!("edge.runs_stream.{name} must be at least 1"));
+            }
+        }
+        Ok(())
     }
 }
 

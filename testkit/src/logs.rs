@@ -16,7 +16,7 @@ use tailrace::archive::{
     Append, Archiver, FileRunLogStore, LOGS_NAMESPACE, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore,
     RunState, RunSummary, StoreError,
 };
-use tailrace::config::{Config, EdgeOptions, LogStreamSettings};
+use tailrace::config::{Config, EdgeOptions, LogStreamSettings, RunsStreamSettings};
 use tailrace::edge::LogEdge;
 use tailrace::pubsub::ImplicitSubscriptions;
 use tailrace::{NodeId, SequenceToken};
@@ -36,7 +36,12 @@ pub fn quick_settings() -> LogStreamSettings {
     }
 }
 
-/// Wraps the file store: counts status lookups and reads, and fails the
+/// Fast reads of watched pipelines' runs, for tests.
+pub fn quick_runs_stream() -> RunsStreamSettings {
+    RunsStreamSettings { poll_seconds: 0.05, ..RunsStreamSettings::default() }
+}
+
+/// Wraps the file store: counts status lookups, reads and run listings, and fails the
 /// next `fail_info` lookups / `fail_reads` reads; each append takes
 /// `append_delay_ms` longer (a slow archiver).
 pub struct ProbeStore {
@@ -44,6 +49,8 @@ pub struct ProbeStore {
     pub append_delay_ms: std::sync::atomic::AtomicU64,
     pub infos: AtomicUsize,
     pub reads: AtomicUsize,
+    /// Calls of `runs` (a pipeline's run listing).
+    pub listings: AtomicUsize,
     pub fail_info: AtomicUsize,
     pub fail_reads: AtomicUsize,
 }
@@ -111,6 +118,7 @@ impl RunLogStore for ProbeStore {
         self.inner.pipelines(limit).await
     }
     async fn runs(&self, fqn: &str, limit: usize) -> Result<Vec<RunSummary>, StoreError> {
+        self.listings.fetch_add(1, Ordering::SeqCst);
         self.inner.runs(fqn, limit).await
     }
     async fn prune(&self, policy: &RetentionPolicy, now_ms: u64) -> Result<PruneReport, StoreError> {
@@ -125,12 +133,14 @@ pub struct LogServer {
     pub store: Arc<ProbeStore>,
     pub client: reqwest::Client,
     stop: CancellationToken,
-    _dir: tempfile::TempDir,
+    /// The store's directory (shared by the nodes [`LogServer::beside`] it).
+    dir: Arc<tempfile::TempDir>,
 }
 
 impl LogServer {
     pub async fn start(settings: LogStreamSettings) -> Self {
-        Self::start_with(EdgeOptions { log_stream: settings, ..EdgeOptions::default() }, super::quick_config()).await
+        let options = EdgeOptions { log_stream: settings, runs_stream: quick_runs_stream(), ..EdgeOptions::default() };
+        Self::start_with(options, super::quick_config()).await
     }
 
     pub async fn start_with(options: EdgeOptions, config: Config) -> Self {
@@ -145,20 +155,40 @@ impl LogServer {
             append_delay_ms: Default::default(),
             infos: AtomicUsize::new(0),
             reads: AtomicUsize::new(0),
+            listings: AtomicUsize::new(0),
             fail_info: AtomicUsize::new(0),
             fail_reads: AtomicUsize::new(0),
         });
+        Self::node_on("edge", store, options, config, memory, Arc::new(dir)).await
+    }
+
+    /// Another node with its own queues, archiver and edge, on this
+    /// server's run log store (as the nodes of a cluster share one Redis
+    /// store), with `options`.
+    pub async fn beside(&self, options: EdgeOptions) -> Self {
+        let memory = MemoryOptions::default();
+        Self::node_on("edge-2", self.store.clone(), options, super::quick_config(), memory, self.dir.clone()).await
+    }
+
+    async fn node_on(
+        name: &str,
+        store: Arc<ProbeStore>,
+        options: EdgeOptions,
+        config: Config,
+        memory: MemoryOptions,
+        dir: Arc<tempfile::TempDir>,
+    ) -> Self {
         let factory = Arc::new(MemoryAdapterFactory::new(2, memory));
         let archiver = Archiver::new(store.clone());
         let implicit = ImplicitSubscriptions::new().bind(LOGS_NAMESPACE, archiver.clone());
         let node = Arc::new(
-            Node::builder(NodeId::new("edge"), factory).config(config).implicit(implicit).start().await.unwrap(),
+            Node::builder(NodeId::new(name), factory).config(config).implicit(implicit).start().await.unwrap(),
         );
         let stop = CancellationToken::new();
         let edge = LogEdge::new(node.clone(), archiver, options, stop.clone());
         let (bound, _server) =
             edge.serve("127.0.0.1:0".parse().unwrap(), axum::Router::new(), stop.clone()).await.unwrap();
-        Self { base: format!("http://{bound}"), edge, node, store, client: super::http_client(), stop, _dir: dir }
+        Self { base: format!("http://{bound}"), edge, node, store, client: super::http_client(), stop, dir }
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -7,7 +7,7 @@
   const TAIL = 1000;                    // lines shown at once when a run opens
   const CACHE_LINES = Math.max(10 * PAGE, Number(params.get('cacheLines')) || 100000); // memory bound
   const MAX_MATCHES = 10000, MAX_PX = 15e6, OVER = 20;
-  const TOKEN_KEY = 'tailrace.token', THEME_KEY = 'tailrace.theme';
+  const TOKEN_KEY = 'tailrace.token', THEME_KEY = 'tailrace.theme', WRAP_KEY = 'tailrace.wrap', NEWEST_KEY = 'tailrace.newest';
   const BACKOFF_START_MS = 500, BACKOFF_CAP_MS = 10000, MAX_FAILURES = 6;
   const enc = encodeURIComponent;
   const jsRegex = (pattern, flags) => pattern.startsWith('(?i)')
@@ -21,9 +21,13 @@
   const st = { fqn: '', runId: '', cursor: null, ctrl: null, timer: null, gen: 0, failures: 0, paused: false,
                follow: true, total: 0, info: null, pages: new Map(), times: new Map(), runStartMs: null,
                loading: new Set(), sel: null,
-               markers: new Map(), groups: [], toggled: new Map(), ranges: null,
+               markers: new Map(), groups: [], toggled: new Map(), ranges: null, same: new Map(), repeatAt: new Map(),
                groupsTo: 0, levelsTo: 0, errors: 0, warnings: 0, levelsCapped: false,
                search: null, pending: null, frame: 0, stick: false, programmatic: false, lineH: 19 };
+
+  /* ---------- preferences (localStorage: times, wrap, theme, newest) ---------- */
+  function pref(key, fallback) { try { return localStorage.getItem(key) ?? fallback; } catch (_) { return fallback; } }
+  function setPref(key, value) { try { localStorage.setItem(key, value); } catch (_) {} }
 
   /* ---------- token, status and HTTP ---------- */
   function loadToken() { try { return sessionStorage.getItem(TOKEN_KEY) || ''; } catch (_) { return ''; } }
@@ -76,16 +80,17 @@
     } catch (err) { if (!st.runId) showError(err); }
   }
   const STATE_MARK = { success: '✓', failed: '✗', stopped: '■', running: '●', queued: '○', partialSuccess: '◐' };
+  const runItem = (r) => ({
+    value: r.runId,
+    label: `${STATE_MARK[r.state] || '·'} ${r.runId} (${r.state || 'unknown'}, ${r.lines ?? 0} lines)`,
+    title: r.createdMs ? new Date(r.createdMs).toLocaleString() : '',
+    state: r.state || '',
+  });
   async function loadRuns(fqn, preferRun) {
     try {
       const data = await getJson(`${API}/logs/${enc(fqn)}/runs`);
       if (fqn !== els.pipeline.value) return;
-      fillSelect(els.run, (data.runs || []).map((r) => ({
-        value: r.runId,
-        label: `${STATE_MARK[r.state] || '·'} ${r.runId} (${r.state || 'unknown'}, ${r.lines ?? 0} lines)`,
-        title: r.createdMs ? new Date(r.createdMs).toLocaleString() : '',
-        state: r.state || '',
-      })), preferRun);
+      listRuns(fqn, data.runs || [], preferRun); // the list, then its live changes (runs.js)
     } catch (err) { if (!st.runId) showError(err); }
   }
 

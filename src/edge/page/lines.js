@@ -1,5 +1,5 @@
 // The lines (pages of the store in a bounded cache), their arrival times,
-// groups, and the rows they show as.
+// groups, repeated lines, and the rows they show as.
   /* ---------- the lines: pages of the store, a bounded cache ---------- */
   function getLine(off) {
     const page = st.pages.get(Math.floor(off / PAGE));
@@ -12,6 +12,7 @@
       if (!page) { page = new Array(PAGE); st.pages.set(p, page); }
       page[off % PAGE] = lines[i];
     }
+    noteRepeats(at, at + lines.length + 1);
   }
   function evict(keep) {
     const tail = Math.floor(Math.max(0, st.total - 1) / PAGE);
@@ -37,6 +38,48 @@
       }
     } catch (err) { if (gen === st.gen) showError(err); }
     finally { st.loading.delete(p); if (gen === st.gen) schedule(); }
+  }
+
+  /* ---------- repeated lines: consecutive lines that show the same, one row `× N` ---------- */
+  // Per page, a flag for each line that shows as the one before it (both
+  // loaded; group markers never repeat). Flags outlive evicted pages (a
+  // byte per line), so rows do not move when a page goes.
+  const plainLine = (raw) => raw.indexOf('\x1b') < 0 && raw.indexOf('\r') < 0;
+  const markerLike = (raw) => raw.indexOf('::') >= 0 || raw.indexOf('section_') >= 0;
+  function sameShown(a, b) {
+    if (a === b) return !markerLike(a);
+    if (plainLine(a) && plainLine(b)) return false;
+    return !markerLike(a) && !markerLike(b) && visibleText(a) === visibleText(b);
+  }
+  function noteRepeats(from, to) {
+    for (let off = Math.max(1, from); off < to; off++) {
+      const a = getLine(off - 1), b = getLine(off);
+      if (a === undefined || b === undefined) continue;
+      const p = Math.floor(off / PAGE), same = sameShown(a, b) ? 1 : 0;
+      let page = st.same.get(p);
+      if (!page) { if (!same) continue; page = { flags: new Uint8Array(PAGE), n: 0 }; st.same.set(p, page); }
+      if (page.flags[off % PAGE] === same) continue;
+      page.flags[off % PAGE] = same;
+      page.n += same ? 1 : -1;
+      st.ranges = null;
+    }
+  }
+  // The runs of repeats as hidden ranges [a, b); the line before each shows `× N`.
+  function repeatRanges(list) {
+    st.repeatAt = new Map();
+    let start = -1;
+    const close = (end) => { if (start >= 0) { list.push([start, end]); st.repeatAt.set(start - 1, end - start + 1); start = -1; } };
+    let prev = -2;
+    for (const p of [...st.same.keys()].sort((x, y) => x - y)) {
+      const page = st.same.get(p);
+      if (prev !== p - 1) close((prev + 1) * PAGE);
+      prev = p;
+      if (!page.n) { close(p * PAGE); continue; }
+      for (let i = 0; i < PAGE; i++) {
+        if (page.flags[i]) { if (start < 0) start = p * PAGE + i; } else close(p * PAGE + i);
+      }
+    }
+    close((prev + 1) * PAGE);
   }
 
   /* ---------- when lines arrived (the store's marks, per page, on demand) ---------- */
@@ -66,6 +109,13 @@
     let found;
     for (const [at, ms] of entry.marks) { if (at <= off) found = ms; else break; }
     return found;
+  }
+  // How long a group took: from its first line's arrival to its last's.
+  function groupTook(g) {
+    const from = arrival(g.start), to = arrival(g.end != null ? g.end : Math.max(g.start, st.total - 1));
+    if (from === undefined || to === undefined) return '';
+    const ms = Math.max(0, to - from);
+    return ms < 10000 ? `${(ms / 1000).toFixed(1)}s` : duration(ms);
   }
   const pad = (n, w) => String(n).padStart(w, '0');
   function formatTime(ms, mode) {
@@ -116,6 +166,7 @@
       if (shut(g)) { const b = g.end != null ? g.end + 1 : Math.max(st.total, g.start + 1); list.push([g.start + 1, b]); coveredTo = b; }
       else if (g.end != null) list.push([g.end, g.end + 1]);
     }
+    repeatRanges(list);
     list.sort((x, y) => x[0] - y[0]);
     const merged = [];
     for (const r of list) {

@@ -14,7 +14,8 @@
     st.frame = 0;
     const g = geometry();
     els.spacer.style.height = g.height + 'px';
-    if (st.stick || (st.follow && !st.paused)) setScroll(g.maxScroll);
+    const stuck = st.stick || (st.follow && !st.paused);
+    if (stuck) setScroll(g.maxScroll);
     st.stick = false;
     const top = g.maxScroll > 0 ? els.log.scrollTop / g.maxScroll * g.span : 0;
     const first = Math.max(0, Math.floor(top) - OVER), last = Math.min(g.rows, Math.ceil(top + g.h / g.lh) + OVER);
@@ -45,24 +46,58 @@
         el.classList.add('grp');
         if (shut(group)) el.classList.add('shut');
         tx.textContent = group.title;
-        const cnt = document.createElement('span');
+        const cnt = document.createElement('span'), took = groupTook(group);
         cnt.className = 'cnt';
         cnt.textContent = `${groupLines(group)} lines`;
         tx.appendChild(cnt);
+        if (took) { const dur = document.createElement('span'); dur.className = 'dur'; dur.textContent = took; tx.appendChild(dur); }
       } else {
         const parsed = parseLine(raw);
         if (ERR.test(parsed.text)) el.classList.add('err'); else if (WARN.test(parsed.text)) el.classList.add('warn');
         const hits = search && search.js ? matchesIn(search.js, parsed.text) : [];
         paint(tx, parsed, hits, search && search.lines[search.at] === off);
+        const times = !filtering() && st.repeatAt.get(off);
+        if (times) { const rep = document.createElement('span'); rep.className = 'rep'; rep.textContent = `× ${times}`; tx.appendChild(rep); }
       }
       frag.appendChild(el);
     }
     els.rows.replaceChildren(frag);
-    els.rows.style.transform = `translateY(${els.log.scrollTop - (top - first) * g.lh}px)`;
+    const y = wrapped() ? wrappedAt(g, top, first, last, stuck) : els.log.scrollTop - (top - first) * g.lh;
+    els.rows.style.transform = `translateY(${y}px)`;
     for (const p of want) fetchPage(p);
     for (const p of used) { const page = st.pages.get(p); if (page) { st.pages.delete(p); st.pages.set(p, page); } }
     evict(used);
   }
+  // Wrapped rows differ in height. When they are all in the DOM they are
+  // laid out as they are; else the row at the top of the view is put there
+  // by its measured place, and at the end the last row at the bottom (the
+  // spacer grows when the rows need more room than one line each).
+  const wrapped = () => els.log.classList.contains('wrap');
+  function wrappedAt(g, top, first, last, stuck) {
+    const kids = els.rows.children, at = els.log.scrollTop;
+    if (!kids.length) return at;
+    const end = kids[kids.length - 1], height = end.offsetTop + end.offsetHeight;
+    if (first === 0 && last >= g.rows) {
+      els.spacer.style.height = Math.max(g.height, height) + 'px';
+      if (stuck) setScroll(height - g.h);
+      return 0;
+    }
+    let y;
+    if (last >= g.rows && at >= g.maxScroll - 1) y = at + g.h - height;
+    else {
+      const row = kids[Math.max(0, Math.min(kids.length - 1, Math.floor(top) - first))];
+      y = at - row.offsetTop - (top - Math.floor(top)) * row.offsetHeight;
+    }
+    if (y + height > g.height) els.spacer.style.height = Math.min(MAX_PX, y + height) + 'px';
+    return y;
+  }
+  function setWrap(on) {
+    els.log.classList.toggle('wrap', on);
+    $('wrap').setAttribute('aria-pressed', String(on));
+    $('wrap').textContent = on ? 'Wrap: on' : 'Wrap';
+  }
+  $('wrap').addEventListener('click', () => { setWrap(!wrapped()); setPref(WRAP_KEY, wrapped() ? '1' : ''); schedule(); });
+  setWrap(pref(WRAP_KEY, '') === '1');
   // Marks for `bench viewer`: when the run's last line, and a search's
   // first match, were first painted (ms since navigation).
   function painted(off) {

@@ -69,6 +69,19 @@
     if (found == null) { setStatus('no error after this line', 'warn'); return; }
     select(found, found, true);
   }
+  // A failed run opens at its first error, selected, its group unfolded
+  // (again once the groups are known: `scanRun`).
+  async function openAtFirstError(gen) {
+    let found = null;
+    try {
+      await scan('level=error&limit=1', 0, gen, (data) => { if (data.matches.length) found = data.matches[0].line - 1; return found != null; });
+    } catch (_) { /* the tail, then */ }
+    if (gen !== st.gen) return;
+    if (found == null) { schedule(true); return; }
+    st.firstError = found;
+    st.sel = { a: found, b: found };
+    scrollToLine(found);
+  }
   function showLevels() {
     const plus = st.levelsCapped ? '+' : '';
     const e = document.createElement('span'), w = document.createElement('span');
@@ -104,7 +117,8 @@
       const anchor = st.follow && !st.paused ? null : lineOf(Math.floor(topRow()));
       buildGroups();
       if (st.sel) reveal(st.sel.a);
-      if (anchor != null) showAtTop(anchor); else schedule();
+      if (st.sel && st.sel.a === st.firstError) scrollToLine(st.firstError);
+      else if (anchor != null) showAtTop(anchor); else schedule();
     } catch (_) { /* the view works without them */ }
   }
 

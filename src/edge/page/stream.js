@@ -15,6 +15,7 @@
   }
   function reset() {
     Object.assign(st, { total: 0, pages: new Map(), times: new Map(), runStartMs: null, loading: new Set(), markers: new Map(), groups: [], groupAt: new Map(),
+                        same: new Map(), repeatAt: new Map(),
                         toggled: new Map(), ranges: null, groupsTo: 0, levelsTo: 0, levelsReady: false, errors: 0, warnings: 0,
                         levelsCapped: false, search: null, follow: true });
     els.hits.textContent = ''; els.levels.replaceChildren();
@@ -22,7 +23,8 @@
   async function follow(fqn, runId, after) {
     if (!fqn || !runId) { setStatus('choose a pipeline and a run', 'error'); return; }
     stop();
-    Object.assign(st, { fqn, runId, failures: 0, info: null, sel: null });
+    Object.assign(st, { fqn, runId, failures: 0, info: null, sel: null, firstError: null });
+    closeCompare();
     reset();
     const gen = st.gen;
     showHead();
@@ -33,7 +35,8 @@
     showHead();
     st.cursor = after != null ? after : String(Math.max(0, st.total - TAIL));
     connect(gen);
-    if (!fromHash()) schedule(true);
+    // A failed run opens at its first error; any other at its tail.
+    if (!fromHash()) { if (st.info && st.info.state === 'failed') openAtFirstError(gen); else schedule(true); }
     if (st.total > 0) scanRun(gen, st.total); else { st.levelsReady = true; showLevels(); }
     st.headTimer = setInterval(() => refreshHead(gen), 10000);
     if (els.q.value) startSearch();
