@@ -1,7 +1,7 @@
 //! The HTTP edge of a node: `GET /metrics` (Prometheus text format),
 //! `GET /healthz` (live), `GET /readyz` (ready: `edge/health.rs`), and the log path: ingest, the SSE live tail (one tailer
 //! per watched run, shared by its viewers), the paginated and download
-//! endpoints, listings and the viewer page at `/`; the admin API
+//! endpoints, listings, search and run diffs, and the viewer page at `/`; the admin API
 //! (`/api/v1/admin/`, the server's). `docs/sse.md` is the protocol. With `[edge.tls]`
 //! every connection is HTTPS (`edge/https.rs`).
 //!
@@ -15,12 +15,14 @@
 mod admin;
 mod auth;
 mod body;
+mod diff;
 mod direct;
 mod frames;
 mod health;
 mod https;
 mod incident;
 mod ingest;
+mod normalise;
 mod pages;
 mod problem;
 mod search;
@@ -139,6 +141,8 @@ pub struct LogEdge {
     /// The run log store's one writer (its health, for `/readyz`).
     archiver: Arc<Archiver>,
     readiness: health::Readiness,
+    /// Diffs running now (`edge.max_concurrent_diffs`).
+    diffs: tokio::sync::Semaphore,
 }
 
 impl LogEdge {
@@ -156,6 +160,7 @@ impl LogEdge {
         let auth = auth::Auth::new(&options.auth);
         let bodies = body::Budget::new(options.max_total_body_bytes);
         let written = written::Written::new(options.max_written_runs);
+        let diffs = tokio::sync::Semaphore::new(options.max_concurrent_diffs.min(tokio::sync::Semaphore::MAX_PERMITS));
         Arc::new(Self {
             node,
             store,
@@ -172,6 +177,7 @@ impl LogEdge {
             written,
             archiver,
             readiness: health::Readiness::default(),
+            diffs,
         })
     }
 
@@ -247,6 +253,7 @@ impl LogEdge {
             .route("/api/v1/logs/{fqn}/runs/{run}", get(search::run_info))
             .route("/api/v1/logs/{fqn}/runs/{run}/search", get(search::search))
             .route("/api/v1/logs/{fqn}/runs/{run}/times", get(search::times))
+            .route("/api/v1/logs/{fqn}/runs/{run}/diff", get(diff::diff))
             .route("/api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run}", get(sse::stream))
             .route("/api/v1/services/ingestionPipelines/logs/{fqn}/last", get(pages::last))
             .route("/api/v1/services/ingestionPipelines/logs/{fqn}/last/download", get(pages::download))
