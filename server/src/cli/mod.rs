@@ -2,6 +2,7 @@
 
 pub mod agents;
 pub mod demo;
+pub mod diff;
 pub mod handoff;
 pub mod node;
 pub mod pipelines;
