@@ -5,15 +5,17 @@
 //! A line is first taken as a viewer sees it (`search::visible`: escape
 //! sequences removed, the last `\r` state), then every span one of
 //! [`RULES`] matches is replaced by `<rule>`: the two runs' lines are equal
-//! when they differ only in such spans. The rules are one regular
-//! expression (one pass over the line); at a place where several could
-//! match, the first in [`RULES`] wins. Each rule is named in the diff's
-//! answer and in `docs/viewer.md`.
+//! when they differ only in such spans. The rules are one multi-pattern
+//! regular expression (one pass of a lazy DFA over the line, which also
+//! tells which rule matched); at a place where several could match, the
+//! first in [`RULES`] wins. Each rule is named in the diff's answer and in
+//! `docs/viewer.md`.
 
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
-use regex::{CaptureLocations, Regex};
+use regex_automata::Input;
+use regex_automata::meta::Regex;
 
 use super::search::visible;
 
@@ -64,21 +66,21 @@ pub(crate) fn rule_names() -> Vec<&'static str> {
     RULES.iter().map(|(name, _)| *name).collect()
 }
 
-/// The rules as one regular expression: group `i + 1` is rule `i`.
+/// The rules as one regular expression: pattern `i` is rule `i`.
 fn rules() -> &'static Regex {
     static RULES_REGEX: OnceLock<Regex> = OnceLock::new();
     RULES_REGEX.get_or_init(|| {
-        let pattern: Vec<String> = RULES.iter().map(|(_, p)| format!("({p})")).collect();
+        let patterns: Vec<&str> = RULES.iter().map(|(_, p)| *p).collect();
         // The patterns are constants, checked by the tests below.
-        Regex::new(&pattern.join("|")).unwrap_or_else(|e| unreachable!("the normalisation rules: {e}"))
+        Regex::new_many(&patterns).unwrap_or_else(|e| unreachable!("the normalisation rules: {e}"))
     })
 }
 
-/// The span of `text` a rule matched, as far as it is replaced, and the
-/// rule; `None` for a match the rule then refuses (a short hex word).
-fn replaced(text: &str, start: usize, end: usize, locations: &CaptureLocations) -> Option<(usize, &'static str)> {
-    let rule = (0..RULES.len()).find(|i| locations.get(i + 1).is_some())?;
-    let (name, _) = RULES[rule];
+/// The start of what is replaced of the span `[start, end)` of `text` that
+/// rule `rule` matched, and the rule's name; `None` for a match the rule
+/// then refuses (a short hex word).
+fn replaced(text: &str, start: usize, end: usize, rule: usize) -> Option<(usize, &'static str)> {
+    let name: &'static str = RULES.get(rule)?.0;
     let span = &text[start..end];
     match name {
         "hex" if !span.starts_with("0x") && !span.starts_with("0X") && span.len() < MIN_HEX_DIGITS => None,
@@ -95,12 +97,11 @@ fn replaced(text: &str, start: usize, end: usize, locations: &CaptureLocations) 
 pub(crate) fn normalise(line: &str) -> Cow<'_, str> {
     let text = visible(line);
     let regex = rules();
-    let mut locations = regex.capture_locations();
     let (mut out, mut copied, mut at) = (String::new(), 0, 0);
     while at < text.len() {
-        let Some(found) = regex.captures_read_at(&mut locations, &text, at) else { break };
+        let Some(found) = regex.find(Input::new(&*text).range(at..)) else { break };
         let (start, end) = (found.start(), found.end());
-        if let Some((from, name)) = replaced(&text, start, end, &locations) {
+        if let Some((from, name)) = replaced(&text, start, end, found.pattern().as_usize()) {
             out.push_str(&text[copied..from]);
             out.push('<');
             out.push_str(name);
@@ -135,8 +136,8 @@ mod tests {
     }
 
     #[test]
-    fn each_rule_is_one_group() {
-        assert_eq!(rules().captures_len(), RULES.len() + 1, "rules must use (?:…) inside");
+    fn each_rule_is_one_pattern() {
+        assert_eq!(rules().pattern_len(), RULES.len());
     }
 
     #[test]
