@@ -55,7 +55,7 @@ fn line(i: u64, seed: u64, failed: bool) -> (String, String) {
 
 /// The extra line the failed run has after line `i`, if any.
 fn extra(i: u64, failed: bool) -> Option<String> {
-    (failed && i % EVERY == 0).then(|| format!("ERROR request {i} failed: status 500"))
+    (failed && i.is_multiple_of(EVERY)).then(|| format!("ERROR request {i} failed: status 500"))
 }
 
 /// Stores `lines` lines of a run and writes them without their noise to

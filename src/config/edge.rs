@@ -99,7 +99,9 @@ impl EdgeOptions {
                 self.max_body_bytes, self.max_total_body_bytes
             ));
         }
-        for (name, value) in [("max_diff_hunks", self.max_diff_hunks), ("max_concurrent_diffs", self.max_concurrent_diffs)] {
+        for (name, value) in
+            [("max_diff_hunks", self.max_diff_hunks), ("max_concurrent_diffs", self.max_concurrent_diffs)]
+        {
             if value == 0 {
                 return Err(format!("edge.{name} must be at least 1"));
             }

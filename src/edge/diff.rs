@@ -149,9 +149,11 @@ fn failed(error: tokio::task::JoinError) -> ApiError {
 /// stored, or a `404`.
 async fn run_info(edge: &LogEdge, key: &RunKey) -> Result<RunInfo, ApiError> {
     edge.caught_up(key).await;
-    edge.store.info(key).await.map_err(store_unavailable)?.ok_or_else(|| {
-        problem(StatusCode::NOT_FOUND, format!("pipeline `{}` has no run `{}`", key.fqn(), key.run()))
-    })
+    edge.store
+        .info(key)
+        .await
+        .map_err(store_unavailable)?
+        .ok_or_else(|| problem(StatusCode::NOT_FOUND, format!("pipeline `{}` has no run `{}`", key.fqn(), key.run())))
 }
 
 /// The newest run of the pipeline in state `success` created before
@@ -166,10 +168,7 @@ async fn last_success(edge: &LogEdge, key: &RunKey, info: &RunInfo) -> Result<(R
     };
     let found = older.into_iter().find(|r| r.info.state == Some(RunState::Success));
     let none = || {
-        problem(
-            StatusCode::NOT_FOUND,
-            format!("pipeline `{}` has no successful run before `{}`", key.fqn(), key.run()),
-        )
+        problem(StatusCode::NOT_FOUND, format!("pipeline `{}` has no successful run before `{}`", key.fqn(), key.run()))
     };
     let found = found.ok_or_else(none)?;
     let found_key = run_key(key.fqn(), &found.run)?;

@@ -24,8 +24,7 @@ use super::search::visible;
 /// alone, `12:04:31` or `12:04:31.207`.
 const TIMESTAMP: &str = r"(?-u:\b)(?:[0-9]{4}-[0-9]{2}-[0-9]{2}(?:[T ][0-9]{1,2}:[0-9]{2}(?::[0-9]{2}(?:[.,][0-9]{1,9})?)?)?|[0-9]{1,2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?)(?:Z|[+-][0-9]{2}:?[0-9]{2})?";
 /// `123e4567-e89b-12d3-a456-426614174000`.
-const UUID: &str =
-    r"(?-u:\b)[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(?-u:\b)";
+const UUID: &str = r"(?-u:\b)[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(?-u:\b)";
 /// `1.23s`, `450ms`, `2m3s`, `1h 2m`, `3.2 seconds`, `12 ms`: numbers with
 /// a unit of time (`m`, `h` and `d` only written right after the number).
 const DURATION: &str = concat!(
@@ -49,7 +48,8 @@ const PORT: &str = r"(?:(?-u:\b)[0-9]{1,3}(?:\.[0-9]{1,3}){3}|(?-u:\b)localhost|
 /// `/var/folders/…`, `/private/var/…`, `/private/tmp/…`), up to a space,
 /// a quote or one of `:,;()[]<>|`; not inside a longer path (the
 /// character before it, if any, is matched too and stays).
-const TEMP_PATH: &str = r#"(?:^|[^A-Za-z0-9_./~-])(?:/tmp/|/var/tmp/|/var/folders/|/private/var/|/private/tmp/)[^\s"'`:,;()\[\]<>|]*"#;
+const TEMP_PATH: &str =
+    r#"(?:^|[^A-Za-z0-9_./~-])(?:/tmp/|/var/tmp/|/var/folders/|/private/var/|/private/tmp/)[^\s"'`:,;()\[\]<>|]*"#;
 
 /// The rules, by name, in the order they are tried at one place.
 pub(crate) const RULES: [(&str, &str); 6] = [

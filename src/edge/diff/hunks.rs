@@ -78,7 +78,7 @@ impl Hunk {
     pub(crate) fn removed(&self) -> Option<(usize, usize)> {
         let mut removed = self.spans.iter().filter(|s| s.kind == Kind::Removed);
         let first = removed.next()?;
-        let last = removed.last().unwrap_or(first);
+        let last = removed.next_back().unwrap_or(first);
         Some((first.old, last.old + last.len))
     }
 
