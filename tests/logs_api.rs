@@ -519,8 +519,8 @@ async fn diff_compares_a_run_with_the_last_success_after_the_normalisation_rules
 /// A diff answer holds at most `edge.max_diff_hunks` hunks and
 /// `edge.max_page_lines` rows (a long change is cut into hunks of that
 /// many rows); following `next` gives every hunk once, in order, every
-/// removed and added line once; a run longer than `edge.max_diff_lines`
-/// is refused with a 422 naming the setting.
+/// removed and added line once; a row's text is cut at 1 KiB; a run longer
+/// than `edge.max_diff_lines` is refused with a 422 naming the setting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn diff_answers_are_bounded_and_next_walks_every_hunk_once() {
     let options = EdgeOptions {
@@ -581,6 +581,14 @@ async fn diff_answers_are_bounded_and_next_walks_every_hunk_once() {
     assert_eq!(removed, (1..=60).collect::<Vec<u64>>(), "every removed line once, in order");
     assert_eq!(added, (1..=30).collect::<Vec<u64>>(), "every added line once, in order");
     assert_eq!((answers, hunks), (5, 5), "90 rows in hunks of at most 20, one an answer");
+
+    // A row's text is the stored line cut at 1 KiB, as a search match's.
+    let long: Vec<String> = (1..=60).map(|i| if i == 30 { "é".repeat(1_500) } else { format!("line {i}") }).collect();
+    stored_run(&server, "r-5", &long, "failed").await;
+    let (_, answer) = diff(&server, "r-5", "against=r-1&context=0").await;
+    let added = &answer["hunks"][0]["lines"][1];
+    assert_eq!((added["op"].as_str(), added["new"].as_u64()), (Some("+"), Some(30)), "{answer}");
+    assert_eq!(added["text"].as_str().unwrap(), "é".repeat(512));
 
     let (status, problem) = diff(&server, "r-4", "against=r-1").await;
     assert_eq!(status, 422, "{problem}");
