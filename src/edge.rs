@@ -1,8 +1,8 @@
 //! The HTTP edge of a node: `GET /metrics` (Prometheus text format),
 //! `GET /healthz` (live), `GET /readyz` (ready: `edge/health.rs`), and the log path: ingest, the SSE live tail (one tailer
 //! per watched run, shared by its viewers), the paginated and download
-//! endpoints, listings, a pipeline's runs live (one store reader per
-//! watched pipeline, shared by its watchers) and the viewer page at `/`; the admin API
+//! endpoints, listings, search and run diffs, a pipeline's runs live (one
+//! store reader per watched pipeline, shared by its watchers) and the viewer page at `/`; the admin API
 //! (`/api/v1/admin/`, the server's). `docs/sse.md` is the protocol. With `[edge.tls]`
 //! every connection is HTTPS (`edge/https.rs`).
 //!
@@ -16,6 +16,7 @@
 mod admin;
 mod auth;
 mod body;
+mod diff;
 mod direct;
 mod failures;
 mod frames;
@@ -24,6 +25,7 @@ mod health;
 mod https;
 mod incident;
 mod ingest;
+mod normalise;
 mod pages;
 mod problem;
 mod reads;
@@ -147,6 +149,8 @@ pub struct LogEdge {
     /// The run log store's one writer (its health, for `/readyz`).
     archiver: Arc<Archiver>,
     readiness: health::Readiness,
+    /// Diffs running now (`edge.max_concurrent_diffs`).
+    diffs: tokio::sync::Semaphore,
 }
 
 impl LogEdge {
@@ -165,6 +169,7 @@ impl LogEdge {
         let auth = auth::Auth::new(&options.auth);
         let bodies = body::Budget::new(options.max_total_body_bytes);
         let written = written::Written::new(options.max_written_runs);
+        let diffs = tokio::sync::Semaphore::new(options.max_concurrent_diffs.min(tokio::sync::Semaphore::MAX_PERMITS));
         Arc::new(Self {
             node,
             store,
@@ -182,6 +187,7 @@ impl LogEdge {
             written,
             archiver,
             readiness: health::Readiness::default(),
+            diffs,
         })
     }
 
@@ -265,6 +271,7 @@ impl LogEdge {
             .route("/api/v1/logs/{fqn}/runs/{run}", get(search::run_info))
             .route("/api/v1/logs/{fqn}/runs/{run}/search", get(search::search))
             .route("/api/v1/logs/{fqn}/runs/{run}/times", get(search::times))
+            .route("/api/v1/logs/{fqn}/runs/{run}/diff", get(diff::diff))
             .route("/api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run}", get(sse::stream))
             .route("/api/v1/services/ingestionPipelines/logs/{fqn}/last", get(pages::last))
             .route("/api/v1/services/ingestionPipelines/logs/{fqn}/last/download", get(pages::download))

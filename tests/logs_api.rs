@@ -1,7 +1,7 @@
 //! The log path's request/response endpoints over real HTTP: ingest and
 //! its validation, run states, the paginated and download endpoints,
 //! listings and the runs stream (resumed by cursor, across two nodes),
-//! bearer-token auth, the viewer page.
+//! bearer-token auth, the viewer page, search and run diffs.
 
 use tailrace_testkit as common;
 
@@ -549,4 +549,179 @@ async fn search_is_bounded_per_request_and_its_cursor_finds_every_match_once() {
     assert!(answer["message"].as_str().unwrap().contains("invalid regular expression"), "{answer}");
     let (status, answer) = search("q=a&level=error".into()).await;
     assert_eq!(status, 400, "{answer}");
+}
+
+async fn diff(server: &LogServer, run: &str, query: &str) -> (u16, Value) {
+    let url = server.url(&format!("/api/v1/logs/svc.diff/runs/{run}/diff?{query}"));
+    body(server.client.get(url).send().await.unwrap()).await
+}
+
+/// Stores `lines` as run `run` of `svc.diff` and waits until they are
+/// stored (so that runs are created in the order of the calls), then sets
+/// its state.
+async fn stored_run(server: &LogServer, run: &str, lines: &[String], state: &str) {
+    server.lines("svc.diff", run, &lines.join("\n")).await;
+    server.archived("svc.diff", run, lines.len() as u64).await;
+    server.state("svc.diff", run, state).await;
+}
+
+fn owned(lines: &[&str]) -> Vec<String> {
+    lines.iter().map(|l| l.to_string()).collect()
+}
+
+/// The run diff: what changes from run to run (each rule: timestamps,
+/// durations, UUIDs, hex ids, ports, temporary paths; escape sequences)
+/// compares equal, what else changed comes as a hunk with both runs' line
+/// numbers and the stored text, `last-success` is the newest successful
+/// run created before this one, and the refusals say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diff_compares_a_run_with_the_last_success_after_the_normalisation_rules() {
+    let server = LogServer::start(quick_settings()).await;
+    let good = owned(&[
+        "2026-12-07T10:00:00.123Z build started",
+        "[10:00:01] step 1 took 1.23s",
+        "job 123e4567-e89b-12d3-a456-426614174000 queued",
+        "checked out 9f86d08",
+        "listening on 127.0.0.1:43521",
+        "wrote /tmp/.tmpA1b2/out.log",
+        "step 2 ok",
+        "step 3 ok",
+        "done",
+    ]);
+    let bad = owned(&[
+        "2026-12-08T11:22:33.456Z build started",
+        "[11:22:34] step 1 took 450ms",
+        "job 00000000-1111-2222-3333-444444444444 queued",
+        "checked out 0c1d2e3",
+        "listening on 127.0.0.1:51234",
+        "\x1b[2mwrote /tmp/.tmpZz99/out.log\x1b[0m",
+        "step 2 ok",
+        "\x1b[31merror: step 3 failed\x1b[0m",
+        "done",
+        "exit code 1",
+    ]);
+    stored_run(&server, "r-0", &owned(&["an older success"]), "success").await;
+    stored_run(&server, "r-1", &good, "success").await;
+    stored_run(&server, "r-2", &bad, "failed").await;
+    stored_run(&server, "r-3", &owned(&["a later success"]), "success").await;
+
+    let (status, answer) = diff(&server, "r-2", "against=last-success&context=1").await;
+    assert_eq!(status, 200, "{answer}");
+    let expected = json!({
+        "run": "r-2",
+        "against": "r-1",
+        "identical": false,
+        "rules": ["timestamp", "uuid", "duration", "hex", "port", "temp-path"],
+        "oldLines": 9,
+        "newLines": 10,
+        "hunks": [{
+            "old": [7, 3],
+            "new": [7, 4],
+            "lines": [
+                { "op": " ", "old": 7, "new": 7, "text": "step 2 ok" },
+                { "op": "-", "old": 8, "text": "step 3 ok" },
+                { "op": "+", "new": 8, "text": "\x1b[31merror: step 3 failed\x1b[0m" },
+                { "op": " ", "old": 9, "new": 9, "text": "done" },
+                { "op": "+", "new": 10, "text": "exit code 1" },
+            ],
+        }],
+    });
+    assert_eq!(answer, expected);
+    // `last-success` is the default; three lines of context by default.
+    let (_, default) = diff(&server, "r-2", "").await;
+    assert_eq!((default["against"].clone(), default["hunks"][0]["old"].clone()), (json!("r-1"), json!([5, 5])));
+    // A run against itself, or against a run of the same lines.
+    let (_, same) = diff(&server, "r-2", "against=r-2").await;
+    assert_eq!((same["identical"].clone(), same["hunks"].clone()), (json!(true), json!([])));
+
+    for (run, query, status, message) in [
+        ("r-0", "against=last-success", 404, "pipeline `svc.diff` has no successful run before `r-0`"),
+        ("r-2", "against=nope", 404, "pipeline `svc.diff` has no run `nope`"),
+        ("nope", "", 404, "pipeline `svc.diff` has no run `nope`"),
+        ("r-2", "context=many", 400, "context"),
+    ] {
+        let (got, problem) = diff(&server, run, query).await;
+        assert_eq!(got, status, "{run}?{query}: {problem}");
+        assert!(problem["message"].as_str().unwrap().contains(message), "{run}?{query}: {problem}");
+    }
+}
+
+/// A diff answer holds at most `edge.max_diff_hunks` hunks and
+/// `edge.max_page_lines` rows (a long change is cut into hunks of that
+/// many rows); following `next` gives every hunk once, in order, every
+/// removed and added line once; a row's text is cut at 1 KiB; a run longer
+/// than `edge.max_diff_lines` is refused with a 422 naming the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diff_answers_are_bounded_and_next_walks_every_hunk_once() {
+    let options = EdgeOptions {
+        max_diff_hunks: 2,
+        max_diff_lines: 100,
+        max_page_lines: 20,
+        log_stream: quick_settings(),
+        ..EdgeOptions::default()
+    };
+    let server = LogServer::start_with(options, common::quick_config()).await;
+    let base: Vec<String> = (1..=60).map(|i| format!("line {i}")).collect();
+    let changed: Vec<String> =
+        (1..=60).map(|i| if i % 10 == 0 { format!("line {i} changed") } else { format!("line {i}") }).collect();
+    let other: Vec<String> = (1..=30).map(|i| format!("other {i}")).collect();
+    let big: Vec<String> = (1..=101).map(|i| format!("big {i}")).collect();
+    stored_run(&server, "r-1", &base, "success").await;
+    stored_run(&server, "r-2", &changed, "failed").await;
+    stored_run(&server, "r-3", &other, "failed").await;
+    stored_run(&server, "r-4", &big, "failed").await;
+
+    // Walks the diff of `run` against r-1: (answers, hunks, removed old
+    // lines, added new lines), each answer checked against the bounds.
+    let walk = |run: &'static str| {
+        let server = &server;
+        async move {
+            let (mut after, mut answers, mut hunks) = (None::<String>, 0, 0);
+            let (mut removed, mut added) = (Vec::new(), Vec::new());
+            loop {
+                let query = match &after {
+                    Some(after) => format!("against=r-1&after={after}"),
+                    None => "against=r-1".to_string(),
+                };
+                let (status, answer) = diff(server, run, &query).await;
+                assert_eq!(status, 200, "{answer}");
+                answers += 1;
+                let page = answer["hunks"].as_array().unwrap();
+                assert!(!page.is_empty() && page.len() <= 2, "{answer}");
+                let rows: usize = page.iter().map(|h| h["lines"].as_array().unwrap().len()).sum();
+                assert!(rows <= 20, "{rows} rows: {answer}");
+                for line in page.iter().flat_map(|h| h["lines"].as_array().unwrap()) {
+                    match line["op"].as_str().unwrap() {
+                        "-" => removed.push(line["old"].as_u64().unwrap()),
+                        "+" => added.push(line["new"].as_u64().unwrap()),
+                        _ => {}
+                    }
+                }
+                hunks += page.len();
+                match answer["next"].as_str() {
+                    Some(next) => after = Some(next.to_string()),
+                    None => return (answers, hunks, removed, added),
+                }
+            }
+        }
+    };
+    let tens: Vec<u64> = (1..=6).map(|k| k * 10).collect();
+    assert_eq!(walk("r-2").await, (3, 6, tens.clone(), tens), "six hunks, two an answer");
+    let (answers, hunks, removed, added) = walk("r-3").await;
+    assert_eq!(removed, (1..=60).collect::<Vec<u64>>(), "every removed line once, in order");
+    assert_eq!(added, (1..=30).collect::<Vec<u64>>(), "every added line once, in order");
+    assert_eq!((answers, hunks), (5, 5), "90 rows in hunks of at most 20, one an answer");
+
+    // A row's text is the stored line cut at 1 KiB, as a search match's.
+    let long: Vec<String> = (1..=60).map(|i| if i == 30 { "é".repeat(1_500) } else { format!("line {i}") }).collect();
+    stored_run(&server, "r-5", &long, "failed").await;
+    let (_, answer) = diff(&server, "r-5", "against=r-1&context=0").await;
+    let added = &answer["hunks"][0]["lines"][1];
+    assert_eq!((added["op"].as_str(), added["new"].as_u64()), (Some("+"), Some(30)), "{answer}");
+    assert_eq!(added["text"].as_str().unwrap(), "é".repeat(512));
+
+    let (status, problem) = diff(&server, "r-4", "against=r-1").await;
+    assert_eq!(status, 422, "{problem}");
+    let message = problem["message"].as_str().unwrap();
+    assert!(message.contains("run `r-4` has 101 lines") && message.contains("edge.max_diff_lines"), "{message}");
 }

@@ -476,7 +476,6 @@ async fn a_failed_run_opens_at_its_first_error_with_its_group_unfolded() {
 /// Compare with last success: a failed run against the success before it
 /// shows the lines it added, the first in view; a line number still links.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the diff endpoint"]
 async fn compare_with_last_success_shows_the_added_error_lines() {
     let server = LogServer::start(quick_settings()).await;
     let common: Vec<String> = (1..=200).map(|i| format!("step {i} ok")).collect();

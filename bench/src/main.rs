@@ -4,11 +4,13 @@
 //! `failover` runs a cluster of node processes, kills one and ends with
 //! `RESULT scenario=failover … reown_ms=… lost=… duplicates=…`; `scale`
 //! runs one idle and measures what it costs Redis and the nodes; `viewer`
-//! drives the viewer page in headless Chromium on a million-line run.
+//! drives the viewer page in headless Chromium on a million-line run;
+//! `diff` diffs two runs of a million lines against GNU `diff`.
 //! Scenarios that run node processes take the `tailrace` binary built
 //! beside this one (`TAILRACE_BIN` names another).
 
 mod cluster;
+mod diff;
 mod failover;
 mod file;
 #[cfg(feature = "kafka")]
@@ -106,6 +108,8 @@ enum Scenario {
     },
     /// The viewer page in headless Chromium on a million-line run.
     Viewer(Common),
+    /// The run diff on two runs of a million lines against GNU diff.
+    Diff(Common),
     /// The client process of `sse` (viewers or pollers).
     #[command(hide = true)]
     SseClient(sse_client::ClientArgs),
@@ -139,6 +143,7 @@ async fn run(scenario: Scenario) -> anyhow::Result<()> {
         Scenario::Failover { common, graceful } => failover::run(common.quick, graceful).await,
         Scenario::Scale { common, queues } => scale::run(common.quick, queues).await,
         Scenario::Viewer(Common { quick }) => viewer::run(quick).await,
+        Scenario::Diff(Common { quick }) => diff::run(quick).await,
         Scenario::SseClient(args) => sse_client::run(args).await,
     }
 }

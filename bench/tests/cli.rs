@@ -16,7 +16,7 @@ fn an_unknown_scenario_is_a_clear_error_listing_the_known_ones() {
     assert!(stderr.contains("unrecognized subcommand 'nope'"), "{stderr}");
     let help = bench().arg("--help").output().unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
-    for scenario in ["pipeline", "file", "redis", "kafka", "sse", "transport", "failover", "scale", "viewer"] {
+    for scenario in ["pipeline", "file", "redis", "kafka", "sse", "transport", "failover", "scale", "viewer", "diff"] {
         assert!(help.contains(&format!("  {scenario} ")), "{scenario} missing from:\n{help}");
     }
 }

@@ -52,6 +52,10 @@ enum Command {
     /// A Model Context Protocol server on standard input and output, whose
     /// tools read a running edge's logs for a coding agent.
     Mcp(cli::mcp::McpArgs),
+    /// What changed in a run against another (by default the last
+    /// successful one before it), as a unified diff: exits 0 when they are
+    /// the same, 1 when they differ, 2 on an error.
+    Diff(cli::diff::DiffArgs),
     /// The file handoff: recover a prefix after a writer crashed.
     Handoff {
         #[command(subcommand)]
@@ -87,6 +91,8 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
             // A command run by `produce` decides the exit code.
             Command::Produce(args) => return cli::produce::run(args).await,
             Command::Logs(args) => return cli::logs::run(args).await,
+            // So does the diff: whether the runs differ.
+            Command::Diff(args) => return Ok(cli::diff::run(args).await),
             Command::Demo(demo) => cli::demo::run(demo).await,
             Command::Serve(serve) => cli::serve::run(serve).await,
             Command::Node(node) => cli::node::run(node).await,

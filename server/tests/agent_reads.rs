@@ -27,6 +27,11 @@ section_end:1700000001:lint\r\x1b[0K\nProcess exited with code 101";
 
 async fn failed_run() -> LogServer {
     let server = LogServer::start(quick_settings()).await;
+    // The last success: the same build, passing.
+    let passed = BUILD_LOG.replace("test b ... \x1b[31mFAILED\x1b[0m\nerror: test failed\n", "test b ... ok\n");
+    let passed = passed.replace("code 101", "code 0");
+    server.lines("svc.ci", "r-6", &passed).await;
+    server.state("svc.ci", "r-6", "success").await;
     server.lines("svc.ci", "r-7", BUILD_LOG).await;
     server.state("svc.ci", "r-7", "failed").await;
     server.archived("svc.ci", "r-7", 13).await;
@@ -115,6 +120,7 @@ async def main():
             ("failing_groups", {"pipeline": "svc.ci", "run": "r-7"}),
             ("search", {"pipeline": "svc.ci", "run": "r-7", "query": "line", "from": 1}),
             ("run_status", {"pipeline": "svc.ci", "run": "nope"}),
+            ("diff", {"pipeline": "svc.ci", "run": "r-7", "against": "r-6"}),
         ]:
             result = await client.call_tool(name, args)
             out[name] = {"error": bool(result.is_error), "text": "".join(c.text for c in result.content)}
@@ -159,6 +165,15 @@ async fn an_agent_reads_a_failed_run_through_mcp() {
     let summary = records("search").pop().unwrap();
     assert!(search.len() <= 2048 + summary.to_string().len() + 1, "{} bytes", search.len());
     assert!(summary["next"].as_str().is_some(), "{summary}");
+    // The diff against the last success: the failure, as a unified diff.
+    let diff = got["diff"]["text"].as_str().unwrap();
+    assert!(diff.starts_with("--- r-6\n+++ r-7\n@@ -3,10 +3,211 @@\n compiling\n"), "{diff}");
+    assert!(diff.contains("\n-test b ... ok\n+test b ... \x1b[31mFAILED\x1b[0m\n+error: test failed\n"), "{diff}");
+    assert!(diff.contains("\n-Process exited with code 0\n+Process exited with code 101\n"), "{diff}");
+    // One hunk larger than the bound: cut, saying where the rest is.
+    let (shown, note) =
+        diff.rsplit_once("\n(this hunk is cut here: read the rest with read_range: r-7 from line ").unwrap();
+    assert!(shown.len() <= 2048 && note.ends_with(")\n"), "{} bytes: {note}", shown.len());
     assert_eq!(got["run_status"]["error"], true);
     assert!(got["run_status"]["text"].as_str().unwrap().contains("has no run `nope`"), "{}", got["run_status"]);
 }

@@ -1,5 +1,5 @@
-//! `tailrace produce` and `tailrace tail` as a user runs them, against a
-//! real edge (and a scripted one for reconnects).
+//! `tailrace produce`, `tailrace tail` and `tailrace diff` as a user runs
+//! them, against a real edge (and a scripted one for reconnects).
 
 use tailrace_testkit as common;
 
@@ -162,4 +162,41 @@ fn tail_gives_up_after_repeated_failures() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("giving up after 3 failed attempts in a row") && stderr.contains("--after 41"), "{stderr}");
+}
+
+/// `diff` prints what changed in a run against the last success before it
+/// as a unified diff (timestamps and durations compare equal) and exits 1;
+/// 0 with nothing printed for runs that are the same; 2 with the edge's
+/// reason for a run it does not know.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diff_prints_a_unified_diff_against_the_last_success() {
+    let server = LogServer::start(quick_settings()).await;
+    let runs = [
+        ("r-1", "12:00:01 start\nbuild took 1.2s\ntests passed\ndone", "success"),
+        ("r-2", "13:10:07 start\nbuild took 980ms\nerror: test x failed\ndone\nexit code 1", "failed"),
+    ];
+    for (run, lines, state) in runs {
+        server.lines("svc.etl", run, lines).await;
+        server.archived("svc.etl", run, lines.lines().count() as u64).await;
+        server.state("svc.etl", run, state).await;
+    }
+    let base = server.base.clone();
+    let diffed = move |args: &'static [&'static str]| {
+        let base = base.clone();
+        tokio::task::spawn_blocking(move || {
+            tailrace().args(["diff", "--url", &base, "--fqn", "svc.etl"]).args(args).output().unwrap()
+        })
+    };
+    let out = diffed(&["--run", "r-2", "--context", "1"]).await.unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "--- svc.etl/r-1\n+++ svc.etl/r-2\n@@ -2,3 +2,4 @@\n build took 980ms\n-tests passed\n+error: test x failed\n done\n+exit code 1\n"
+    );
+    let same = diffed(&["--run", "r-2", "--against", "r-2"]).await.unwrap();
+    assert_eq!((same.status.code(), same.stdout.len()), (Some(0), 0), "{}", String::from_utf8_lossy(&same.stderr));
+    let unknown = diffed(&["--run", "nope"]).await.unwrap();
+    assert_eq!(unknown.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(stderr.contains("404") && stderr.contains("pipeline `svc.etl` has no run `nope`"), "{stderr}");
 }

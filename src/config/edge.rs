@@ -46,6 +46,13 @@ pub struct EdgeOptions {
     /// Most bytes of records one JSON Lines read (`…/lines`, `…/failures`)
     /// answers (`maxBytes` may ask for less); `next` continues.
     pub max_answer_bytes: usize,
+    /// Most lines of each run a diff compares (a run with more: 422).
+    pub max_diff_lines: usize,
+    /// Most hunks one diff answer holds (`next` says where to go on).
+    pub max_diff_hunks: usize,
+    /// Diffs computed at once by this edge (more: 503 with `Retry-After`);
+    /// each holds a hash of every line of both runs while it runs.
+    pub max_concurrent_diffs: usize,
     /// Bearer tokens.
     pub auth: AuthOptions,
     /// HTTPS (off unless set): with it the edge serves HTTPS only.
@@ -72,6 +79,9 @@ impl Default for EdgeOptions {
             max_search_scan_lines: 1_000_000,
             max_search_matches: 1_000,
             max_answer_bytes: 64 * 1024,
+            max_diff_lines: 1_000_000,
+            max_diff_hunks: 100,
+            max_concurrent_diffs: 2,
             auth: AuthOptions::default(),
             tls: None,
             log_stream: LogStreamSettings::default(),
@@ -95,6 +105,13 @@ impl EdgeOptions {
                 "edge.max_body_bytes ({}) must not be more than edge.max_total_body_bytes ({})",
                 self.max_body_bytes, self.max_total_body_bytes
             ));
+        }
+        for (name, value) in
+            [("max_diff_hunks", self.max_diff_hunks), ("max_concurrent_diffs", self.max_concurrent_diffs)]
+        {
+            if value == 0 {
+                return Err(format!("edge.{name} must be at least 1"));
+            }
         }
         if let Some(tls) = &self.tls {
             for (key, path) in [("cert", &tls.cert), ("key", &tls.key)] {

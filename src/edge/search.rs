@@ -173,7 +173,8 @@ pub(crate) fn visible(line: &str) -> Cow<'_, str> {
     }
 }
 
-fn cut(line: &str) -> &str {
+/// `line` cut at [`MATCH_TEXT_BYTES`], on a character boundary.
+pub(crate) fn cut(line: &str) -> &str {
     cut_at(line, MATCH_TEXT_BYTES)
 }
 

@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::client::{EdgeTarget, Reader, enc, run_path};
+use super::diff::Answer as Diff;
 
 /// Options of `tailrace mcp`.
 #[derive(clap::Args, Debug)]
@@ -203,7 +204,7 @@ impl Logs {
         let start = args.after.as_deref().and_then(|a| a.parse().ok()).unwrap_or(0);
         query.extend(args.after.map(|after| ("after", after)));
         let answer = self.reader.json(&path, &query).await.map_err(|e| format!("{e:#}"))?;
-        Ok(unified(&answer, self.max_bytes, start))
+        unified(answer, self.max_bytes, start)
     }
 }
 
@@ -250,33 +251,24 @@ impl ServerHandler for Logs {}
 
 /// A diff answer (`…/diff`, asked from hunk `start`) as a unified diff, at
 /// most `max_bytes` of hunks; what follows says how to go on.
-fn unified(answer: &Value, max_bytes: usize, start: u64) -> String {
-    let (run, against) = (answer["run"].as_str().unwrap_or(""), answer["against"].as_str().unwrap_or(""));
-    let mut out = format!("--- {against}\n+++ {run}\n");
-    if answer["identical"] == Value::Bool(true) {
-        out.push_str("(no difference after normalising)\n");
-        return out;
+fn unified(answer: Value, max_bytes: usize, start: u64) -> Result<String, String> {
+    let answer: Diff = serde_json::from_value(answer).map_err(|e| format!("the edge's answer is not a diff: {e}"))?;
+    let mut out = format!("--- {}\n+++ {}\n", answer.against, answer.run).into_bytes();
+    if answer.identical {
+        out.extend_from_slice(b"(no difference after normalising)\n");
     }
-    for (i, hunk) in answer["hunks"].as_array().into_iter().flatten().enumerate() {
-        let span = |side: &str| {
-            let at = &hunk[side];
-            format!("{},{}", at[0].as_u64().unwrap_or(0), at[1].as_u64().unwrap_or(0))
-        };
-        let mut text = format!("@@ -{} +{} @@\n", span("old"), span("new"));
-        for line in hunk["lines"].as_array().into_iter().flatten() {
-            text.push_str(line["op"].as_str().unwrap_or(" "));
-            text.push_str(line["text"].as_str().unwrap_or(""));
-            text.push('\n');
-        }
-        if i > 0 && out.len() + text.len() > max_bytes {
-            let next = start + i as u64;
-            out.push_str(&format!("(more hunks: call again with after = \"{next}\")\n"));
-            return out;
-        }
-        out.push_str(&text);
+    let budget = max_bytes.saturating_sub(out.len());
+    let written = answer.write_hunks(&mut out, budget).map_err(|e| e.to_string())?;
+    if let Some((old, new)) = written.cut {
+        let at = |run: &str, line: Option<u64>| line.map(|l| format!(" {run} from line {l}")).unwrap_or_default();
+        let rest = format!("{}{}", at(&answer.against, old), at(&answer.run, new));
+        out.extend_from_slice(format!("(this hunk is cut here: read the rest with read_range:{rest})\n").as_bytes());
     }
-    if let Some(next) = answer["next"].as_str() {
-        out.push_str(&format!("(more hunks: call again with after = \"{next}\")\n"));
+    // Hunks dealt with (a cut one too: its rest is read with read_range).
+    let done = written.hunks + usize::from(written.cut.is_some());
+    let next = if done < answer.hunk_count() { Some((start + done as u64).to_string()) } else { answer.next.clone() };
+    if let Some(next) = next {
+        out.extend_from_slice(format!("(more hunks: call again with after = \"{next}\")\n").as_bytes());
     }
-    out
+    String::from_utf8(out).map_err(|e| e.to_string())
 }

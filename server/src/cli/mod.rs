@@ -3,6 +3,7 @@
 pub mod agents;
 pub mod client;
 pub mod demo;
+pub mod diff;
 pub mod handoff;
 pub mod logs;
 pub mod mcp;
