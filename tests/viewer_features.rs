@@ -225,7 +225,7 @@ async fn a_million_line_run_opens_at_its_tail_and_any_line_is_a_link_away() {
     let levels = browser
         .until(
             "the level counts",
-            "const t = document.getElementById('levels').textContent; return t.includes('1 errors') && t",
+            "const t = document.getElementById('levels').textContent; return t.startsWith('1 error · ') && t",
         )
         .await;
     assert!(levels.as_str().unwrap().contains("0 warnings"), "{levels}");

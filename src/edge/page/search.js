@@ -86,7 +86,8 @@
     const plus = st.levelsCapped ? '+' : '';
     const e = document.createElement('span'), w = document.createElement('span');
     e.className = 'e'; w.className = 'w';
-    e.textContent = `${st.errors}${plus} errors`; w.textContent = `${st.warnings}${plus} warnings`;
+    const counted = (n, word) => `${n}${plus} ${word}${n === 1 && !plus ? "" : "s"}`;
+    e.textContent = counted(st.errors, "error"); w.textContent = counted(st.warnings, "warning");
     els.levels.replaceChildren(e, ' · ', w);
   }
   // Counts errors and warnings over the run, and the group markers, from the store.
