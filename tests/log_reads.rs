@@ -178,6 +178,13 @@ async fn following_next_returns_every_line_and_every_match_once_within_every_bou
     assert_eq!(sorted, lines, "no line twice");
     assert_eq!(lines.len(), 30 * 6, "each match with its context");
 
+    // Past the scan bound from the start, the group paths are not known,
+    // and the answer says so.
+    let (_, _, summary) = read(&server, "lines", "from=2000&to=2001").await;
+    assert_eq!(summary["groupsKnown"], false, "{summary}");
+    let (_, _, summary) = read(&server, "lines", "from=700&to=701").await;
+    assert!(summary.get("groupsKnown").is_none(), "{summary}");
+
     // A tail bigger than the byte bound keeps the newest lines and says
     // where the rest ends.
     let (_, records, summary) = read(&server, "lines", "tail=400").await;

@@ -83,7 +83,7 @@ pub(crate) async fn failures(
     let from = query.from.unwrap_or(1) - 1;
     let to = run.info.lines;
     let stop = to.min(from.saturating_add(edge.options.max_search_scan_lines as u64));
-    let (found, end) = collect(&edge, &run.key, from, stop).await?;
+    let (found, end, known) = collect(&edge, &run.key, from, stop).await?;
     let mut answer = Answer::new(answer_bytes(&edge, query.max_bytes));
     let mut next = (end < to).then_some(end + 1);
     for failing in &found {
@@ -92,7 +92,7 @@ pub(crate) async fn failures(
             // groups before it are read again up to there, so that they
             // say nothing of the lines a continuation reports.
             let cut = failing.errors.first().map_or(end + 1, |(line, _)| *line);
-            let (before, _) = collect(&edge, &run.key, from, cut - 1).await?;
+            let (before, _, _) = collect(&edge, &run.key, from, cut - 1).await?;
             answer = Answer::new(answer_bytes(&edge, query.max_bytes));
             for earlier in &before {
                 answer.push(&earlier.record());
@@ -101,14 +101,23 @@ pub(crate) async fn failures(
             break;
         }
     }
-    Ok(answer.finish(&summary(&run, next)))
+    let mut summary = summary(&run, next);
+    if !known {
+        // Groups opened before `from` are not known: their error lines
+        // count as in no group (or in a group opened after `from`).
+        summary["groupsKnown"] = json!(false);
+    }
+    Ok(answer.finish(&summary))
 }
 
 /// The failing groups of lines `[from, stop)` (offsets), in the order of
-/// their first error, and the offset the scan stopped at.
-async fn collect(edge: &LogEdge, key: &RunKey, from: u64, stop: u64) -> Result<(Vec<Failing>, u64), ApiError> {
+/// their first error, the offset the scan stopped at, and whether the
+/// groups open at `from` were known.
+async fn collect(edge: &LogEdge, key: &RunKey, from: u64, stop: u64) -> Result<(Vec<Failing>, u64, bool), ApiError> {
     let errors = Matcher::new(None, false, false, Some("error"), false)?;
-    let mut groups = groups_before(edge, key, from).await?.unwrap_or_default();
+    let before = groups_before(edge, key, from).await?;
+    let known = before.is_some();
+    let mut groups = before.unwrap_or_default();
     let mut found: Vec<Failing> = Vec::new();
     let end = scan(edge, key, from, stop, |at, line| {
         let number = at + 1;
@@ -137,7 +146,7 @@ async fn collect(edge: &LogEdge, key: &RunKey, from: u64, stop: u64) -> Result<(
         true
     })
     .await?;
-    Ok((found, end))
+    Ok((found, end, known))
 }
 
 #[cfg(test)]

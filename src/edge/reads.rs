@@ -193,6 +193,14 @@ pub(crate) fn summary(run: &Run, next: Option<u64>) -> Value {
     summary
 }
 
+/// Says in `summary` when the group paths are not known (a read that
+/// starts more than `edge.max_search_scan_lines` into the run).
+pub(crate) fn unknown_groups(summary: &mut Value, groups: &Option<Groups>) {
+    if groups.is_none() {
+        summary["groupsKnown"] = json!(false);
+    }
+}
+
 fn bad(message: impl Into<String>) -> ApiError {
     problem(StatusCode::BAD_REQUEST, message)
 }
@@ -262,7 +270,9 @@ impl Read<'_> {
         })
         .await?;
         let next = (end < to).then_some(end + 1);
-        Ok(self.answer.finish(&summary(self.run, next)))
+        let mut summary = summary(self.run, next);
+        unknown_groups(&mut summary, &groups);
+        Ok(self.answer.finish(&summary))
     }
 
     /// The last `count` lines up to offset `to`: the newest that fit.
@@ -294,6 +304,7 @@ impl Read<'_> {
             answer.push_text(text);
         }
         let mut summary = summary(self.run, None);
+        unknown_groups(&mut summary, &groups);
         // Lines of the asked tail left out: ask `tail` again up to `prev`.
         if first > from + 1 {
             summary["prev"] = json!((first - 1).to_string());
@@ -367,6 +378,7 @@ impl Read<'_> {
             }
         };
         let mut summary = summary(self.run, next);
+        unknown_groups(&mut summary, &groups);
         summary["scanned"] = json!(end - from.min(end));
         Ok(self.answer.finish(&summary))
     }
