@@ -94,14 +94,8 @@ fn process_cpu(pid: u32) -> f64 {
 impl CpuSample {
     pub(super) fn take(client: Option<u32>) -> Self {
         let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-        let cpu: Vec<f64> = stat
-            .lines()
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|v| v.parse().ok())
-            .collect();
+        let cpu: Vec<f64> =
+            stat.lines().next().unwrap_or("").split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
         // user nice system idle iowait irq softirq steal (guest is in user).
         let total: f64 = cpu.iter().take(8).sum();
         let idle = cpu.get(3).copied().unwrap_or(0.0) + cpu.get(4).copied().unwrap_or(0.0);

@@ -91,7 +91,10 @@ impl Server {
     /// stream settings.
     pub(super) async fn start(viewers: usize, settings: impl FnOnce(&mut LogStreamSettings)) -> anyhow::Result<Self> {
         let limit = raise_open_files(viewers as u64 + 1024)?;
-        anyhow::ensure!(limit >= viewers as u64 + 256, "the open-files limit ({limit}) is too low for {viewers} viewers");
+        anyhow::ensure!(
+            limit >= viewers as u64 + 256,
+            "the open-files limit ({limit}) is too low for {viewers} viewers"
+        );
         let dir = tempfile::tempdir()?;
         let store = Arc::new(FileRunLogStore::open(dir.path().join("runs"), false)?);
         let factory = Arc::new(MemoryAdapterFactory::new(4, MemoryOptions::default()));
@@ -107,7 +110,8 @@ impl Server {
         };
         settings(&mut log_stream);
         let stop = CancellationToken::new();
-        let edge = LogEdge::new(node.clone(), archiver, EdgeOptions { log_stream, ..EdgeOptions::default() }, stop.clone());
+        let edge =
+            LogEdge::new(node.clone(), archiver, EdgeOptions { log_stream, ..EdgeOptions::default() }, stop.clone());
         let (bound, _server) = edge.serve("127.0.0.1:0".parse()?, axum::Router::new(), stop.clone()).await?;
         let server = Self {
             edge,
