@@ -5,7 +5,9 @@
 //! `RESULT scenario=failover … reown_ms=… lost=… duplicates=…`; `scale`
 //! runs one idle and measures what it costs Redis and the nodes; `viewer`
 //! drives the viewer page in headless Chromium on a million-line run;
-//! `diff` diffs two runs of a million lines against GNU `diff`.
+//! `diff` diffs two runs of a million lines against GNU `diff`; `sse`
+//! also has `--sweep`, `--burst` and `--stalled`, each ending with
+//! `RESULT scenario=sse-<case> …`.
 //! Scenarios that run node processes take the `tailrace` binary built
 //! beside this one (`TAILRACE_BIN` names another).
 
@@ -87,7 +89,19 @@ enum Scenario {
         kafka_brokers: Option<String>,
     },
     /// SSE viewers of a run against plain polling.
-    Sse(Common),
+    Sse {
+        #[command(flatten)]
+        common: Common,
+        /// Viewer counts from 1 000 up until p99 passes 100 ms: the largest that held.
+        #[arg(long, conflicts_with_all = ["burst", "stalled"])]
+        sweep: bool,
+        /// 50 000 lines posted in one second to 1 000 viewers.
+        #[arg(long, conflicts_with = "stalled")]
+        burst: bool,
+        /// One viewer that never reads beside 9 999 healthy ones, against the same without it.
+        #[arg(long)]
+        stalled: bool,
+    },
     /// Calls between two nodes against a plain TCP request loop.
     Transport(Common),
     /// A cluster of node processes: one killed, its queues re-owned.
@@ -138,7 +152,15 @@ async fn run(scenario: Scenario) -> anyhow::Result<()> {
         Scenario::Redis { common, redis_url, .. } => redis::run(common.quick, &redis_url).await,
         #[cfg(feature = "kafka")]
         Scenario::Kafka { common, kafka_brokers } => kafka::run(common.quick, kafka_brokers.as_deref()).await,
-        Scenario::Sse(Common { quick }) => sse::run(quick).await,
+        Scenario::Sse { common, sweep, burst, stalled } => {
+            let case = match (sweep, burst, stalled) {
+                (true, _, _) => sse::Case::Sweep,
+                (_, true, _) => sse::Case::Burst,
+                (_, _, true) => sse::Case::Stalled,
+                _ => sse::Case::Default,
+            };
+            sse::run(common.quick, case).await
+        }
         Scenario::Transport(Common { quick }) => transport::run(quick).await,
         Scenario::Failover { common, graceful } => failover::run(common.quick, graceful).await,
         Scenario::Scale { common, queues } => scale::run(common.quick, queues).await,

@@ -7,6 +7,13 @@
 //! client's delay for a line is its arrival time minus `t`. Viewers parse
 //! every frame of one client in ten (the others only count), so the client
 //! process does not starve the server it measures.
+//!
+//! Each viewer counts its socket reads that returned data (a lower bound
+//! of the server's writes to it: one read may take several). With
+//! `--stalled N`, N more viewers connect with a small receive buffer, send
+//! their request and never read. With `--expect N`, the process waits
+//! after `--seconds` (up to 20 s) until every viewer has N measured lines,
+//! and reports when the last one had them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -23,6 +30,13 @@ use crate::now_us;
 const CONNECT_AT_ONCE: usize = 200;
 /// The pollers' interval (OpenMetadata's client default).
 const POLL_EVERY: Duration = Duration::from_secs(2);
+/// A stalled viewer's receive buffer (the kernel doubles it): its socket
+/// fills within seconds, and the server's writes to it wait.
+const STALLED_RECEIVE_BUFFER: u32 = 4096;
+/// A stalled viewer's MSS (see `stalled_viewer`).
+const STALLED_MSS: libc::c_int = 536;
+/// How long `--expect` waits for the last viewer after `--seconds`.
+const EXPECT_WAIT: Duration = Duration::from_secs(20);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
@@ -54,6 +68,15 @@ pub struct ClientArgs {
     fqn: String,
     #[arg(long)]
     run: String,
+    /// Viewers that connect and never read, beside `clients`.
+    #[arg(long, default_value_t = 0)]
+    stalled: usize,
+    /// Lines every viewer should get: wait for them after `seconds`.
+    #[arg(long)]
+    expect: Option<u64>,
+    /// Viewers start at this line (`?after=`), not at line 0.
+    #[arg(long)]
+    after: Option<u64>,
 }
 
 /// What the clients saw while the producer ran.
@@ -76,6 +99,18 @@ pub struct ClientReport {
     /// Clients whose stream ended or failed after they connected.
     #[serde(default)]
     pub dropped: usize,
+    /// Viewers' socket reads that returned data once measuring began.
+    #[serde(default)]
+    pub reads: u64,
+    /// Seconds from measuring to the report (over which `reads` counted).
+    #[serde(default)]
+    pub read_seconds: f64,
+    /// With `--expect`: viewers that had every expected line, and when the
+    /// last of them had it (µs since the epoch).
+    #[serde(default)]
+    pub complete: usize,
+    #[serde(default)]
+    pub last_complete_us: u64,
 }
 
 impl ClientReport {
@@ -89,6 +124,11 @@ impl ClientReport {
 
     pub fn p99_ms(&self) -> f64 {
         self.p99_us as f64 / 1000.0
+    }
+
+    /// Socket reads with data per viewer and second.
+    pub fn reads_per_viewer_s(&self) -> f64 {
+        self.reads as f64 / (self.clients.max(1) as f64 * self.read_seconds.max(1e-9))
     }
 }
 
@@ -113,6 +153,10 @@ struct Counts {
     lines: AtomicU64,
     /// Sampled clients: each measured line's delay, in microseconds.
     delays: parking_lot::Mutex<Vec<u64>>,
+    /// Socket reads that returned data once measuring began.
+    reads: AtomicU64,
+    /// When this viewer had `--expect` lines (µs since the epoch; 0: not yet).
+    complete_at: AtomicU64,
 }
 
 /// The send times of the lines in `logs`.
@@ -131,17 +175,23 @@ struct Shared {
     measuring: AtomicU64,
     /// Bounds the clients connecting at once.
     gate: Semaphore,
+    expect: Option<u64>,
+    after: Option<u64>,
 }
 
-/// Raises the soft open-files limit to the hard one.
-pub fn raise_open_files() -> anyhow::Result<u64> {
+/// Raises the soft open-files limit to the hard one, and both to `want`
+/// when the hard one is lower and the process may (as root).
+pub fn raise_open_files(want: u64) -> anyhow::Result<u64> {
     let (_, hard) = rlimit::Resource::NOFILE.get().context("reading the open-files limit")?;
+    if want > hard && rlimit::Resource::NOFILE.set(want, want).is_ok() {
+        return Ok(want);
+    }
     rlimit::Resource::NOFILE.set(hard, hard).context("raising the open-files limit")?;
     Ok(hard)
 }
 
 pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
-    raise_open_files()?;
+    raise_open_files((args.clients + args.stalled) as u64 + 256)?;
     let shared = Arc::new(Shared {
         client: reqwest::Client::builder().pool_max_idle_per_host(args.clients).build()?,
         base: args.url.clone(),
@@ -150,6 +200,8 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
         totals: Totals { per_client: (0..args.clients).map(|_| Counts::default()).collect(), ..Totals::default() },
         measuring: AtomicU64::new(u64::MAX),
         gate: Semaphore::new(CONNECT_AT_ONCE),
+        expect: args.expect,
+        after: args.after,
     });
     let (totals, measuring) = (&shared.totals, &shared.measuring);
     let mut tasks = Vec::with_capacity(args.clients);
@@ -165,8 +217,17 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
             }
         }));
     }
+    for _ in 0..args.stalled {
+        let shared = shared.clone();
+        tasks.push(tokio::spawn(async move {
+            if stalled_viewer(&shared).await.is_err() {
+                shared.totals.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
     let deadline = Instant::now() + Duration::from_secs(110);
-    while totals.connected.load(Ordering::Relaxed) + totals.failed.load(Ordering::Relaxed) < args.clients {
+    let everyone = args.clients + args.stalled;
+    while totals.connected.load(Ordering::Relaxed) + totals.failed.load(Ordering::Relaxed) < everyone {
         anyhow::ensure!(Instant::now() < deadline, "clients could not connect");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -174,14 +235,24 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
     measuring.store(now_us(), Ordering::Relaxed);
     println!("READY");
     let started = Instant::now();
-    // The producer runs `seconds`; the last lines need a moment to arrive,
-    // and pollers up to one interval.
-    let grace = match args.mode {
-        Mode::Stream => Duration::from_secs(1),
-        Mode::Poll => POLL_EVERY + Duration::from_secs(1),
-    };
-    tokio::time::sleep(Duration::from_secs(args.seconds) + grace).await;
-    let seconds = started.elapsed().as_secs_f64() - grace.as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(args.seconds)).await;
+    let seconds = started.elapsed().as_secs_f64();
+    // The producer ran `seconds`; the last lines need a moment to arrive,
+    // and pollers up to one interval; `--expect` waits for every viewer.
+    match (args.mode, args.expect) {
+        (Mode::Stream, Some(_)) => {
+            let waited = Instant::now();
+            let complete = || totals.per_client.iter().all(|c| c.complete_at.load(Ordering::Relaxed) > 0);
+            while !complete() && waited.elapsed() < EXPECT_WAIT {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        (Mode::Stream, None) => tokio::time::sleep(Duration::from_secs(1)).await,
+        (Mode::Poll, _) => tokio::time::sleep(POLL_EVERY + Duration::from_secs(1)).await,
+    }
+    // Reads are counted over the producer's run, or until every viewer
+    // had its lines.
+    let read_seconds = if args.expect.is_some() { started.elapsed().as_secs_f64() } else { seconds };
     for task in &tasks {
         task.abort();
     }
@@ -199,6 +270,10 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
         p99_us,
         min_lines: clients.iter().map(|c| c.lines_measured.load(Ordering::Relaxed)).min().unwrap_or(0),
         dropped: totals.dropped.load(Ordering::Relaxed),
+        reads: clients.iter().map(|c| c.reads.load(Ordering::Relaxed)).sum(),
+        read_seconds,
+        complete: clients.iter().filter(|c| c.complete_at.load(Ordering::Relaxed) > 0).count(),
+        last_complete_us: clients.iter().map(|c| c.complete_at.load(Ordering::Relaxed)).max().unwrap_or(0),
     };
     println!("REPORT {}", serde_json::to_string(&report)?);
     Ok(())
@@ -211,15 +286,10 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
 /// per connection and a channel per body, the viewers took as much CPU as
 /// the server they measure, and its p99 measured them).
 async fn viewer(i: usize, shared: &Shared) -> anyhow::Result<()> {
-    let Shared { base, fqn, run, totals, measuring, gate, .. } = shared;
+    let Shared { totals, measuring, gate, expect, .. } = shared;
     let permit = gate.acquire().await?;
-    let url = url::Url::parse(base)?;
-    let host = url.host_str().context("the base URL has no host")?;
-    let port = url.port_or_known_default().context("the base URL has no port")?;
-    let mut socket = tokio::net::TcpStream::connect((host, port)).await?;
-    let request = format!(
-        "GET /api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run} HTTP/1.1\r\nhost: {host}:{port}\r\naccept: text/event-stream\r\n\r\n"
-    );
+    let (host, port, request) = stream_request(shared, shared.after)?;
+    let mut socket = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
     socket.write_all(request.as_bytes()).await?;
     // What the socket gave and is not decoded yet.
     let mut raw: Vec<u8> = Vec::with_capacity(4096);
@@ -253,7 +323,11 @@ async fn viewer(i: usize, shared: &Shared) -> anyhow::Result<()> {
                 continue;
             }
             let measured = measuring.load(Ordering::Relaxed);
-            mine.lines_measured.fetch_add(count_measured(frame, measured), Ordering::Relaxed);
+            let new = count_measured(frame, measured);
+            let had = mine.lines_measured.fetch_add(new, Ordering::Relaxed) + new;
+            if expect.is_some_and(|e| had >= e) && mine.complete_at.load(Ordering::Relaxed) == 0 {
+                mine.complete_at.store(arrived, Ordering::Relaxed);
+            }
             if measured == u64::MAX {
                 continue;
             }
@@ -274,9 +348,57 @@ async fn viewer(i: usize, shared: &Shared) -> anyhow::Result<()> {
         if socket.read_buf(&mut raw).await? == 0 {
             break;
         }
+        if measuring.load(Ordering::Relaxed) != u64::MAX {
+            mine.reads.fetch_add(1, Ordering::Relaxed);
+        }
     }
     totals.dropped.fetch_add(1, Ordering::Relaxed);
     anyhow::bail!("the stream ended")
+}
+
+/// The host and port of the server, and the request of a stream from line
+/// `after` (from line 0 without).
+fn stream_request(shared: &Shared, after: Option<u64>) -> anyhow::Result<(String, u16, String)> {
+    let url = url::Url::parse(&shared.base)?;
+    let host = url.host_str().context("the base URL has no host")?.to_string();
+    let port = url.port_or_known_default().context("the base URL has no port")?;
+    let (fqn, run) = (&shared.fqn, &shared.run);
+    let query = after.map_or(String::new(), |a| format!("?after={a}"));
+    let request = format!(
+        "GET /api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run}{query} HTTP/1.1\r\nhost: {host}:{port}\r\naccept: text/event-stream\r\n\r\n"
+    );
+    Ok((host, port, request))
+}
+
+/// A viewer that sends its request from line 0 (its replay fills its small
+/// receive buffer at once) and never reads; it holds its socket until the
+/// process ends.
+async fn stalled_viewer(shared: &Shared) -> anyhow::Result<()> {
+    let (host, port, request) = stream_request(shared, None)?;
+    let address = tokio::net::lookup_host((host.as_str(), port)).await?.next().context("no address")?;
+    let socket = if address.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_recv_buffer_size(STALLED_RECEIVE_BUFFER)?;
+    // A small MSS, announced in the SYN: the server sizes its send buffer
+    // for this socket from it (about 2.6 MB at loopback's 64 KiB MSS, which
+    // would take a quarter of an hour of this run's lines to fill).
+    let mss: libc::c_int = STALLED_MSS;
+    // SAFETY: a valid socket and a c_int of the size given.
+    let set = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            (&mss as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    anyhow::ensure!(set == 0, "TCP_MAXSEG: {}", std::io::Error::last_os_error());
+    let mut stream = socket.connect(address).await?;
+    stream.write_all(request.as_bytes()).await?;
+    shared.totals.connected.fetch_add(1, Ordering::Relaxed);
+    std::future::pending::<()>().await;
+    drop(stream);
+    Ok(())
 }
 
 /// Moves the complete chunks at the front of `raw` (HTTP/1.1 chunked
@@ -316,7 +438,7 @@ struct Page {
 }
 
 async fn poller(i: usize, shared: &Shared) -> anyhow::Result<()> {
-    let Shared { client, base, fqn, run, totals, measuring, gate } = shared;
+    let Shared { client, base, fqn, run, totals, measuring, gate, .. } = shared;
     let url = format!("{base}/api/v1/services/ingestionPipelines/logs/{fqn}/last");
     let get = |after: u64| client.get(&url).query(&[("runId", run), ("after", &after.to_string())]).send();
     // Start where the log ends now, like a viewer that caught up.

@@ -84,3 +84,17 @@ fn failover_quick_reports_no_loss() {
     let ratio = number("reown_over_ttl");
     assert!((ratio - number("reown_ms") / 8000.0).abs() < 0.01, "{}", results[0]);
 }
+
+/// `sse` runs one case at a time: its default, `--sweep`, `--burst` or
+/// `--stalled`, each listed in its help; two at once are refused.
+#[test]
+fn sse_lists_its_cases_and_runs_one_at_a_time() {
+    let help = bench().args(["sse", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in ["--sweep", "--burst", "--stalled", "--quick"] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
+    let refused = bench().args(["sse", "--sweep", "--burst"]).output().unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("cannot be used with"));
+}
