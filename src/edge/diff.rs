@@ -31,6 +31,7 @@ use super::LogEdge;
 use super::incident::{report, store_unavailable};
 use super::normalise::{line_hash, rule_names};
 use super::problem::{ApiError, problem, run_key};
+use super::reads::stored_info;
 use super::search::cut;
 use crate::archive::{RunInfo, RunKey, RunState};
 
@@ -67,12 +68,12 @@ pub(crate) async fn diff(
     let context = query.context.unwrap_or(DEFAULT_CONTEXT).min(MAX_CONTEXT);
     let after = query.after.as_deref().and_then(|a| a.parse::<usize>().ok()).unwrap_or(0);
     let new_key = run_key(&fqn, &run)?;
-    let new_info = run_info(&edge, &new_key).await?;
+    let new_info = stored_info(&edge, &new_key).await?;
     let (old_key, old_info) = match query.against.as_deref().unwrap_or(LAST_SUCCESS) {
         LAST_SUCCESS => last_success(&edge, &new_key, &new_info).await?,
         other => {
             let key = run_key(&fqn, other)?;
-            let info = run_info(&edge, &key).await?;
+            let info = stored_info(&edge, &key).await?;
             (key, info)
         }
     };
@@ -143,17 +144,6 @@ pub(crate) async fn diff(
 /// A diff task that failed (panicked), as a `500` with an incident id.
 fn failed(error: tokio::task::JoinError) -> ApiError {
     problem(StatusCode::INTERNAL_SERVER_ERROR, report("a diff failed", &error))
-}
-
-/// What the store knows of `key` once this edge's last write to it is
-/// stored, or a `404`.
-async fn run_info(edge: &LogEdge, key: &RunKey) -> Result<RunInfo, ApiError> {
-    edge.caught_up(key).await;
-    edge.store
-        .info(key)
-        .await
-        .map_err(store_unavailable)?
-        .ok_or_else(|| problem(StatusCode::NOT_FOUND, format!("pipeline `{}` has no run `{}`", key.fqn(), key.run())))
 }
 
 /// The newest run of the pipeline in state `success` created before

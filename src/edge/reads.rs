@@ -67,11 +67,19 @@ pub(crate) struct Run {
 /// The run `fqn`/`run`, or 404 if the store has never seen it.
 pub(crate) async fn stored_run(edge: &LogEdge, fqn: &str, run: &str) -> Result<Run, ApiError> {
     let key = run_key(fqn, run)?;
-    edge.caught_up(&key).await;
-    match edge.store.info(&key).await.map_err(store_unavailable)? {
-        Some(info) => Ok(Run { key, info }),
-        None => Err(problem(StatusCode::NOT_FOUND, format!("pipeline `{fqn}` has no run `{run}`"))),
-    }
+    let info = stored_info(edge, &key).await?;
+    Ok(Run { key, info })
+}
+
+/// What the store holds of `key`, once this edge's own last write to it is
+/// stored; 404 if the store has never seen it.
+pub(crate) async fn stored_info(edge: &LogEdge, key: &RunKey) -> Result<RunInfo, ApiError> {
+    edge.caught_up(key).await;
+    edge.store
+        .info(key)
+        .await
+        .map_err(store_unavailable)?
+        .ok_or_else(|| problem(StatusCode::NOT_FOUND, format!("pipeline `{}` has no run `{}`", key.fqn(), key.run())))
 }
 
 /// What an answer may hold, in bytes of records.

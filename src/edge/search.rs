@@ -34,6 +34,7 @@ use serde_json::json;
 use super::LogEdge;
 use super::incident::store_unavailable;
 use super::problem::{ApiError, problem, run_key};
+use super::reads::stored_info;
 
 /// Lines that look like errors: level words, panics, a non-zero exit.
 pub(crate) const ERROR_PATTERN: &str = r"(?i)\b(error|err|fatal|failed|failure|panic|panicked|exception|traceback)\b|\bexit(ed)?( with)? (code|status):? *[1-9]";
@@ -201,10 +202,7 @@ pub(crate) async fn search(
     let matcher = Matcher::of(&query)?;
     let limit = query.limit.unwrap_or(edge.options.max_search_matches).clamp(1, edge.options.max_search_matches);
     let from = query.after.as_deref().and_then(|a| a.parse::<u64>().ok()).unwrap_or(0);
-    edge.caught_up(&key).await;
-    let Some(info) = edge.store.info(&key).await.map_err(store_unavailable)? else {
-        return Err(problem(StatusCode::NOT_FOUND, format!("pipeline `{fqn}` has no run `{run}`")));
-    };
+    let info = stored_info(&edge, &key).await?;
     let end = info.lines.min(from.saturating_add(edge.options.max_search_scan_lines as u64));
     let (mut at, mut matches) = (from, Vec::new());
     'scan: while at < end {
