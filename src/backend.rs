@@ -74,8 +74,7 @@ async fn kafka(config: &Config) -> Result<Arc<dyn QueueAdapterFactory>, QueueErr
 #[cfg(feature = "redis")]
 async fn redis(config: &Config) -> Result<(Arc<dyn QueueAdapterFactory>, Option<Arc<dyn PubSubStore>>), QueueError> {
     use crate::adapters::redis::RedisAdapterFactory;
-    let factory =
-        RedisAdapterFactory::connect(config.queues.count, config.adapters.redis.clone(), &config.node.name).await?;
+    let factory = RedisAdapterFactory::connect(config.queues.count, config.adapters.redis.clone()).await?;
     let store = Arc::new(factory.pubsub_store(config.pubsub.max_subscriptions_per_stream));
     Ok((Arc::new(factory.with_cache(config.cache.clone())), Some(store)))
 }

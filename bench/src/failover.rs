@@ -227,7 +227,7 @@ impl Bench {
         let queue_of: HashMap<String, u32> =
             streams.iter().map(|s| (s.key().to_string(), mapper.queue_for(s).0)).collect();
         let options = RedisOptions { url: self.redis_url.clone(), ..RedisOptions::default() };
-        let factory = RedisAdapterFactory::connect(QUEUES, options, "bench-producer").await?;
+        let factory = RedisAdapterFactory::connect(QUEUES, options).await?;
         let adapter = factory.create_adapter().await?;
         let produced = Arc::new(AtomicU64::new(0));
         let stop = CancellationToken::new();

@@ -61,7 +61,7 @@ pub async fn run(quick: bool, url: &str) -> anyhow::Result<()> {
         let prefix = format!("tailrace-bench:{}:{round}", std::process::id());
         let options =
             RedisOptions { url: url.to_string(), key_prefix: format!("{prefix}:t"), ..RedisOptions::default() };
-        let factory = Arc::new(RedisAdapterFactory::connect(shape.queues, options, "bench").await?);
+        let factory = Arc::new(RedisAdapterFactory::connect(shape.queues, options).await?);
         // Each side goes first in every other round: the second one runs
         // against a server that already holds the first one's entries.
         let (mut t, mut b) = (0.0, 0.0);

@@ -83,7 +83,7 @@ pub async fn run(quick: bool) -> anyhow::Result<()> {
 /// One node's run on `options`: events per second, and the cores the
 /// Redis servers on `ports` kept busy meanwhile.
 async fn measured(shape: Shape, options: RedisOptions, ports: &[u16]) -> anyhow::Result<(f64, f64)> {
-    let factory = Arc::new(RedisAdapterFactory::connect(shape.queues, options, "bench").await?);
+    let factory = Arc::new(RedisAdapterFactory::connect(shape.queues, options).await?);
     let (before, started) = (redis_cpu(ports).await, Instant::now());
     let rate = run_node(shape, factory).await?;
     Ok((rate, (redis_cpu(ports).await - before) / started.elapsed().as_secs_f64()))

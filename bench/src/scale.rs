@@ -155,7 +155,7 @@ async fn idle_latency(nodes: &[NodeProc], url: &str, queues: u32, count: u64) ->
     use tailrace::queue::QueueAdapterFactory;
     use tailrace::{Event, EventId, StreamId};
     let options = RedisOptions { url: url.to_string(), ..RedisOptions::default() };
-    let adapter = RedisAdapterFactory::connect(queues, options, "bench-producer").await?.create_adapter().await?;
+    let adapter = RedisAdapterFactory::connect(queues, options).await?.create_adapter().await?;
     let mut sent = BTreeMap::new();
     for i in 0..count {
         let id = format!("idle-{i}");

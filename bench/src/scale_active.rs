@@ -95,7 +95,7 @@ impl Round {
 pub(super) async fn run(nodes: &[NodeProc], url: &str, queues: u32, quick: bool) -> anyhow::Result<String> {
     let (rounds, seconds) = if quick { (3, 3) } else { (5, 8) };
     let options = RedisOptions { url: url.to_string(), ..RedisOptions::default() };
-    let adapter = RedisAdapterFactory::connect(queues, options, "bench-producer").await?.create_adapter().await?;
+    let adapter = RedisAdapterFactory::connect(queues, options).await?.create_adapter().await?;
     let client = redis::Client::open(url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let mut done = Vec::new();

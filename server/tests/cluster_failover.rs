@@ -95,7 +95,7 @@ async fn a_paused_owner_is_fenced_and_loses_nothing() {
         .filter(|s| victim_queues.contains(&mapper.queue_for(s).0))
         .map(|s| s.key().to_string())
         .collect();
-    let factory = RedisAdapterFactory::connect(QUEUES, adapter_options(&server), "test-producer").await.unwrap();
+    let factory = RedisAdapterFactory::connect(QUEUES, adapter_options(&server)).await.unwrap();
     let adapter = factory.create_adapter().await.unwrap();
     let produced = Arc::new(AtomicU64::new(0));
     let stop = CancellationToken::new();

@@ -38,7 +38,7 @@ fn child_redis_node() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async move {
         let audit = Audit::open(&dir, QueueMapper::new(QUEUES));
-        let factory = Arc::new(RedisAdapterFactory::connect(QUEUES, options(url), "crash-node").await.unwrap());
+        let factory = Arc::new(RedisAdapterFactory::connect(QUEUES, options(url)).await.unwrap());
         let mut config = quick_config();
         config.checkpoint.persist_interval = Duration::from_millis(100);
         config.agent.max_delivery_batch = 1;
@@ -54,7 +54,7 @@ fn child_redis_node() {
 async fn a_node_killed_mid_delivery_during_a_redis_restart_loses_nothing() {
     let mut server = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let factory = RedisAdapterFactory::connect(QUEUES, options(server.url()), "producer").await.unwrap();
+    let factory = RedisAdapterFactory::connect(QUEUES, options(server.url())).await.unwrap();
     let adapter = factory.adapter();
     let streams: Vec<StreamId> = (0..6).map(|i| StreamId::new("crash", format!("s{i}"))).collect();
     let mut produced = BTreeSet::new();
@@ -79,7 +79,7 @@ async fn a_node_killed_mid_delivery_during_a_redis_restart_loses_nothing() {
     // The producer's connection died with the restart: read the checkpoints
     // the node stores over a fresh one. Kill it mid-delivery once every
     // queue has a checkpoint saved.
-    let auditor = RedisAdapterFactory::connect(QUEUES, options(server.url()), "auditor").await.unwrap();
+    let auditor = RedisAdapterFactory::connect(QUEUES, options(server.url())).await.unwrap();
     let checkpoints = auditor.create_checkpointer().await.unwrap();
     wait_for_checkpoints(checkpoints.as_ref(), QUEUES, &BTreeMap::new()).await;
     node.kill().unwrap(); // SIGKILL
@@ -150,7 +150,7 @@ async fn wait_deliveries(dir: &std::path::Path, n: usize) {
 async fn a_node_through_several_lives_on_one_redis_loses_nothing() {
     let mut server = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let factory = RedisAdapterFactory::connect(QUEUES, options(server.url()), "producer").await.unwrap();
+    let factory = RedisAdapterFactory::connect(QUEUES, options(server.url())).await.unwrap();
     let checkpoints = factory.create_checkpointer().await.unwrap();
     let producer = Producer::start(factory.adapter());
     let env = vec![("TAILRACE_CRASH_DIR", dir.path().display().to_string()), ("TAILRACE_CRASH_REDIS", server.url())];

@@ -34,7 +34,7 @@ async fn key_count(server: &RedisServer) -> i64 {
 
 /// What connecting the adapter with `options` says.
 async fn refusal(options: RedisOptions) -> String {
-    match RedisAdapterFactory::connect(2, options, "n1").await {
+    match RedisAdapterFactory::connect(2, options).await {
         Ok(_) => panic!("the adapter connected"),
         Err(error) => error.to_string(),
     }
@@ -75,7 +75,7 @@ async fn credentials_in_the_url_are_understood_and_never_shown() {
     let server = RedisServer::start_secure("no");
     let url = format!("rediss://{USER}:{PASSWORD}@127.0.0.1:{}", server.port);
     let options = RedisOptions { url: url.clone(), password: None, ..redis_server::secure_adapter_options(&server) };
-    RedisAdapterFactory::connect(2, options.clone(), "n1").await.expect("the URL's password is used");
+    RedisAdapterFactory::connect(2, options.clone()).await.expect("the URL's password is used");
     let wrong = format!("rediss://{USER}:not-{PASSWORD}@127.0.0.1:{}", server.port);
     let message = refusal(RedisOptions { url: wrong, ..options }).await;
     assert!(message.contains("[adapters.redis] url (its password)"), "{message}");
@@ -180,8 +180,7 @@ async fn a_tls_redis_restart_mid_run_loses_nothing() {
     use std::collections::BTreeSet;
     use std::time::Duration;
     let mut server = RedisServer::start_secure("no");
-    let f =
-        Arc::new(RedisAdapterFactory::connect(2, redis_server::secure_adapter_options(&server), "n1").await.unwrap());
+    let f = Arc::new(RedisAdapterFactory::connect(2, redis_server::secure_adapter_options(&server)).await.unwrap());
     let adapter = f.adapter();
     let recorder = Recorder::new();
     let mut config = quick_config();

@@ -36,8 +36,6 @@
 #[cfg(feature = "redis")]
 mod adapter;
 #[cfg(feature = "redis")]
-mod batch;
-#[cfg(feature = "redis")]
 mod fence;
 #[cfg(feature = "redis")]
 mod receiver;

@@ -246,13 +246,11 @@ pub fn secure_adapter_options(server: &RedisServer) -> tailrace::adapters::redis
     }
 }
 
-/// A Redis adapter factory with 2 queues on `server`, as `consumer`.
-pub async fn adapter_factory(
-    server: &RedisServer,
-    consumer: &str,
-) -> std::sync::Arc<tailrace::adapters::redis::RedisAdapterFactory> {
+/// A Redis adapter factory with 2 queues on `server` (each call one of
+/// its own, as a node has).
+pub async fn adapter_factory(server: &RedisServer) -> std::sync::Arc<tailrace::adapters::redis::RedisAdapterFactory> {
     let options = adapter_options(server);
-    std::sync::Arc::new(tailrace::adapters::redis::RedisAdapterFactory::connect(2, options, consumer).await.unwrap())
+    std::sync::Arc::new(tailrace::adapters::redis::RedisAdapterFactory::connect(2, options).await.unwrap())
 }
 
 /// Calls per command Redis has served so far (`INFO commandstats`; the
@@ -270,7 +268,7 @@ pub async fn command_calls(conn: &mut redis::aio::ConnectionManager) -> std::col
 
 /// The conformance kit's report on the Redis adapter with `options` (two
 /// queues), with everything it claims: durable, rewindable with trimming
-/// to the checkpoint, not bounded, receivers of one queue share the group.
+/// to the checkpoint, not bounded, receivers of one queue each read it all.
 /// Panics with the failures.
 pub async fn redis_kit(options: tailrace::adapters::redis::RedisOptions) -> tailrace::conformance::Report {
     use std::sync::Arc;
@@ -285,7 +283,7 @@ pub async fn redis_kit(options: tailrace::adapters::redis::RedisOptions) -> tail
     };
     tailrace::conformance::run(claims, move || {
         let options = options.clone();
-        async move { Ok(Arc::new(RedisAdapterFactory::connect(2, options, "n1").await?) as Arc<dyn QueueAdapterFactory>) }
+        async move { Ok(Arc::new(RedisAdapterFactory::connect(2, options).await?) as Arc<dyn QueueAdapterFactory>) }
     })
     .await
     .unwrap_or_else(|failures| panic!("{failures}"))

@@ -10,7 +10,7 @@ use backon::Retryable;
 use super::super::entry::encode_entry;
 use super::super::{BuiltInFactory, MappedAdapter};
 use super::fence::{self, Fence};
-use super::{NAME, RedisCheckpointer, RedisOptions, RedisPubSubStore, batch, receiver, wake};
+use super::{NAME, RedisCheckpointer, RedisOptions, RedisPubSubStore, receiver, wake};
 use crate::queue::{Direction, QueueAdapter, QueueError, QueueMapper, QueueReceiver};
 use crate::redis_conn::{self, RedisConn, RedisConnError};
 use crate::stream::{Event, QueueId, SequenceToken, StreamId};
@@ -61,8 +61,8 @@ const MIGRATE_WITHIN: Duration = Duration::from_secs(10);
 pub type RedisAdapterFactory = BuiltInFactory<RedisAdapter, RedisCheckpointer>;
 
 impl RedisAdapterFactory {
-    /// Connects. `consumer` names this node in the consumer group.
-    pub async fn connect(queue_count: u32, options: RedisOptions, consumer: &str) -> Result<Self, QueueError> {
+    /// Connects, to streams of `queue_count` queues.
+    pub async fn connect(queue_count: u32, options: RedisOptions) -> Result<Self, QueueError> {
         check_options(&options)?;
         let conn = connect(&options).await?;
         // Before anything reads or appends: retried while Redis is not
@@ -86,9 +86,7 @@ impl RedisAdapterFactory {
             conn,
             readers: (0..options.reader_connections).map(|_| tokio::sync::OnceCell::new()).collect(),
             wakes: Arc::new(wake::Wakes::new(options.clone())),
-            batcher: (!options.cluster).then(|| batch::Batcher::start(options.endpoint(), options.response_timeout)),
             options,
-            consumer: consumer.to_string(),
             checkpointer: checkpointer.clone(),
         });
         Ok(Self::from_parts(adapter, checkpointer))
@@ -117,11 +115,7 @@ pub struct RedisAdapter {
     readers: Vec<tokio::sync::OnceCell<RedisConn>>,
     /// Where idle receivers wait for a write.
     wakes: Arc<wake::Wakes>,
-    /// The fenced receivers' reads and acks, many queues per round trip
-    /// (one server only).
-    batcher: Option<batch::Batcher>,
     options: RedisOptions,
-    consumer: String,
     checkpointer: Arc<RedisCheckpointer>,
 }
 
@@ -225,10 +219,8 @@ impl RedisAdapter {
         let shared = receiver::Shared {
             conn,
             options: self.options.clone(),
-            consumer: self.consumer.clone(),
             checkpointer: self.checkpointer.clone(),
             wakes: self.wakes.clone(),
-            batcher: self.batcher.clone(),
         };
         Ok(Box::new(receiver::RedisReceiver::new(queue, self.key(queue), fence, shared)))
     }

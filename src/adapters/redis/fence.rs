@@ -6,7 +6,7 @@
 //! one slot and one script may touch them all:
 //!
 //! ```text
-//! {prefix}:{qn}:stream      the stream (entries, consumer group)
+//! {prefix}:{qn}:stream      the stream (its entries, read as a log)
 //! {prefix}:{qn}:checkpoint  the checkpoint (a token as a string)
 //! {prefix}:{qn}:lease       the lease (written by RedisLeases)
 //! {prefix}:{qn}:fence       the fencing counter (written by RedisLeases)
@@ -20,13 +20,16 @@
 //! after it, refuses nothing (its owner is about to learn it lost the lease,
 //! and nobody else reads the queue meanwhile), while every grant fences all
 //! older tokens at once. No counter (leases kept elsewhere, or never taken)
-//! refuses nothing. The check and the write run in one script, so nothing
-//! comes between them. A refusal is the error code `FENCED`.
+//! refuses nothing. For a write (the checkpoint, a trim) the check and the
+//! write run in one script, so nothing comes between them; a refusal is
+//! the error code `FENCED`. A read is fenced by reading the counter just
+//! before the entries, in one pipeline: a read after a newer grant hands
+//! its agent nothing to deliver.
 
 use crate::cluster::queue_tag;
 use crate::queue::QueueError;
 use crate::redis_conn::RedisConn;
-use crate::stream::QueueId;
+use crate::stream::{QueueId, SequenceToken};
 use crate::telemetry;
 
 /// The stream key of `queue`.
@@ -69,16 +72,6 @@ pub(crate) fn script(body: &str) -> redis::Script {
     redis::Script::new(&format!("{IS_FENCED}{body}"))
 }
 
-/// KEYS: stream, fence. ARGV: token, group, ids… `XACK`, fenced (in
-/// slices: `unpack` is bounded by Lua's stack).
-pub(crate) const ACK: &str = r"
-if is_fenced(KEYS[2], ARGV[1]) then return refuse(KEYS[2]) end
-local acked = 0
-for i = 3, #ARGV, 1000 do
-  acked = acked + redis.call('XACK', KEYS[1], ARGV[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
-end
-return acked";
-
 /// KEYS: stream, fence. ARGV: token, min id. `XTRIM MINID`, fenced.
 pub(crate) const TRIM: &str = r"
 if is_fenced(KEYS[2], ARGV[1]) then return refuse(KEYS[2]) end
@@ -89,40 +82,6 @@ pub(crate) const SAVE: &str = r"
 if is_fenced(KEYS[2], ARGV[1]) then return refuse(KEYS[2]) end
 redis.call('SET', KEYS[1], ARGV[2])
 return 1";
-
-/// KEYS: stream, fence. ARGV: token, group, consumer, start.
-/// `XAUTOCLAIM … 0 start COUNT 1000 JUSTID`, fenced: a zombie that starts
-/// late cannot take the new owner's pending entries.
-pub(crate) const CLAIM: &str = r"
-if is_fenced(KEYS[2], ARGV[1]) then return refuse(KEYS[2]) end
-return redis.call('XAUTOCLAIM', KEYS[1], ARGV[2], ARGV[3], 0, ARGV[4], 'COUNT', 1000, 'JUSTID')";
-
-/// The body of the read of new entries (KEYS: stream, fence. ARGV: token,
-/// group, consumer, count): `XREADGROUP … STREAMS stream >` (scripts
-/// cannot block). Answers `{entries, last id}`: the reply (or `{}`) and,
-/// when it is empty, the stream's last generated id, to wait for newer
-/// ones from.
-macro_rules! read_new_body {
-    () => {
-        r"
-local reply = redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', ARGV[4], 'STREAMS', KEYS[1], '>')
-if reply then return {reply, ''} end
-local info = redis.call('XINFO', 'STREAM', KEYS[1])
-for i = 1, #info, 2 do
-  if info[i] == 'last-generated-id' then return {{}, info[i + 1]} end
-end
-return {{}, '0-0'}"
-    };
-}
-
-/// The read of new entries, fenced: entries move into a consumer's
-/// pending list only while its lease is current.
-pub(crate) const READ_NEW: &str =
-    concat!("\nif is_fenced(KEYS[2], ARGV[1]) then return refuse(KEYS[2]) end", read_new_body!());
-
-/// The read of new entries without the fence, for a receiver that holds no
-/// lease.
-pub(crate) const READ_NEW_OPEN: &str = read_new_body!();
 
 /// KEYS: old key, new key. Renames the old layout's key to the new one if
 /// only the old exists; 1 if it did.
@@ -154,7 +113,7 @@ pub(crate) fn queue_refusal(kind: &'static str, queue: QueueId, token: u64, erro
 /// Moves the old layout's stream and checkpoint keys of queues
 /// `0..queue_count` to the new ones, once: a key moves only if the new one
 /// does not exist yet (a script, so nodes starting together move each key
-/// once). `RENAME` keeps the stream's consumer group and pending entries.
+/// once). `RENAME` keeps the stream whole (and an older release's consumer group).
 /// Run before any receiver starts; every node of a deployment must run the
 /// new layout (an older node would go on writing the old keys). The old and
 /// new keys hash to different Cluster slots, so this runs on a standalone
@@ -179,69 +138,34 @@ pub(crate) async fn migrate_legacy_keys(
     Ok(moved)
 }
 
-/// The fence of one receiver: its lease's token and the scripts that
-/// check it before each write; without a lease, the plain commands.
+/// The fence of one receiver: its lease's token, checked before each
+/// read and trim; without a lease, nothing is checked.
 pub(crate) struct Fence {
     /// `None`: no lease, nothing to check.
     pub(crate) token: Option<u64>,
     /// The fencing counter's key.
     pub(crate) key: String,
-    ack: redis::Script,
     trim: redis::Script,
-    claim: redis::Script,
-    read_new: redis::Script,
 }
 
-/// What a read of new entries found.
-pub(crate) enum NewEntries {
-    /// Entries, now in this consumer's pending list.
-    Some(Vec<redis::streams::StreamId>),
-    /// Nothing new; the stream's last generated id, to wait for newer
-    /// (`None` when it was not asked for).
-    None { last_id: Option<String> },
+/// What a read found.
+pub(crate) enum Read {
+    /// Entries after the position asked for (none: nothing new).
+    Entries(Vec<redis::streams::StreamId>),
+    /// A newer lease was granted: the fencing counter's value. Nothing was
+    /// read.
+    Fenced(String),
 }
 
 impl Fence {
     /// `token` checked against the counter at `key`.
     pub(crate) fn new(token: u64, key: String) -> Self {
-        Self {
-            token: Some(token),
-            key,
-            ack: script(ACK),
-            trim: script(TRIM),
-            claim: script(CLAIM),
-            read_new: script(READ_NEW),
-        }
+        Self { token: Some(token), key, trim: script(TRIM) }
     }
 
-    /// The fence of a receiver that holds no lease: plain commands, and a
-    /// script only to learn the stream's last id when nothing is new.
+    /// The fence of a receiver that holds no lease: plain commands.
     pub(crate) fn open(key: String) -> Self {
-        Self { token: None, read_new: redis::Script::new(READ_NEW_OPEN), ..Self::new(0, key) }
-    }
-
-    /// `XACK stream group ids…`.
-    pub(crate) async fn ack(
-        &self,
-        conn: &mut RedisConn,
-        stream: &str,
-        group: &str,
-        ids: impl Iterator<Item = String>,
-    ) -> Result<u64, redis::RedisError> {
-        let Some(token) = self.token else {
-            let mut cmd = redis::cmd("XACK");
-            cmd.arg(stream).arg(group);
-            for id in ids {
-                cmd.arg(id);
-            }
-            return cmd.query_async(conn).await;
-        };
-        let mut invocation = self.ack.key(stream);
-        invocation.key(&self.key).arg(token).arg(group);
-        for id in ids {
-            invocation.arg(id);
-        }
-        invocation.invoke_async(conn).await
+        Self { token: None, ..Self::new(0, key) }
     }
 
     /// `XTRIM stream MINID min_id`.
@@ -257,85 +181,43 @@ impl Fence {
         }
     }
 
-    /// One `XAUTOCLAIM` page from `start`.
-    pub(crate) async fn claim(
+    /// Up to `count` entries after `after` (from the stream's start
+    /// without it): `XRANGE stream (after + COUNT count`, without waiting.
+    /// Under a lease, the fencing counter is read first in the same
+    /// pipeline (so before the entries, on the queue's server): a read
+    /// issued after a newer grant returns nothing but the refusal. Reading
+    /// changes nothing in Redis, so no transaction is needed: a grant that
+    /// lands between the two commands is one that came just after the read.
+    pub(crate) async fn read(
         &self,
         conn: &mut RedisConn,
         stream: &str,
-        group: &str,
-        consumer: &str,
-        start: &str,
-    ) -> Result<redis::streams::StreamAutoClaimReply, redis::RedisError> {
-        let Some(token) = self.token else {
-            return redis::cmd("XAUTOCLAIM")
-                .arg(stream)
-                .arg(group)
-                .arg(consumer)
-                .arg(0)
-                .arg(start)
-                .arg("COUNT")
-                .arg(1000)
-                .arg("JUSTID")
-                .query_async(conn)
-                .await;
-        };
-        self.claim.key(stream).key(&self.key).arg(token).arg(group).arg(consumer).arg(start).invoke_async(conn).await
-    }
-
-    /// Up to `count` new entries (`XREADGROUP … >`), without waiting.
-    /// Without a lease, a plain `XREADGROUP` first: the script (which
-    /// passes the whole reply through Lua and reads the stream's last id)
-    /// only when it found nothing and `last_id` is wanted. A busy queue's
-    /// reader often finds nothing for a moment between writes; it needs
-    /// the last id only once it is about to wait for a write.
-    pub(crate) async fn read_new(
-        &self,
-        conn: &mut RedisConn,
-        stream: &str,
-        (group, consumer): (&str, &str),
+        after: Option<SequenceToken>,
         count: usize,
-        last_id: bool,
-    ) -> Result<NewEntries, redis::RedisError> {
-        if self.token.is_none() {
-            let reply: Option<redis::streams::StreamReadReply> = redis::cmd("XREADGROUP")
-                .arg("GROUP")
-                .arg(group)
-                .arg(consumer)
-                .arg("COUNT")
-                .arg(count)
-                .arg("STREAMS")
-                .arg(stream)
-                .arg(">")
-                .query_async(conn)
-                .await?;
-            let entries: Vec<_> = reply.map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect()).unwrap_or_default();
-            if !entries.is_empty() {
-                return Ok(NewEntries::Some(entries));
-            }
-            if !last_id {
-                return Ok(NewEntries::None { last_id: None });
-            }
+    ) -> Result<Read, redis::RedisError> {
+        let start = after.map_or_else(|| "-".to_string(), |after| format!("({after}"));
+        let mut range = redis::cmd("XRANGE");
+        range.arg(stream).arg(start).arg("+").arg("COUNT").arg(count);
+        let Some(token) = self.token else {
+            let reply: redis::streams::StreamRangeReply = range.query_async(conn).await?;
+            return Ok(Read::Entries(reply.ids));
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(&self.key).add_command(range);
+        let mut answers = conn.pipeline_at(stream, pipe).await?.into_iter();
+        let (Some(fence), Some(entries)) = (answers.next(), answers.next()) else {
+            return Err(redis::RedisError::from((redis::ErrorKind::Io, "a fenced read lost an answer")));
+        };
+        let fence: Option<String> = redis::from_redis_value(fence)?;
+        if let Some(fence) = fence.filter(|fence| is_above(fence, token)) {
+            return Ok(Read::Fenced(fence));
         }
-        let (reply, last_id): (redis::Value, String) = self
-            .read_new
-            .key(stream)
-            .key(&self.key)
-            .arg(self.token.unwrap_or(0))
-            .arg(group)
-            .arg(consumer)
-            .arg(count)
-            .invoke_async(conn)
-            .await?;
-        if !last_id.is_empty() {
-            return Ok(NewEntries::None { last_id: Some(last_id) });
-        }
-        let reply: redis::streams::StreamReadReply = redis::from_redis_value(reply)?;
-        Ok(NewEntries::Some(reply.keys.into_iter().flat_map(|k| k.ids).collect()))
+        let reply: redis::streams::StreamRangeReply = redis::from_redis_value(entries)?;
+        Ok(Read::Entries(reply.ids))
     }
 }
 
-/// Whether `error` says the consumer group is gone (also when a script
-/// passed it on).
-pub(crate) fn is_no_group(error: &redis::RedisError) -> bool {
-    error.code() == Some("NOGROUP") || error.to_string().contains("NOGROUP")
+/// Whether the fencing counter `fence` is above `token`.
+fn is_above(fence: &str, token: u64) -> bool {
+    fence.parse::<u64>().is_ok_and(|fence| fence > token)
 }
