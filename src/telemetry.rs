@@ -38,7 +38,7 @@ pub const LEASES_LOST: &str = "tailrace_leases_lost_total";
 /// Peers this node's failure detector found dead and evicted.
 pub const NODES_EVICTED: &str = "tailrace_nodes_evicted_total";
 /// Writes of an old lease's owner refused by the queue's fence (label
-/// `kind`: `ack`, `trim`, `read`, `claim`, `checkpoint`, `append`).
+/// `kind`: `read`, `trim`, `checkpoint`, `append`).
 pub const FENCED_WRITES: &str = "tailrace_fenced_writes_total";
 /// Checkpoints written (label `queue`).
 pub const CHECKPOINT_WRITES: &str = "tailrace_checkpoint_writes_total";

@@ -5,24 +5,24 @@
 //!
 //! - At connect, the old layout's keys (`{prefix}:q{n}`,
 //!   `{prefix}:checkpoint:q{n}`) are renamed to the new ones once.
-//! - A fenced receiver (`create_receiver` with `Fence::lease`, the agent's
-//!   under a lease) acks, trims, claims and takes new entries in scripts that first
-//!   check the queue's fencing counter: a paused old owner can neither
-//!   strand entries in its pending list nor ack or trim after a newer lease
-//!   was granted.
 //! - `enqueue` appends one entry per batch (`XADD`); concurrent appends to a
 //!   queue go out together as one pipeline.
-//! - Receivers read through a consumer group (`XREADGROUP … COUNT n`, in a
-//!   script that also answers the stream's last id when nothing is new),
-//!   ack with `XACK`, and on start take over every entry a previous owner
-//!   left pending (`XAUTOCLAIM`), reading those first, so nothing is
-//!   stranded. The group is created at the stream's start (`0`, never
-//!   `$`), so nothing appended before it existed is skipped; a group that
-//!   vanished with its stream (the key deleted, a Redis that lost its data)
-//!   is created again on the next read.
-//! - No read blocks, and receivers share the adapter's connection: an idle
-//!   queue's agent sleeps until Redis tells the process of a write to its
-//!   stream (`wake.rs`), so an idle queue costs no command at all.
+//! - A receiver reads its stream as a log, as the Kafka adapter reads a
+//!   partition: `XRANGE stream (position + COUNT n`, starting after the
+//!   stored checkpoint. No consumer group, no pending list, no per-entry
+//!   ack or claim: the agent's checkpoint is the ack, a new owner starts at
+//!   it, and a read whose reply was lost moved nothing. On a queue an older
+//!   release read through the consumer group `group` and never
+//!   checkpointed, the first start is at the group's first entry not acked.
+//! - A fenced receiver (`create_receiver` with `Fence::lease`, the agent's
+//!   under a lease) reads the queue's fencing counter in the same pipeline
+//!   as each read, and trims in a script that checks it first: a paused old
+//!   owner, once a newer lease was granted, reads nothing to deliver and
+//!   trims nothing; its checkpoint saves are refused too (`store.rs`).
+//! - No read blocks, and receivers share the adapter's connections: an
+//!   idle queue's agent sleeps until Redis tells the process of a write to
+//!   its stream past its position (`wake.rs`), so an idle queue costs no
+//!   command at all.
 //! - New entries are always numbered past the stored checkpoint and past
 //!   what the receiver read (`XSETID` when the stream's ids fell behind),
 //!   so a new entry is never taken for an old one.
@@ -103,7 +103,9 @@ pub struct RedisOptions {
     pub tls_key_file: Option<PathBuf>,
     /// Prefix of every key tailrace writes.
     pub key_prefix: String,
-    /// The consumer group (one per provider).
+    /// The consumer group an older release read the queues through: a
+    /// queue with no checkpoint yet starts where that group stopped (see
+    /// `docs/upgrading.md`). Nothing reads through it any more.
     pub group: String,
     /// What trimming may remove.
     pub trim: TrimPolicy,

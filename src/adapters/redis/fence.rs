@@ -97,8 +97,7 @@ pub(crate) fn is_refusal(error: &redis::RedisError) -> bool {
     error.code() == Some("FENCED")
 }
 
-/// Counts a refusal of `kind` (`ack`, `trim`, `read`, `claim`,
-/// `checkpoint`) and logs it.
+/// Counts a refusal of `kind` (`read`, `trim`, `checkpoint`) and logs it.
 pub(crate) fn refused(kind: &'static str, queue: QueueId, token: u64, error: &dyn std::fmt::Display) {
     tracing::warn!(%queue, token, kind, %error, "write refused: a newer lease of the queue was granted");
     metrics::counter!(telemetry::FENCED_WRITES, "kind" => kind).increment(1);
