@@ -297,16 +297,19 @@ pub(super) fn cpu_ticks(nodes: &[NodeProc]) -> anyhow::Result<Vec<u64>> {
     nodes
         .iter()
         .filter(|node| node.alive)
-        .map(|node| {
-            let pid = node.pid().context("a node exited")?;
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("reading /proc")?;
-            // Fields after the command name: state is the first, utime the
-            // 12th, stime the 13th.
-            let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
-            let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
-            Ok(field(11) + field(12))
-        })
+        .map(|node| ticks_of(&node.pid().context("a node exited")?.to_string()))
         .collect()
+}
+
+/// The CPU time (user and system, in clock ticks) of process `pid`
+/// (`self`: this one).
+pub(super) fn ticks_of(pid: &str) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("reading /proc")?;
+    // Fields after the command name: state is the first, utime the 12th,
+    // stime the 13th.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    Ok(field(11) + field(12))
 }
 
 /// `VmRSS` of a process, in KiB.

@@ -33,6 +33,11 @@ use tailrace::{Event, EventId, StreamId};
 use super::cluster::{NAMESPACE, NodeProc};
 use super::scale::{clock_ticks, commandstats, cpu_ticks};
 
+/// CPU microseconds per event, from clock ticks over `events`.
+fn usec_per_event(ticks: u64, events: f64) -> f64 {
+    ticks as f64 / clock_ticks() * 1e6 / events.max(1.0)
+}
+
 /// Producer tasks, and events per batch.
 const PRODUCERS: usize = 16;
 const BATCH: usize = 10;
@@ -43,6 +48,8 @@ struct Snapshot {
     reads: u64,
     redis_cpu: f64,
     node_ticks: Vec<u64>,
+    /// This process's CPU (its producers), in clock ticks.
+    bench_ticks: u64,
     at: Instant,
 }
 
@@ -61,6 +68,7 @@ impl Snapshot {
             reads: field(&stats, "total_reads_processed") as u64,
             redis_cpu: field(&cpu, "used_cpu_user") + field(&cpu, "used_cpu_sys"),
             node_ticks: if nodes.is_empty() { Vec::new() } else { cpu_ticks(nodes)? },
+            bench_ticks: super::scale::ticks_of("self")?,
             at: Instant::now(),
         })
     }
@@ -75,6 +83,13 @@ struct Round {
     usec_per_event: f64,
     redis_cpu_pct: f64,
     node_cpu_pct: f64,
+    /// CPU microseconds per event: the nodes', the producers' (with the
+    /// probe), and the raw round's producers' and Redis'.
+    node_usec_per_event: f64,
+    producer_usec_per_event: f64,
+    redis_cpu_usec_per_event: f64,
+    raw_producer_usec_per_event: f64,
+    raw_redis_usec_per_event: f64,
     raw_redis_cpu_pct: f64,
     unfenced_eps: f64,
     unfenced_redis_cpu_pct: f64,
@@ -101,12 +116,14 @@ pub(super) async fn run(nodes: &[NodeProc], url: &str, queues: u32, quick: bool)
     let mut done = Vec::new();
     for round in 0..rounds {
         let (active_eps, cluster) = cluster_round(nodes, &adapter, &mut conn, queues, seconds, round).await?;
-        let (raw_eps, raw_cpu) = raw_round(&mut conn, seconds).await?;
+        let (raw_eps, raw_cpu, raw_producer_usec, raw_redis_usec) = raw_round(&mut conn, seconds).await?;
         let (unfenced_eps, unfenced_cpu) = unfenced_round(&client, &mut conn, queues, seconds).await?;
         let result = Round {
             active_eps,
             raw_eps,
             raw_redis_cpu_pct: raw_cpu,
+            raw_producer_usec_per_event: raw_producer_usec,
+            raw_redis_usec_per_event: raw_redis_usec,
             unfenced_eps,
             unfenced_redis_cpu_pct: unfenced_cpu,
             ..cluster
@@ -144,12 +161,34 @@ pub(super) async fn run(nodes: &[NodeProc], url: &str, queues: u32, quick: bool)
         at(0.99),
         latencies.len()
     );
+    // What the machine's cores allow: CPU per event of everyone on them.
+    let (cluster_cpu, raw_cpu) = (
+        m.producer_usec_per_event + m.redis_cpu_usec_per_event + m.node_usec_per_event,
+        m.raw_producer_usec_per_event + m.raw_redis_usec_per_event,
+    );
+    let ceiling = if cluster_cpu > 0.0 { raw_cpu / cluster_cpu } else { 0.0 };
+    println!(
+        "scale: CPU per event: producers {:.2} µs, Redis {:.2} µs, nodes {:.2} µs (raw XADD: producers {:.2}, Redis {:.2}); \
+         with every core busy the cluster could reach {ceiling:.3} of raw XADD",
+        m.producer_usec_per_event,
+        m.redis_cpu_usec_per_event,
+        m.node_usec_per_event,
+        m.raw_producer_usec_per_event,
+        m.raw_redis_usec_per_event,
+    );
     Ok(format!(
-        "active_eps={:.0} raw_xadd_eps={:.0} active_ratio={:.3} active_ratio_min={min:.3} active_ratio_max={max:.3} \
+        "active_node_usec_per_event={:.2} active_producer_usec_per_event={:.2} active_redis_cpu_usec_per_event={:.2} \
+         raw_producer_usec_per_event={:.2} raw_redis_cpu_usec_per_event={:.2} cpu_ceiling_ratio={ceiling:.3} \
+         active_eps={:.0} raw_xadd_eps={:.0} active_ratio={:.3} active_ratio_min={min:.3} active_ratio_max={max:.3} \
          rounds={rounds} unfenced_eps={:.0} unfenced_ratio={:.3} unfenced_ratio_min={unfenced_min:.3} \
          unfenced_ratio_max={unfenced_max:.3} unfenced_redis_cpu_pct={:.0} active_cmds_per_event={:.3} active_round_trips_per_event={:.3} active_redis_usec_per_event={:.2} \
          active_redis_cpu_pct={:.0} active_node_cpu_pct={:.0} raw_redis_cpu_pct={:.0} active_top={} \
          active_latency_p50_ms={:.2} active_latency_p99_ms={:.2}",
+        m.node_usec_per_event,
+        m.producer_usec_per_event,
+        m.redis_cpu_usec_per_event,
+        m.raw_producer_usec_per_event,
+        m.raw_redis_usec_per_event,
         m.active_eps,
         m.raw_eps,
         m.ratio(),
@@ -248,6 +287,11 @@ async fn cluster_round(
             usec_per_event: usec as f64 / events,
             redis_cpu_pct: (after.redis_cpu - before.redis_cpu) / elapsed * 100.0,
             node_cpu_pct: ticks as f64 / clock_ticks() / elapsed * 100.0,
+            node_usec_per_event: usec_per_event(ticks, events),
+            producer_usec_per_event: usec_per_event(after.bench_ticks - before.bench_ticks, events),
+            redis_cpu_usec_per_event: (after.redis_cpu - before.redis_cpu) * 1e6 / events,
+            raw_producer_usec_per_event: 0.0,
+            raw_redis_usec_per_event: 0.0,
             raw_redis_cpu_pct: 0.0,
             unfenced_eps: 0.0,
             unfenced_redis_cpu_pct: 0.0,
@@ -387,7 +431,9 @@ async fn unfenced_round(
 
 /// A raw client's round on the same Redis: events per second (entries
 /// of a batch's size, one key, deleted afterwards) and Redis's CPU.
-async fn raw_round(conn: &mut MultiplexedConnection, seconds: u64) -> anyhow::Result<(f64, f64)> {
+/// Raw `XADD`s: events/s, Redis CPU %, and CPU µs per event of the
+/// producers and of Redis.
+async fn raw_round(conn: &mut MultiplexedConnection, seconds: u64) -> anyhow::Result<(f64, f64, f64, f64)> {
     let payload = "x".repeat(100);
     let body = serde_json::to_string(&(0..BATCH).map(|i| (format!("a0-{i}"), payload.clone())).collect::<Vec<_>>())?;
     let raw = Arc::new(AtomicU64::new(0));
@@ -416,5 +462,12 @@ async fn raw_round(conn: &mut MultiplexedConnection, seconds: u64) -> anyhow::Re
     let after = Snapshot::take(conn, &[]).await?;
     let elapsed = (after.at - before.at).as_secs_f64();
     let _: i64 = redis::cmd("DEL").arg("bench:scale:raw").query_async(conn).await?;
-    Ok((raw.load(Ordering::Relaxed) as f64 / elapsed, (after.redis_cpu - before.redis_cpu) / elapsed * 100.0))
+    let events = raw.load(Ordering::Relaxed) as f64;
+    let redis_cpu = after.redis_cpu - before.redis_cpu;
+    Ok((
+        events / elapsed,
+        redis_cpu / elapsed * 100.0,
+        usec_per_event(after.bench_ticks - before.bench_ticks, events),
+        redis_cpu * 1e6 / events.max(1.0),
+    ))
 }
