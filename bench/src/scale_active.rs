@@ -161,15 +161,15 @@ pub(super) async fn run(nodes: &[NodeProc], url: &str, queues: u32, quick: bool)
         at(0.99),
         latencies.len()
     );
-    // What the machine's cores allow: CPU per event of everyone on them.
-    let (cluster_cpu, raw_cpu) = (
-        m.producer_usec_per_event + m.redis_cpu_usec_per_event + m.node_usec_per_event,
-        m.raw_producer_usec_per_event + m.raw_redis_usec_per_event,
-    );
-    let ceiling = if cluster_cpu > 0.0 { raw_cpu / cluster_cpu } else { 0.0 };
+    // What the machine's cores allow: every core busy with the CPU each
+    // event takes of everyone on them (producers, Redis, nodes), against
+    // what raw `XADD` did.
+    let cluster_cpu = m.producer_usec_per_event + m.redis_cpu_usec_per_event + m.node_usec_per_event;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    let ceiling = if cluster_cpu > 0.0 && m.raw_eps > 0.0 { cores * 1e6 / cluster_cpu / m.raw_eps } else { 0.0 };
     println!(
         "scale: CPU per event: producers {:.2} µs, Redis {:.2} µs, nodes {:.2} µs (raw XADD: producers {:.2}, Redis {:.2}); \
-         with every core busy the cluster could reach {ceiling:.3} of raw XADD",
+         {cores} cores busy with it would reach {ceiling:.3} of raw XADD",
         m.producer_usec_per_event,
         m.redis_cpu_usec_per_event,
         m.node_usec_per_event,
