@@ -2,11 +2,12 @@
 //! (client-side tracking, see [`crate::redis_conn::tracking`]) on the
 //! stream, checked with `XREVRANGE stream + (last COUNT 1`.
 //!
-//! An idle receiver's last read came back empty with the stream's last
-//! generated id. Its agent then waits on [`Wakes::wait`]: an entry added
-//! since that read is in the check's answer (the wait ends at once); the
-//! next `XADD` from any node invalidates the key. This process's own acks
-//! and trims invalidate it too: the agent reads and finds nothing.
+//! An idle receiver's last read came back empty: nothing past its
+//! position. Its agent then waits on [`Wakes::wait`] from that position:
+//! an entry added since that read is in the check's answer (the wait ends
+//! at once); the next `XADD` from any node invalidates the key. This
+//! process's own trims invalidate it too: the agent reads and finds
+//! nothing.
 
 use std::sync::Arc;
 
@@ -28,8 +29,8 @@ impl Wakes {
     }
 
     /// A wake that completes once `stream` has an entry after `last_id`
-    /// (its last generated id at the receiver's empty read); `None` if this
-    /// Redis cannot tell (poll instead).
+    /// (the receiver's position at its empty read); `None` if this Redis
+    /// cannot tell (poll instead).
     pub(crate) fn wait(&self, stream: String, last_id: String) -> Option<Wake> {
         let mut check = redis::cmd("XREVRANGE");
         check.arg(&stream).arg("+").arg(format!("({last_id}")).arg("COUNT").arg(1);
