@@ -18,6 +18,7 @@ mod auth;
 mod body;
 mod diff;
 mod direct;
+mod fanout;
 mod failures;
 mod frames;
 mod groups;

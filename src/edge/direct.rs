@@ -22,14 +22,15 @@ use std::time::{Duration, SystemTime};
 use axum::Router;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::LogEdge;
 use super::https;
-use super::sse::ConnectionCut;
+use super::sse::{ConnectionCut, Next, Session};
 use crate::tasks::Tasks;
 
 /// Frames of one viewer sent with one write at most (when several are
@@ -48,9 +49,33 @@ const STREAM_PREFIX: &str = "/api/v1/services/ingestionPipelines/logs/";
 const MAX_ANSWER: usize = 64 * 1024;
 
 /// What a connection is served over: a TCP socket, or a TLS session on one.
-trait Connection: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+pub(super) trait Connection: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Whether it is a plain socket, which the fan-out can take.
+    const PLAIN: bool;
 
-impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection for S {}
+    /// The plain socket, or itself when it is not one.
+    fn into_plain(self) -> Result<TcpStream, Self>
+    where
+        Self: Sized;
+}
+
+impl Connection for TcpStream {
+    const PLAIN: bool = true;
+
+    fn into_plain(self) -> Result<TcpStream, Self> {
+        Ok(self)
+    }
+}
+
+/// A TLS session stays with its connection's task: the fan-out writes
+/// plain sockets only.
+impl Connection for tokio_rustls::server::TlsStream<TcpStream> {
+    const PLAIN: bool = false;
+
+    fn into_plain(self) -> Result<TcpStream, Self> {
+        Err(self)
+    }
+}
 
 /// Serves `listener` until `shutdown` (over TLS with `tls`: a socket that
 /// does not complete its handshake is closed); stream requests go straight
@@ -256,8 +281,8 @@ fn route(request: &httparse::Request<'_, '_>) -> Option<StreamRequest> {
     })
 }
 
-async fn serve_stream(
-    mut stream: impl Connection,
+async fn serve_stream<S: Connection>(
+    mut stream: S,
     edge: &Arc<LogEdge>,
     request: StreamRequest,
     cut: &CancellationToken,
@@ -266,14 +291,15 @@ async fn serve_stream(
     if let Err(refusal) = edge.auth.check(true, request.authorization.as_deref()) {
         return Box::pin(answer(&mut stream, refusal.into_response())).await;
     }
-    let opened = super::sse::open(edge.clone(), &request.fqn, &request.run, request.after.as_deref(), cut.clone());
-    // The stream is boxed as soon as it exists: moved between this
+    let after = request.after.as_deref();
+    let opened = super::sse::open_session(edge.clone(), &request.fqn, &request.run, after, cut.clone(), S::PLAIN);
+    // The session is boxed as soon as it exists: moved between this
     // function's locals across awaits, a value this size (0.8 KiB) is
     // stored once per place it passed through, and this future lives as
     // long as the viewer (see docs/benchmarks.md).
-    let opened = Box::pin(async move { opened.await.map(Box::pin) }).await;
-    let mut body = match opened {
-        Ok(body) => body,
+    let opened = Box::pin(async move { opened.await.map(Box::new) }).await;
+    let mut session = match opened {
+        Ok(session) => session,
         Err(refusal) => return Box::pin(answer(&mut stream, refusal.into_response())).await,
     };
     let chunked = !request.http10;
@@ -283,17 +309,62 @@ async fn serve_stream(
         return;
     }
     drop(response_head);
+    let stop = edge.tasks.token().child_token();
+    // At the head, a plain socket goes to the fan-out, and this task ends.
+    if let Some(stream) = write_session(stream, &mut session, chunked, &stop).await
+        && let Ok(socket) = stream.into_plain()
+        && let Some(handover) = session.into_handover()
+    {
+        super::fanout::hand_over(edge, super::fanout::Slot::new(socket, handover, chunked));
+    }
+}
+
+/// Writes `session`'s frames on `stream` until the response ends (`None`:
+/// the connection is done with) or the session reaches the head of its
+/// tailer's window (the stream is handed back). `stop` ends it without a
+/// terminal frame.
+pub(super) async fn write_session<S: Connection>(
+    stream: S,
+    session: &mut Session,
+    chunked: bool,
+    stop: &CancellationToken,
+) -> Option<S> {
+    let cut = session.connection().clone();
     let (mut reader, mut writer) = tokio::io::split(stream);
-    // A viewer sends nothing after its request: a read that ends means the
-    // client closed (or sent what it should not). These two are kept
-    // across frames, so each is registered once, not once per frame.
-    let closed = async move {
-        let mut probe = [0u8; 1];
-        let _ = reader.read(&mut probe).await;
+    let ended = {
+        // A viewer sends nothing after its request: a read that ends means
+        // the client closed (or sent what it should not). These are kept
+        // across frames, so each is registered once, not once per frame.
+        let closed = async {
+            let mut probe = [0u8; 1];
+            let _ = reader.read(&mut probe).await;
+        };
+        tokio::pin!(closed);
+        let cut_off = cut.cancelled();
+        tokio::pin!(cut_off);
+        let stopped = stop.cancelled();
+        tokio::pin!(stopped);
+        write_frames_of(session, &mut writer, chunked, &cut, (&mut closed, &mut cut_off, &mut stopped)).await
     };
-    tokio::pin!(closed);
-    let cut_off = cut.cancelled();
-    tokio::pin!(cut_off);
+    if ended {
+        return None;
+    }
+    Some(reader.unsplit(writer))
+}
+
+/// The loop of [`write_session`]: whether the connection is done with
+/// (else the session is at the head, to be handed over).
+async fn write_frames_of<W: AsyncWrite + Unpin>(
+    session: &mut Session,
+    writer: &mut W,
+    chunked: bool,
+    cut: &CancellationToken,
+    (closed, cut_off, stopped): (
+        &mut Pin<&mut impl Future<Output = ()>>,
+        &mut Pin<&mut impl Future<Output = ()>>,
+        &mut Pin<&mut impl Future<Output = ()>>,
+    ),
+) -> bool {
     loop {
         // A ready frame first: the close probe and the cut are polled only
         // while the viewer waits (a write to a closed socket fails, one to a
@@ -301,24 +372,25 @@ async fn serve_stream(
         // stopping) is looked at once per write.
         let first = tokio::select! {
             biased;
-            frame = body.next() => frame,
-            () = &mut closed => return,
+            next = session.next() => next,
+            () = closed.as_mut() => return true,
             // The viewer stalled: its tailer cut it.
-            () = &mut cut_off => return,
+            () = cut_off.as_mut() => return true,
+            () = stopped.as_mut() => return true,
         };
         if cut.is_cancelled() {
-            return;
+            return true;
         }
         // Frames that are ready too go out in the same write: a viewer
         // that fell behind catches up with one system call, not one per
-        // frame. `after` is what ended the batch (an end or an error).
+        // frame. `after` is what ended the batch.
         let mut frames = Vec::new();
         let mut after = None;
         let mut next = first;
         let mut bytes = 0;
         loop {
             match next {
-                Some(Ok(frame)) => {
+                Next::Frame(frame) => {
                     bytes += frame.len();
                     frames.push(frame);
                 }
@@ -330,7 +402,7 @@ async fn serve_stream(
             if bytes >= COALESCE_BYTES {
                 break;
             }
-            match body.next().now_or_never() {
+            match session.next().now_or_never() {
                 Some(more) => next = more,
                 None => break,
             }
@@ -338,23 +410,24 @@ async fn serve_stream(
         if !frames.is_empty() {
             let written = tokio::select! {
                 biased;
-                written = write_frames(&mut writer, &frames, chunked) => written.is_ok(),
-                () = &mut cut_off => false,
+                written = write_frames(writer, &frames, chunked) => written.is_ok(),
+                () = cut_off.as_mut() => false,
             };
             if !written {
-                return;
+                return true;
             }
         }
         match after {
-            None | Some(Some(Ok(_))) => {}
+            None | Some(Next::Frame(_)) => {}
+            Some(Next::HandOver) => return false,
             // Dropped: cut the connection without ending the response.
-            Some(Some(Err(_))) => return,
-            Some(None) => {
+            Some(Next::Cut) => return true,
+            Some(Next::End) => {
                 if chunked {
-                    let _ = writer.write_all(b"0\r\n\r\n").await;
+                    let _ = writer.write_all(super::frames::LAST_CHUNK).await;
                 }
                 let _ = writer.shutdown().await;
-                return;
+                return true;
             }
         }
     }

@@ -32,6 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::LogEdge;
+use super::fanout::{Handover, Member};
 use super::frames;
 use super::incident::store_unavailable;
 use super::problem::{ApiError, problem};
@@ -89,6 +90,35 @@ pub(crate) async fn open(
     after: Option<&str>,
     connection: CancellationToken,
 ) -> Result<impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static, ApiError> {
+    let stop = edge.tasks.token().clone();
+    let session = open_session(edge, fqn, run, after, connection, false).await?;
+    let body = futures::stream::unfold(session, |mut session| async move {
+        let item = match session.next().await {
+            Next::Frame(frame) => Some(Ok(frame)),
+            Next::Cut => Some(Err(std::io::Error::other("viewer cut: its socket stalled"))),
+            // (Not handed over: this session was not opened to be.)
+            Next::End | Next::HandOver => None,
+        };
+        item.map(|item| (item, session))
+    });
+    // Open streams must not hold up a graceful shutdown. A child token:
+    // the stream checks it at every frame, and ten thousand streams
+    // checking the edge's own token would all take its one lock.
+    Ok(futures::StreamExt::take_until(body, stop.child_token().cancelled_owned()))
+}
+
+/// A viewer's session, or why there is none (see [`open`]). With
+/// `hand_over`, the session stops at the head of the tailer's window
+/// ([`Next::HandOver`]): its connection's writer passes the socket to the
+/// fan-out, which writes the live frames from then on.
+pub(crate) async fn open_session(
+    edge: Arc<LogEdge>,
+    fqn: &str,
+    run: &str,
+    after: Option<&str>,
+    connection: CancellationToken,
+    hand_over: bool,
+) -> Result<Session, ApiError> {
     let unknown = || problem(StatusCode::NOT_FOUND, format!("no pipeline `{fqn}`"));
     let key = RunKey::new(fqn, run).map_err(|_| unknown())?;
     // (No read-your-writes wait: the run's tailer delivers what the store
@@ -106,7 +136,6 @@ pub(crate) async fn open(
         None => StartAt::Offset(0),
         Some(text) => text.parse().map_or(StartAt::Unreadable, StartAt::Offset),
     };
-    let stop = edge.tasks.token().clone();
     let session = Session {
         edge,
         key,
@@ -123,14 +152,22 @@ pub(crate) async fn open(
         cut: None,
         was_cut: false,
         stage: Stage::Setup,
+        hand_over,
     };
-    let body = futures::stream::unfold(session, |mut session| async move {
-        session.next_frame().await.map(|frame| (frame, session))
-    });
-    // Open streams must not hold up a graceful shutdown. A child token:
-    // the stream checks it at every frame, and ten thousand streams
-    // checking the edge's own token would all take its one lock.
-    Ok(futures::StreamExt::take_until(body, stop.child_token().cancelled_owned()))
+    Ok(session)
+}
+
+/// What a session gives next.
+pub(crate) enum Next {
+    /// A frame to write.
+    Frame(Bytes),
+    /// The response ends (after its terminal frame, if it had one).
+    End,
+    /// Cut: close the connection without ending the response.
+    Cut,
+    /// At the head of the tailer's window: the fan-out takes the viewer
+    /// ([`Session::into_handover`]).
+    HandOver,
 }
 
 enum Stage {
@@ -146,6 +183,8 @@ enum Stage {
     Live {
         ahead_since: Option<Instant>,
     },
+    /// At the head, to be handed over to the fan-out.
+    HandOver,
     Done,
 }
 
@@ -162,7 +201,7 @@ impl Tick {
     }
 }
 
-struct Session {
+pub(crate) struct Session {
     edge: Arc<LogEdge>,
     key: RunKey,
     start: StartAt,
@@ -185,9 +224,16 @@ struct Session {
     cut: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
     was_cut: bool,
     stage: Stage,
+    /// Stop at the head for the fan-out rather than wait there.
+    hand_over: bool,
 }
 
 impl Session {
+    /// The token that closes the viewer's connection.
+    pub(crate) fn connection(&self) -> &CancellationToken {
+        &self.connection
+    }
+
     fn end_with(&mut self, frame: Bytes) -> Option<Bytes> {
         self.stage = Stage::Done;
         Some(frame)
@@ -202,25 +248,68 @@ impl Session {
         Some(frame)
     }
 
-    /// The next frame; `None` ends the response, an error cuts the
-    /// connection.
-    async fn next_frame(&mut self) -> Option<Result<Bytes, std::io::Error>> {
+    /// What comes next (see [`Next`]).
+    pub(crate) async fn next(&mut self) -> Next {
         loop {
             // (A connection cut while frames flow is closed by whoever
             // writes them; one cut while the session waits is seen here.)
             if self.was_cut {
                 self.stage = Stage::Done;
-                return Some(Err(std::io::Error::other("viewer cut: its socket stalled")));
+                return Next::Cut;
             }
             let frame = match &self.stage {
-                Stage::Done => return None,
+                Stage::Done => return Next::End,
+                Stage::HandOver => return Next::HandOver,
                 Stage::Setup => self.setup().await,
                 Stage::CatchUp { .. } => self.catch_up().await,
                 Stage::Live { .. } => self.live().await,
             };
             if let Some(frame) = frame {
-                return Some(Ok(frame));
+                return Next::Frame(frame);
             }
+        }
+    }
+
+    /// The viewer's place in its run, for the fan-out, once [`Next::HandOver`]
+    /// said it is at the head; `None` otherwise. The viewer stays attached
+    /// and registered: the [`Handover`]'s member leaves when it is dropped.
+    pub(crate) fn into_handover(mut self) -> Option<Handover> {
+        if !matches!(self.stage, Stage::HandOver) || !self.attached {
+            return None;
+        }
+        let (tailer, viewer) = (self.tailer.take()?, self.viewer.take()?);
+        self.attached = false;
+        Some(Handover {
+            member: Member::new(self.edge.clone(), tailer, viewer),
+            at: self.at,
+            replay_until: self.replay_until,
+            last_sent: self.last_sent,
+        })
+    }
+
+    /// The session of a handed-over viewer that fell behind the window:
+    /// it reads lines up to `until` from the store (today's catch-up), then
+    /// stops at the head again.
+    pub(crate) fn resumed(handover: Handover, until: u64) -> Session {
+        let Handover { member, at, replay_until, last_sent } = handover;
+        let (edge, tailer, viewer) = member.into_parts();
+        Session {
+            edge,
+            key: tailer.key().clone(),
+            start: StartAt::Offset(at),
+            connection: viewer.connection().clone(),
+            viewer: Some(viewer),
+            tailer: Some(tailer),
+            attached: true,
+            at,
+            replay_until,
+            last_sent,
+            heartbeat: None,
+            changes: None,
+            cut: None,
+            was_cut: false,
+            stage: Stage::CatchUp { until, tick: Tick::new(), lag_since: None },
+            hand_over: true,
         }
     }
 
@@ -295,12 +384,17 @@ impl Session {
             }
             Pull::Wait => {}
         }
+        let ahead = self.at > tailer.head();
+        if self.hand_over && !ahead {
+            self.stage = Stage::HandOver;
+            return None;
+        }
         let settings = &self.edge.settings;
         let every = secs(settings.heartbeat_seconds);
         // A cursor past the head: lines the stream has not delivered here
         // yet (a new tailer starts at what the store holds). Wait for
         // them, up to `resume_wait_seconds`.
-        let ahead_until = if self.at > tailer.head() {
+        let ahead_until = if ahead {
             let Stage::Live { ahead_since } = &mut self.stage else { return None };
             let since = *ahead_since.get_or_insert_with(Instant::now);
             let until = since + secs(settings.resume_wait_seconds);
