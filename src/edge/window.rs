@@ -89,13 +89,8 @@ impl Window {
         let chunked = frames::chunk(&frame);
         // The frame within its chunk: after the size line, before the CRLF.
         let prefix = chunked.len() - frame.len() - 2;
-        let chunk = Chunk {
-            start,
-            bytes: content.len(),
-            live: chunked.slice(prefix..prefix + frame.len()),
-            chunked,
-            lines,
-        };
+        let chunk =
+            Chunk { start, bytes: content.len(), live: chunked.slice(prefix..prefix + frame.len()), chunked, lines };
         self.head = chunk.end();
         self.bytes += chunk.bytes;
         let bytes = chunk.bytes;

@@ -4,7 +4,7 @@
 
 use std::io::IoSlice;
 use std::sync::Arc;
-use std::task::Context;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use tokio::net::TcpStream;
@@ -79,15 +79,23 @@ impl Slot {
     }
 
     /// Whether its client closed the connection (or sent something, which
-    /// a viewer must not): a look at the readiness the runtime already
-    /// holds, and a read only when it says readable.
-    pub(super) fn client_left(&self) -> bool {
-        let mut context = Context::from_waker(futures::task::noop_waker_ref());
-        if self.socket.poll_read_ready(&mut context).is_pending() {
-            return false;
-        }
+    /// a viewer must not). If not, `context`'s waker is woken when it
+    /// does: the runtime holds it with the socket, so a shard learns of a
+    /// client that left at once without a task or a future per viewer.
+    pub(super) fn client_left(&self, context: &mut Context<'_>) -> bool {
         let mut probe = [0u8; 1];
-        !matches!(self.socket.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        loop {
+            match self.socket.poll_read_ready(context) {
+                Poll::Pending => return false,
+                Poll::Ready(Err(_)) => return true,
+                // Readable: closed, or a readiness left from the request
+                // (the read clears it, then the waker is registered).
+                Poll::Ready(Ok(())) => match self.socket.try_read(&mut probe) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    _ => return true,
+                },
+            }
+        }
     }
 
     /// Writes it what it lacks (at most [`COALESCE_BYTES`], one write).
@@ -201,5 +209,59 @@ impl Slot {
         }
         self.owed = Bytes::from(out);
         self.closing = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::Context;
+
+    use tokio::io::AsyncWriteExt;
+
+    struct Flag(AtomicBool);
+
+    impl futures::task::ArcWake for Flag {
+        fn wake_by_ref(flag: &Arc<Self>) {
+            flag.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// A client that leaves wakes the waker its socket holds, and is then
+    /// seen; one that stays is not.
+    #[tokio::test]
+    async fn a_client_that_left_wakes_the_waker_and_is_seen() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        client.write_all(b"GET").await.unwrap();
+        server.readable().await.unwrap();
+        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        let waker = futures::task::waker(flag.clone());
+        let probe = |context: &mut Context<'_>| {
+            let mut one = [0u8; 1];
+            loop {
+                match server.poll_read_ready(context) {
+                    std::task::Poll::Pending => return false,
+                    std::task::Poll::Ready(Err(_)) => return true,
+                    std::task::Poll::Ready(Ok(())) => match server.try_read(&mut one) {
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                        Ok(n) if n > 0 => continue,
+                        _ => return true,
+                    },
+                }
+            }
+        };
+        assert!(!probe(&mut Context::from_waker(&waker)), "open");
+        drop(client);
+        tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while !flag.0.load(Ordering::SeqCst) {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap();
+        assert!(probe(&mut Context::from_waker(&waker)), "closed: seen");
     }
 }
