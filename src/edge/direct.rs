@@ -6,13 +6,17 @@
 //! connection for minutes or hours. So the first request of a connection
 //! is read here (`httparse`); if it opens a log stream, the stream is
 //! written on the socket directly as chunked `text/event-stream` and the
-//! connection closes with it. Every other request, and every later
-//! request of a kept-alive connection, goes to the router through hyper
-//! (which serves the stream route too, so nothing depends on this path).
+//! connection closes with it. The connection's task writes the first
+//! frames and any catch-up (`writer.rs`); once the viewer is at the head,
+//! a plain socket goes to its run's fan-out (`fanout.rs`) and the task
+//! ends. Every other request, and every later request of a kept-alive
+//! connection, goes to the router through hyper (which serves the stream
+//! route too, so nothing depends on this path).
 //!
 //! With `[edge.tls]` each accepted socket first completes its TLS handshake
 //! in its connection's task (bounded, see `https.rs`); both paths then
-//! serve the TLS session as they serve a plain socket.
+//! serve the TLS session as they serve a plain socket, except that a TLS
+//! stream stays with its connection's task (no hand-over).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,8 +25,6 @@ use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use futures::FutureExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
@@ -30,12 +32,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::LogEdge;
 use super::https;
-use super::sse::{ConnectionCut, Next, Session};
-use crate::tasks::Tasks;
+use super::sse::ConnectionCut;
 
-/// Frames of one viewer sent with one write at most (when several are
-/// ready at once).
-const COALESCE_BYTES: usize = 64 * 1024;
+mod writer;
+
+use crate::tasks::Tasks;
+pub(crate) use writer::write_session;
 
 /// Longest request head read before the route is known (a longer one is
 /// hyper's to read).
@@ -49,7 +51,7 @@ const STREAM_PREFIX: &str = "/api/v1/services/ingestionPipelines/logs/";
 const MAX_ANSWER: usize = 64 * 1024;
 
 /// What a connection is served over: a TCP socket, or a TLS session on one.
-pub(super) trait Connection: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+pub(crate) trait Connection: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// Whether it is a plain socket, which the fan-out can take.
     const PLAIN: bool;
 
@@ -317,146 +319,6 @@ async fn serve_stream<S: Connection>(
     {
         super::fanout::hand_over(edge, super::fanout::Slot::new(socket, handover, chunked));
     }
-}
-
-/// Writes `session`'s frames on `stream` until the response ends (`None`:
-/// the connection is done with) or the session reaches the head of its
-/// tailer's window (the stream is handed back). `stop` ends it without a
-/// terminal frame.
-pub(super) async fn write_session<S: Connection>(
-    stream: S,
-    session: &mut Session,
-    chunked: bool,
-    stop: &CancellationToken,
-) -> Option<S> {
-    let cut = session.connection().clone();
-    let (mut reader, mut writer) = tokio::io::split(stream);
-    let ended = {
-        // A viewer sends nothing after its request: a read that ends means
-        // the client closed (or sent what it should not). These are kept
-        // across frames, so each is registered once, not once per frame.
-        let closed = async {
-            let mut probe = [0u8; 1];
-            let _ = reader.read(&mut probe).await;
-        };
-        tokio::pin!(closed);
-        let cut_off = cut.cancelled();
-        tokio::pin!(cut_off);
-        let stopped = stop.cancelled();
-        tokio::pin!(stopped);
-        write_frames_of(session, &mut writer, chunked, &cut, (&mut closed, &mut cut_off, &mut stopped)).await
-    };
-    if ended {
-        return None;
-    }
-    Some(reader.unsplit(writer))
-}
-
-/// The loop of [`write_session`]: whether the connection is done with
-/// (else the session is at the head, to be handed over).
-async fn write_frames_of<W: AsyncWrite + Unpin>(
-    session: &mut Session,
-    writer: &mut W,
-    chunked: bool,
-    cut: &CancellationToken,
-    (closed, cut_off, stopped): (
-        &mut Pin<&mut impl Future<Output = ()>>,
-        &mut Pin<&mut impl Future<Output = ()>>,
-        &mut Pin<&mut impl Future<Output = ()>>,
-    ),
-) -> bool {
-    loop {
-        // A ready frame first: the close probe and the cut are polled only
-        // while the viewer waits (a write to a closed socket fails, one to a
-        // stalled socket waits and sees the cut), and a cut (the node
-        // stopping) is looked at once per write.
-        let first = tokio::select! {
-            biased;
-            next = session.next() => next,
-            () = closed.as_mut() => return true,
-            // The viewer stalled: its tailer cut it.
-            () = cut_off.as_mut() => return true,
-            () = stopped.as_mut() => return true,
-        };
-        if cut.is_cancelled() {
-            return true;
-        }
-        // Frames that are ready too go out in the same write: a viewer
-        // that fell behind catches up with one system call, not one per
-        // frame. `after` is what ended the batch.
-        let mut frames = Vec::new();
-        let mut after = None;
-        let mut next = first;
-        let mut bytes = 0;
-        loop {
-            match next {
-                Next::Frame(frame) => {
-                    bytes += frame.len();
-                    frames.push(frame);
-                }
-                end => {
-                    after = Some(end);
-                    break;
-                }
-            }
-            if bytes >= COALESCE_BYTES {
-                break;
-            }
-            match session.next().now_or_never() {
-                Some(more) => next = more,
-                None => break,
-            }
-        }
-        if !frames.is_empty() {
-            let written = tokio::select! {
-                biased;
-                written = write_frames(writer, &frames, chunked) => written.is_ok(),
-                () = cut_off.as_mut() => false,
-            };
-            if !written {
-                return true;
-            }
-        }
-        match after {
-            None | Some(Next::Frame(_)) => {}
-            Some(Next::HandOver) => return false,
-            // Dropped: cut the connection without ending the response.
-            Some(Next::Cut) => return true,
-            Some(Next::End) => {
-                if chunked {
-                    let _ = writer.write_all(super::frames::LAST_CHUNK).await;
-                }
-                let _ = writer.shutdown().await;
-                return true;
-            }
-        }
-    }
-}
-
-/// Writes `frames` with one write (each its own chunk when `chunked`).
-async fn write_frames(writer: &mut (impl AsyncWrite + Unpin), frames: &[Bytes], chunked: bool) -> std::io::Result<()> {
-    use std::io::Write as _;
-    match (frames, chunked) {
-        ([frame], false) => writer.write_all(frame).await?,
-        _ => {
-            let size: usize = frames.iter().map(|f| f.len() + 20).sum();
-            let mut out = Vec::with_capacity(size);
-            for frame in frames {
-                if chunked {
-                    // (Into the buffer: no string per frame.)
-                    let _ = write!(out, "{:x}\r\n", frame.len());
-                    out.extend_from_slice(frame);
-                    out.extend_from_slice(b"\r\n");
-                } else {
-                    out.extend_from_slice(frame);
-                }
-            }
-            writer.write_all(&out).await?;
-        }
-    }
-    // A TLS session may hold written bytes until it is flushed (a plain
-    // socket flushes for free): the frames go out now, not with the next.
-    writer.flush().await
 }
 
 /// Writes `response` (a refusal: small, fully buffered) and closes.

@@ -14,7 +14,9 @@
 //! line 0, as replay. Dropping the body (the
 //! client left) frees both slots at once; a socket that takes nothing for
 //! `stall_timeout_seconds` is cut by the tailer through the connection's
-//! [`ConnectionCut`].
+//! [`ConnectionCut`]. On the direct path a session over a plain socket
+//! stops at the head instead of waiting there, and the fan-out
+//! (`fanout.rs`) writes its live frames from then on (`handover.rs`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -32,7 +34,6 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::LogEdge;
-use super::fanout::{Handover, Member};
 use super::frames;
 use super::incident::store_unavailable;
 use super::problem::{ApiError, problem};
@@ -40,6 +41,8 @@ use super::tailer::{Phase, Pull, StartAt, Tailer};
 use super::viewer::{HEARTBEAT, Viewer};
 use crate::archive::RunKey;
 use crate::config::secs;
+
+mod handover;
 
 /// How often a session retries when the store has not caught up yet.
 const STORE_LAG_WAIT: Duration = Duration::from_millis(50);
@@ -267,49 +270,6 @@ impl Session {
             if let Some(frame) = frame {
                 return Next::Frame(frame);
             }
-        }
-    }
-
-    /// The viewer's place in its run, for the fan-out, once [`Next::HandOver`]
-    /// said it is at the head; `None` otherwise. The viewer stays attached
-    /// and registered: the [`Handover`]'s member leaves when it is dropped.
-    pub(crate) fn into_handover(mut self) -> Option<Handover> {
-        if !matches!(self.stage, Stage::HandOver) || !self.attached {
-            return None;
-        }
-        let (tailer, viewer) = (self.tailer.take()?, self.viewer.take()?);
-        self.attached = false;
-        Some(Handover {
-            member: Member::new(self.edge.clone(), tailer, viewer),
-            at: self.at,
-            replay_until: self.replay_until,
-            last_sent: self.last_sent,
-        })
-    }
-
-    /// The session of a handed-over viewer that fell behind the window:
-    /// it reads lines up to `until` from the store (today's catch-up), then
-    /// stops at the head again.
-    pub(crate) fn resumed(handover: Handover, until: u64) -> Session {
-        let Handover { member, at, replay_until, last_sent } = handover;
-        let (edge, tailer, viewer) = member.into_parts();
-        Session {
-            edge,
-            key: tailer.key().clone(),
-            start: StartAt::Offset(at),
-            connection: viewer.connection().clone(),
-            viewer: Some(viewer),
-            tailer: Some(tailer),
-            attached: true,
-            at,
-            replay_until,
-            last_sent,
-            heartbeat: None,
-            changes: None,
-            cut: None,
-            was_cut: false,
-            stage: Stage::CatchUp { until, tick: Tick::new(), lag_since: None },
-            hand_over: true,
         }
     }
 

@@ -38,7 +38,7 @@ pub(crate) struct Slot {
 pub(super) enum Served {
     /// It has everything: it waits for the next change.
     Waiting(Slot),
-    /// Its socket took less than it lacks: it waits until it is writable.
+    /// It lacks more than its socket took: it waits until it is writable.
     Blocked(Slot),
     /// Lines up to `until` fell out of the window.
     Behind(Slot, u64),
@@ -181,7 +181,10 @@ impl Slot {
             self.last_sent = now;
             self.member.viewer().progressed_at(self.at, now);
         }
-        if !self.owed.is_empty() || total >= COALESCE_BYTES {
+        // Still short of the head (the write was full, or it came from
+        // further back than the snapshot): served again as soon as its
+        // socket is writable, not at the next change, which may not come.
+        if !self.owed.is_empty() || total >= COALESCE_BYTES || (!self.closing && self.at < snapshot.head) {
             Served::Blocked(self)
         } else if self.closing {
             Served::Closed
