@@ -25,7 +25,7 @@ use super::Slot;
 use super::slot::Served;
 use crate::config::secs;
 use crate::edge::LogEdge;
-use crate::edge::tailer::{Phase, Snapshot, Tailer};
+use crate::edge::tailer::{Phase, Tailer};
 use crate::telemetry;
 
 /// Viewers served between two yields to the runtime: a pass over
@@ -232,10 +232,4 @@ fn park(slot: Slot, stall: Duration) -> Parked {
             }
         }
     })
-}
-
-impl std::fmt::Debug for Snapshot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Snapshot").field("head", &self.head).field("chunks", &self.chunks.len()).finish()
-    }
 }

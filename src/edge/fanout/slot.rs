@@ -127,18 +127,19 @@ impl Slot {
             (sources[0], ends[0], count, total) = (&owed[..], self.at, 1, owed.len());
         }
         let mut shared_from = None;
-        if !self.closing && self.at >= self.replay_until {
-            if let Some(first) = snapshot.chunks.iter().position(|c| c.start == self.at) {
-                shared_from = Some(first);
-                for chunk in &snapshot.chunks[first..] {
-                    if total >= COALESCE_BYTES || count == MAX_BUFFERS {
-                        break;
-                    }
-                    let bytes = if self.chunked { &chunk.chunked } else { &chunk.frame };
-                    (sources[count], ends[count]) = (&bytes[..], chunk.end);
-                    count += 1;
-                    total += bytes.len();
+        if !self.closing
+            && self.at >= self.replay_until
+            && let Some(first) = snapshot.chunks.iter().position(|c| c.start == self.at)
+        {
+            shared_from = Some(first);
+            for chunk in &snapshot.chunks[first..] {
+                if total >= COALESCE_BYTES || count == MAX_BUFFERS {
+                    break;
                 }
+                let bytes = if self.chunked { &chunk.chunked } else { &chunk.frame };
+                (sources[count], ends[count]) = (&bytes[..], chunk.end);
+                count += 1;
+                total += bytes.len();
             }
         }
         if count == 0 {
