@@ -19,6 +19,7 @@ mod body;
 mod diff;
 mod direct;
 mod failures;
+mod fanout;
 mod frames;
 mod groups;
 mod health;

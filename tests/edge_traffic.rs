@@ -1,7 +1,7 @@
 //! The log stream under real traffic, over loopback sockets: a burst of
-//! large posts with one fast and one stalled viewer, a client that
-//! reconnects with the server's own cursor while lines arrive, and large
-//! request heads.
+//! large posts with one fast and one stalled viewer, a viewer that pauses
+//! while many chunks arrive, a client that reconnects with the server's
+//! own cursor while lines arrive, and large request heads.
 
 use tailrace_testkit as common;
 
@@ -190,4 +190,59 @@ async fn large_request_heads_are_served_or_refused_with_431() {
     let answer = String::from_utf8_lossy(&answer[..n]);
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer:?}");
     assert!(answer.to_ascii_lowercase().contains("content-type: text/event-stream"), "{answer:?}");
+}
+
+/// A viewer whose socket stops taking frames for a while (a 4 KiB receive
+/// buffer, not read for a second) while many chunks arrive falls behind
+/// the newest frames, then reads again: it gets every line, in order,
+/// with nothing posted after it started reading (no later change to wake
+/// it up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_that_pauses_gets_every_line_once_it_reads_again() {
+    // Every line stays in the tailer's window: the viewer catches up from
+    // it, not from the store.
+    let settings = LogStreamSettings { max_replay_bytes: 64 << 20, ..LogStreamSettings::default() };
+    let server = LogServer::start(settings).await;
+    server.state("svc.etl", "r-1", "running").await;
+    server.lines("svc.etl", "r-1", "line 9-0 start").await;
+    let mut paused = server.stalled_viewer("svc.etl", "r-1").await;
+    assert!(common::eventually(Duration::from_secs(5), || server.edge.active_connections() == 1).await);
+    // 400 chunks of 200 lines of ~120 bytes (24 KB, under the 64 KiB one
+    // write takes): 9.6 MB, far more than the socket's buffers hold, in
+    // far more chunks than the newest the tailer shares without its lock.
+    const POSTS: usize = 400;
+    const LINES: usize = 200;
+    for post in 0..POSTS {
+        server.lines("svc.etl", "r-1", &numbered(0, post * LINES, LINES, 100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut raw = Vec::new();
+    let mut lines = Vec::new();
+    let read_all = async {
+        let mut buffer = vec![0u8; 64 * 1024];
+        while lines.len() < POSTS * LINES + 1 {
+            let n = paused.read(&mut buffer).await.unwrap();
+            assert!(n > 0, "the stream ended after {} lines", lines.len());
+            raw.extend_from_slice(&buffer[..n]);
+            lines.extend(take_lines(&mut raw));
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read_all).await.expect("every line within 30 s");
+    let seen = parse_numbered(&[serde_json::json!({ "logs": lines.join("\n") })]);
+    let expected: Vec<(usize, usize)> = std::iter::once((9, 0)).chain((0..POSTS * LINES).map(|i| (0, i))).collect();
+    assert!(seen == expected, "every line once, in order ({} seen of {})", seen.len(), expected.len());
+}
+
+/// The log lines of the complete events in `raw` (a chunked SSE response,
+/// its head first), which keeps what is not complete yet.
+fn take_lines(raw: &mut Vec<u8>) -> Vec<String> {
+    let mut lines = Vec::new();
+    loop {
+        let text = String::from_utf8_lossy(raw).into_owned();
+        let Some(start) = text.find("data: ") else { return lines };
+        let Some(end) = text[start..].find("\n\n") else { return lines };
+        let event: Value = serde_json::from_str(&text[start + 6..start + end]).unwrap();
+        lines.extend(event["logs"].as_str().unwrap_or_default().lines().map(str::to_string));
+        raw.drain(..start + end + 2);
+    }
 }

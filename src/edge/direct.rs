@@ -6,13 +6,17 @@
 //! connection for minutes or hours. So the first request of a connection
 //! is read here (`httparse`); if it opens a log stream, the stream is
 //! written on the socket directly as chunked `text/event-stream` and the
-//! connection closes with it. Every other request, and every later
-//! request of a kept-alive connection, goes to the router through hyper
-//! (which serves the stream route too, so nothing depends on this path).
+//! connection closes with it. The connection's task writes the first
+//! frames and any catch-up (`writer.rs`); once the viewer is at the head,
+//! a plain socket goes to its run's fan-out (`fanout.rs`) and the task
+//! ends. Every other request, and every later request of a kept-alive
+//! connection, goes to the router through hyper (which serves the stream
+//! route too, so nothing depends on this path).
 //!
 //! With `[edge.tls]` each accepted socket first completes its TLS handshake
 //! in its connection's task (bounded, see `https.rs`); both paths then
-//! serve the TLS session as they serve a plain socket.
+//! serve the TLS session as they serve a plain socket, except that a TLS
+//! stream stays with its connection's task (no hand-over).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,20 +25,19 @@ use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use futures::{FutureExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::LogEdge;
 use super::https;
 use super::sse::ConnectionCut;
-use crate::tasks::Tasks;
 
-/// Frames of one viewer sent with one write at most (when several are
-/// ready at once).
-const COALESCE_BYTES: usize = 64 * 1024;
+mod writer;
+
+use crate::tasks::Tasks;
+pub(crate) use writer::write_session;
 
 /// Longest request head read before the route is known (a longer one is
 /// hyper's to read).
@@ -48,9 +51,33 @@ const STREAM_PREFIX: &str = "/api/v1/services/ingestionPipelines/logs/";
 const MAX_ANSWER: usize = 64 * 1024;
 
 /// What a connection is served over: a TCP socket, or a TLS session on one.
-trait Connection: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+pub(crate) trait Connection: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Whether it is a plain socket, which the fan-out can take.
+    const PLAIN: bool;
 
-impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection for S {}
+    /// The plain socket, or itself when it is not one.
+    fn into_plain(self) -> Result<TcpStream, Self>
+    where
+        Self: Sized;
+}
+
+impl Connection for TcpStream {
+    const PLAIN: bool = true;
+
+    fn into_plain(self) -> Result<TcpStream, Self> {
+        Ok(self)
+    }
+}
+
+/// A TLS session stays with its connection's task: the fan-out writes
+/// plain sockets only.
+impl Connection for tokio_rustls::server::TlsStream<TcpStream> {
+    const PLAIN: bool = false;
+
+    fn into_plain(self) -> Result<TcpStream, Self> {
+        Err(self)
+    }
+}
 
 /// Serves `listener` until `shutdown` (over TLS with `tls`: a socket that
 /// does not complete its handshake is closed); stream requests go straight
@@ -256,8 +283,8 @@ fn route(request: &httparse::Request<'_, '_>) -> Option<StreamRequest> {
     })
 }
 
-async fn serve_stream(
-    mut stream: impl Connection,
+async fn serve_stream<S: Connection>(
+    mut stream: S,
     edge: &Arc<LogEdge>,
     request: StreamRequest,
     cut: &CancellationToken,
@@ -266,14 +293,15 @@ async fn serve_stream(
     if let Err(refusal) = edge.auth.check(true, request.authorization.as_deref()) {
         return Box::pin(answer(&mut stream, refusal.into_response())).await;
     }
-    let opened = super::sse::open(edge.clone(), &request.fqn, &request.run, request.after.as_deref(), cut.clone());
-    // The stream is boxed as soon as it exists: moved between this
+    let after = request.after.as_deref();
+    let opened = super::sse::open_session(edge.clone(), &request.fqn, &request.run, after, cut.clone(), S::PLAIN);
+    // The session is boxed as soon as it exists: moved between this
     // function's locals across awaits, a value this size (0.8 KiB) is
     // stored once per place it passed through, and this future lives as
     // long as the viewer (see docs/benchmarks.md).
-    let opened = Box::pin(async move { opened.await.map(Box::pin) }).await;
-    let mut body = match opened {
-        Ok(body) => body,
+    let opened = Box::pin(async move { opened.await.map(Box::new) }).await;
+    let mut session = match opened {
+        Ok(session) => session,
         Err(refusal) => return Box::pin(answer(&mut stream, refusal.into_response())).await,
     };
     let chunked = !request.http10;
@@ -283,107 +311,14 @@ async fn serve_stream(
         return;
     }
     drop(response_head);
-    let (mut reader, mut writer) = tokio::io::split(stream);
-    // A viewer sends nothing after its request: a read that ends means the
-    // client closed (or sent what it should not). These two are kept
-    // across frames, so each is registered once, not once per frame.
-    let closed = async move {
-        let mut probe = [0u8; 1];
-        let _ = reader.read(&mut probe).await;
-    };
-    tokio::pin!(closed);
-    let cut_off = cut.cancelled();
-    tokio::pin!(cut_off);
-    loop {
-        // A ready frame first: the close probe and the cut are polled only
-        // while the viewer waits (a write to a closed socket fails, one to a
-        // stalled socket waits and sees the cut), and a cut (the node
-        // stopping) is looked at once per write.
-        let first = tokio::select! {
-            biased;
-            frame = body.next() => frame,
-            () = &mut closed => return,
-            // The viewer stalled: its tailer cut it.
-            () = &mut cut_off => return,
-        };
-        if cut.is_cancelled() {
-            return;
-        }
-        // Frames that are ready too go out in the same write: a viewer
-        // that fell behind catches up with one system call, not one per
-        // frame. `after` is what ended the batch (an end or an error).
-        let mut frames = Vec::new();
-        let mut after = None;
-        let mut next = first;
-        let mut bytes = 0;
-        loop {
-            match next {
-                Some(Ok(frame)) => {
-                    bytes += frame.len();
-                    frames.push(frame);
-                }
-                end => {
-                    after = Some(end);
-                    break;
-                }
-            }
-            if bytes >= COALESCE_BYTES {
-                break;
-            }
-            match body.next().now_or_never() {
-                Some(more) => next = more,
-                None => break,
-            }
-        }
-        if !frames.is_empty() {
-            let written = tokio::select! {
-                biased;
-                written = write_frames(&mut writer, &frames, chunked) => written.is_ok(),
-                () = &mut cut_off => false,
-            };
-            if !written {
-                return;
-            }
-        }
-        match after {
-            None | Some(Some(Ok(_))) => {}
-            // Dropped: cut the connection without ending the response.
-            Some(Some(Err(_))) => return,
-            Some(None) => {
-                if chunked {
-                    let _ = writer.write_all(b"0\r\n\r\n").await;
-                }
-                let _ = writer.shutdown().await;
-                return;
-            }
-        }
+    let stop = edge.tasks.token().child_token();
+    // At the head, a plain socket goes to the fan-out, and this task ends.
+    if let Some(stream) = write_session(stream, &mut session, chunked, &stop).await
+        && let Ok(socket) = stream.into_plain()
+        && let Some(handover) = session.into_handover()
+    {
+        super::fanout::hand_over(edge, super::fanout::Slot::new(socket, handover, chunked));
     }
-}
-
-/// Writes `frames` with one write (each its own chunk when `chunked`).
-async fn write_frames(writer: &mut (impl AsyncWrite + Unpin), frames: &[Bytes], chunked: bool) -> std::io::Result<()> {
-    use std::io::Write as _;
-    match (frames, chunked) {
-        ([frame], false) => writer.write_all(frame).await?,
-        _ => {
-            let size: usize = frames.iter().map(|f| f.len() + 20).sum();
-            let mut out = Vec::with_capacity(size);
-            for frame in frames {
-                if chunked {
-                    // (Into the buffer: no string per frame.)
-                    let _ = write!(out, "{:x}\r\n", frame.len());
-                    out.extend_from_slice(frame);
-                    out.extend_from_slice(b"\r\n");
-                } else {
-                    out.extend_from_slice(frame);
-                }
-            }
-            writer.write_all(&out).await?;
-        }
-    }
-    // A TLS session may hold written bytes until it is flushed (a plain
-    // socket flushes for free): the frames go out now, not with the next.
-    writer.flush().await
 }
 
 /// Writes `response` (a refusal: small, fully buffered) and closes.

@@ -69,6 +69,20 @@ fn frame(event: &LogStreamEvent<'_>) -> Bytes {
     Bytes::from(out)
 }
 
+/// `frame` as one HTTP/1.1 chunk: its size in hex, the frame, CRLF.
+pub(super) fn chunk(frame: &[u8]) -> Bytes {
+    use std::io::Write as _;
+    let mut out = Vec::with_capacity(frame.len() + 12);
+    // (Into the buffer: no string per frame.)
+    let _ = write!(out, "{:x}\r\n", frame.len());
+    out.extend_from_slice(frame);
+    out.extend_from_slice(b"\r\n");
+    Bytes::from(out)
+}
+
+/// The last chunk of a chunked response.
+pub(super) const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
 /// A chunk of lines; `after` is the cursor just past it.
 pub(super) fn logs(run_id: &str, lines: &str, after: u64, replay: bool) -> Bytes {
     frame(&LogStreamEvent {

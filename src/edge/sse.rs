@@ -14,7 +14,9 @@
 //! line 0, as replay. Dropping the body (the
 //! client left) frees both slots at once; a socket that takes nothing for
 //! `stall_timeout_seconds` is cut by the tailer through the connection's
-//! [`ConnectionCut`].
+//! [`ConnectionCut`]. On the direct path a session over a plain socket
+//! stops at the head instead of waiting there, and the fan-out
+//! (`fanout.rs`) writes its live frames from then on (`handover.rs`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -39,6 +41,8 @@ use super::tailer::{Phase, Pull, StartAt, Tailer};
 use super::viewer::{HEARTBEAT, Viewer};
 use crate::archive::RunKey;
 use crate::config::secs;
+
+mod handover;
 
 /// How often a session retries when the store has not caught up yet.
 const STORE_LAG_WAIT: Duration = Duration::from_millis(50);
@@ -89,6 +93,35 @@ pub(crate) async fn open(
     after: Option<&str>,
     connection: CancellationToken,
 ) -> Result<impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static, ApiError> {
+    let stop = edge.tasks.token().clone();
+    let session = open_session(edge, fqn, run, after, connection, false).await?;
+    let body = futures::stream::unfold(session, |mut session| async move {
+        let item = match session.next().await {
+            Next::Frame(frame) => Some(Ok(frame)),
+            Next::Cut => Some(Err(std::io::Error::other("viewer cut: its socket stalled"))),
+            // (Not handed over: this session was not opened to be.)
+            Next::End | Next::HandOver => None,
+        };
+        item.map(|item| (item, session))
+    });
+    // Open streams must not hold up a graceful shutdown. A child token:
+    // the stream checks it at every frame, and ten thousand streams
+    // checking the edge's own token would all take its one lock.
+    Ok(futures::StreamExt::take_until(body, stop.child_token().cancelled_owned()))
+}
+
+/// A viewer's session, or why there is none (see [`open`]). With
+/// `hand_over`, the session stops at the head of the tailer's window
+/// ([`Next::HandOver`]): its connection's writer passes the socket to the
+/// fan-out, which writes the live frames from then on.
+pub(crate) async fn open_session(
+    edge: Arc<LogEdge>,
+    fqn: &str,
+    run: &str,
+    after: Option<&str>,
+    connection: CancellationToken,
+    hand_over: bool,
+) -> Result<Session, ApiError> {
     let unknown = || problem(StatusCode::NOT_FOUND, format!("no pipeline `{fqn}`"));
     let key = RunKey::new(fqn, run).map_err(|_| unknown())?;
     // (No read-your-writes wait: the run's tailer delivers what the store
@@ -106,7 +139,6 @@ pub(crate) async fn open(
         None => StartAt::Offset(0),
         Some(text) => text.parse().map_or(StartAt::Unreadable, StartAt::Offset),
     };
-    let stop = edge.tasks.token().clone();
     let session = Session {
         edge,
         key,
@@ -123,14 +155,22 @@ pub(crate) async fn open(
         cut: None,
         was_cut: false,
         stage: Stage::Setup,
+        hand_over,
     };
-    let body = futures::stream::unfold(session, |mut session| async move {
-        session.next_frame().await.map(|frame| (frame, session))
-    });
-    // Open streams must not hold up a graceful shutdown. A child token:
-    // the stream checks it at every frame, and ten thousand streams
-    // checking the edge's own token would all take its one lock.
-    Ok(futures::StreamExt::take_until(body, stop.child_token().cancelled_owned()))
+    Ok(session)
+}
+
+/// What a session gives next.
+pub(crate) enum Next {
+    /// A frame to write.
+    Frame(Bytes),
+    /// The response ends (after its terminal frame, if it had one).
+    End,
+    /// Cut: close the connection without ending the response.
+    Cut,
+    /// At the head of the tailer's window: the fan-out takes the viewer
+    /// ([`Session::into_handover`]).
+    HandOver,
 }
 
 enum Stage {
@@ -146,6 +186,8 @@ enum Stage {
     Live {
         ahead_since: Option<Instant>,
     },
+    /// At the head, to be handed over to the fan-out.
+    HandOver,
     Done,
 }
 
@@ -162,7 +204,7 @@ impl Tick {
     }
 }
 
-struct Session {
+pub(crate) struct Session {
     edge: Arc<LogEdge>,
     key: RunKey,
     start: StartAt,
@@ -185,9 +227,16 @@ struct Session {
     cut: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
     was_cut: bool,
     stage: Stage,
+    /// Stop at the head for the fan-out rather than wait there.
+    hand_over: bool,
 }
 
 impl Session {
+    /// The token that closes the viewer's connection.
+    pub(crate) fn connection(&self) -> &CancellationToken {
+        &self.connection
+    }
+
     fn end_with(&mut self, frame: Bytes) -> Option<Bytes> {
         self.stage = Stage::Done;
         Some(frame)
@@ -202,24 +251,24 @@ impl Session {
         Some(frame)
     }
 
-    /// The next frame; `None` ends the response, an error cuts the
-    /// connection.
-    async fn next_frame(&mut self) -> Option<Result<Bytes, std::io::Error>> {
+    /// What comes next (see [`Next`]).
+    pub(crate) async fn next(&mut self) -> Next {
         loop {
             // (A connection cut while frames flow is closed by whoever
             // writes them; one cut while the session waits is seen here.)
             if self.was_cut {
                 self.stage = Stage::Done;
-                return Some(Err(std::io::Error::other("viewer cut: its socket stalled")));
+                return Next::Cut;
             }
             let frame = match &self.stage {
-                Stage::Done => return None,
+                Stage::Done => return Next::End,
+                Stage::HandOver => return Next::HandOver,
                 Stage::Setup => self.setup().await,
                 Stage::CatchUp { .. } => self.catch_up().await,
                 Stage::Live { .. } => self.live().await,
             };
             if let Some(frame) = frame {
-                return Some(Ok(frame));
+                return Next::Frame(frame);
             }
         }
     }
@@ -295,12 +344,17 @@ impl Session {
             }
             Pull::Wait => {}
         }
+        let ahead = self.at > tailer.head();
+        if self.hand_over && !ahead {
+            self.stage = Stage::HandOver;
+            return None;
+        }
         let settings = &self.edge.settings;
         let every = secs(settings.heartbeat_seconds);
         // A cursor past the head: lines the stream has not delivered here
         // yet (a new tailer starts at what the store holds). Wait for
         // them, up to `resume_wait_seconds`.
-        let ahead_until = if self.at > tailer.head() {
+        let ahead_until = if ahead {
             let Stage::Live { ahead_since } = &mut self.stage else { return None };
             let since = *ahead_since.get_or_insert_with(Instant::now);
             let until = since + secs(settings.resume_wait_seconds);

@@ -49,6 +49,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::fanout::Shards;
 use super::frames::EndReason;
 use super::viewer::Viewer;
 use super::window::{LiveFrame, Read, Window};
@@ -161,17 +162,17 @@ struct End {
 
 /// Chunks in the lock-free snapshot: a viewer woken by a new chunk is
 /// usually one chunk behind, and at most this many when the node is busy.
-const SNAPSHOT_CHUNKS: usize = 8;
+pub(crate) const SNAPSHOT_CHUNKS: usize = 8;
 
 /// What a viewer at the head needs, published at every change.
 #[derive(Default)]
-struct Snapshot {
+pub(crate) struct Snapshot {
     /// The newest chunks, oldest first.
-    chunks: Vec<LiveFrame>,
+    pub(crate) chunks: Vec<LiveFrame>,
     /// The offset after the newest line.
-    head: u64,
+    pub(crate) head: u64,
     /// Once the tailer ended: the frame viewers get at the head.
-    ended: Option<Option<Bytes>>,
+    pub(crate) ended: Option<Option<Bytes>>,
 }
 
 /// See the module documentation.
@@ -186,6 +187,8 @@ pub(crate) struct Tailer {
     version: watch::Sender<u64>,
     /// The last session joining attached (a finished run may end then).
     attached: tokio::sync::Notify,
+    /// The writers of its viewers handed over to the fan-out.
+    pub(crate) fanout: Shards,
 }
 
 impl Tailer {
@@ -221,7 +224,19 @@ impl Tailer {
             phase: watch::channel(Phase::Starting).0,
             version: watch::channel(0).0,
             attached: tokio::sync::Notify::new(),
+            fanout: Shards::default(),
         })
+    }
+
+    /// The run it tails.
+    pub(crate) fn key(&self) -> &RunKey {
+        &self.key
+    }
+
+    /// What a viewer at the head needs, read without the lock: the
+    /// fan-out loads it once per pass over its viewers.
+    pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
     }
 
     pub(crate) fn phase(&self) -> Phase {

@@ -45,8 +45,14 @@ impl Viewer {
 
     /// The socket took a frame; the viewer now needs line `cursor`.
     pub(crate) fn progressed(&self, cursor: u64) {
+        self.progressed_at(cursor, Instant::now());
+    }
+
+    /// [`Viewer::progressed`] at `now` (a pass over many viewers reads the
+    /// clock once).
+    pub(crate) fn progressed_at(&self, cursor: u64, now: Instant) {
         self.cursor.store(cursor, Ordering::Relaxed);
-        *self.progress.lock() = Instant::now();
+        *self.progress.lock() = now;
     }
 
     /// How long since the socket last took a frame.
@@ -58,6 +64,11 @@ impl Viewer {
     /// reconnects with its last cursor).
     pub(crate) fn cut(&self) {
         self.connection.cancel();
+    }
+
+    /// The token that closes its connection.
+    pub(crate) fn connection(&self) -> &CancellationToken {
+        &self.connection
     }
 
     /// Whether the connection was cut.

@@ -15,6 +15,9 @@ struct Chunk {
     bytes: usize,
     /// The chunk as a live frame (`replay: false`), shared by every viewer.
     live: Bytes,
+    /// The same frame as an HTTP/1.1 chunk (`live` is a slice of it), so a
+    /// chunked response writes the bytes shared by every viewer as they are.
+    chunked: Bytes,
 }
 
 impl Chunk {
@@ -29,6 +32,8 @@ pub(crate) struct LiveFrame {
     pub(crate) start: u64,
     pub(crate) end: u64,
     pub(crate) frame: Bytes,
+    /// `frame` as an HTTP/1.1 chunk.
+    pub(crate) chunked: Bytes,
 }
 
 /// What a viewer at some offset gets from the window.
@@ -80,12 +85,12 @@ impl Window {
     pub(crate) fn push(&mut self, lines: Vec<String>) -> usize {
         let content = lines.join("\n");
         let start = self.head;
-        let chunk = Chunk {
-            start,
-            bytes: content.len(),
-            live: frames::logs(&self.run, &content, start + lines.len() as u64, false),
-            lines,
-        };
+        let frame = frames::logs(&self.run, &content, start + lines.len() as u64, false);
+        let chunked = frames::chunk(&frame);
+        // The frame within its chunk: after the size line, before the CRLF.
+        let prefix = chunked.len() - frame.len() - 2;
+        let chunk =
+            Chunk { start, bytes: content.len(), live: chunked.slice(prefix..prefix + frame.len()), chunked, lines };
         self.head = chunk.end();
         self.bytes += chunk.bytes;
         let bytes = chunk.bytes;
@@ -103,7 +108,7 @@ impl Window {
         self.chunks
             .iter()
             .skip(skip)
-            .map(|c| LiveFrame { start: c.start, end: c.end(), frame: c.live.clone() })
+            .map(|c| LiveFrame { start: c.start, end: c.end(), frame: c.live.clone(), chunked: c.chunked.clone() })
             .collect()
     }
 
@@ -157,6 +162,8 @@ mod tests {
             panic!("frames")
         };
         assert_eq!(shared.as_ptr(), again.as_ptr(), "the live frame is rendered once");
+        let [newest] = &window.newest(1)[..] else { panic!("one chunk") };
+        assert_eq!(&newest.chunked[..], &frames::chunk(&newest.frame)[..], "and chunked once, around it");
         assert_eq!(window.read(13, 0), Read::Head);
         assert_eq!(window.read(20, 0), Read::Head);
         assert_eq!(window.read(9, 0), Read::Behind { until: 10 });

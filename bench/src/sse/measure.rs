@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-/// The socket write calls `perf stat` counts. A viewer's frames are
-/// written with `send(2)` (std's `TcpStream::write`: the `sendto` system
-/// call); hyper's answers to the producer use `writev`, the run log store
-/// `write`. (`/proc/self/io`'s `syscw` counts `write` and `writev` only,
+/// The socket write calls `perf stat` counts. A viewer's first frames are
+/// written by its connection's task with `send(2)` (std's
+/// `TcpStream::write`: the `sendto` system call), the live ones by the
+/// fan-out with `writev`; hyper's answers to the producer use `writev`
+/// too, the run log store `write`. (`/proc/self/io`'s `syscw` counts `write` and `writev` only,
 /// not `send`, so it cannot count a socket's writes.)
 const EVENTS: &str = "syscalls:sys_enter_sendto,syscalls:sys_enter_writev,syscalls:sys_enter_write";
 

@@ -244,7 +244,7 @@ async fn default_case(quick: bool) -> anyhow::Result<()> {
     );
     let writes_text = writes.map_or("n/a (no perf)".to_string(), |w| format!("{w:.1}"));
     println!(
-        "  server socket writes per viewer-second (perf, send calls): {writes_text}   clients' reads with data: {reads:.1}"
+        "  server socket writes per viewer-second (perf, send and writev calls): {writes_text}   clients' reads with data: {reads:.1}"
     );
     println!(
         "  CPU (median of rounds, no pinning): server {server_cores:.2} cores, clients {client_cores:.2} cores, host {:.0} % busy",

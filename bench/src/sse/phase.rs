@@ -80,9 +80,12 @@ pub(super) struct Phase {
 }
 
 impl Phase {
-    /// The server's `send` calls per viewer and second of the window.
+    /// The server's `send` and `writev` calls per viewer and second of the
+    /// window (a viewer's connection task writes with `send`, the fan-out
+    /// with `writev`; hyper's answers to the producer, about 20 a second,
+    /// are in it too).
     pub(super) fn writes_per_viewer_s(&self, viewers: usize) -> Option<f64> {
-        self.writes.map(|w| w.sendto as f64 / (viewers.max(1) as f64 * self.window_seconds.max(1e-9)))
+        self.writes.map(|w| (w.sendto + w.writev) as f64 / (viewers.max(1) as f64 * self.window_seconds.max(1e-9)))
     }
 
     pub(super) fn every_line(&self) -> bool {
