@@ -246,3 +246,29 @@ fn take_lines(raw: &mut Vec<u8>) -> Vec<String> {
         raw.drain(..start + end + 2);
     }
 }
+
+/// Viewers handed over at the head of their run (to its fan-out) when a
+/// chunk crosses `max_stream_bytes`: the chunk and the run's end come
+/// together, and each viewer gets the chunk, then `complete` with
+/// `maxBytes`, then the end of its stream (not heartbeats for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn viewers_at_the_head_get_the_last_chunk_then_complete_when_the_stream_reaches_its_byte_limit() {
+    let server = LogServer::start(LogStreamSettings { max_stream_bytes: 64, ..quick_settings() }).await;
+    server.lines("svc.etl", "r-1", "first").await;
+    let mut viewers = Vec::new();
+    for _ in 0..20 {
+        let mut sse = server.open("svc.etl", "r-1", None).await;
+        assert_eq!(sse.event().await.unwrap()["logs"], "first");
+        viewers.push(sse);
+    }
+    let big = "x".repeat(100);
+    server.lines("svc.etl", "r-1", &big).await;
+    for (index, sse) in viewers.iter_mut().enumerate() {
+        let rest = tokio::time::timeout(Duration::from_secs(10), sse.rest()).await;
+        let rest = rest.unwrap_or_else(|_| panic!("viewer {index}: its stream did not end"));
+        assert_eq!(rest.len(), 2, "viewer {index}: {rest:?}");
+        assert_eq!(rest[0]["logs"], big.as_str(), "viewer {index}");
+        assert_eq!((rest[1]["eventType"].as_str(), rest[1]["reason"].as_str()), (Some("complete"), Some("maxBytes")));
+        assert_eq!(rest[1]["message"], "Stream size limit reached. Download the full log to see the rest of this run.");
+    }
+}

@@ -251,6 +251,13 @@ impl Session {
         Some(frame)
     }
 
+    /// Whether [`Self::next`] answers without starting a store read: a
+    /// call polled once and dropped then loses nothing (a catch-up's read
+    /// would be started and thrown away).
+    pub(crate) fn answers_at_once(&self) -> bool {
+        !matches!(self.stage, Stage::Setup | Stage::CatchUp { .. })
+    }
+
     /// What comes next (see [`Next`]).
     pub(crate) async fn next(&mut self) -> Next {
         loop {

@@ -96,7 +96,9 @@ async fn write_frames_of<W: AsyncWrite + Unpin>(
                     break;
                 }
             }
-            if bytes >= COALESCE_BYTES {
+            // (A catch-up's next frame is a store read: it is awaited
+            // after this write, not started here and dropped.)
+            if bytes >= COALESCE_BYTES || !session.answers_at_once() {
                 break;
             }
             match session.next().now_or_never() {

@@ -105,6 +105,7 @@ impl Shard {
         let period = (self.heartbeat / 2).clamp(MIN_CHECK, CLOSE_CHECK);
         let mut check = tokio::time::interval_at(Instant::now() + period, period);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut readmitted = 0usize;
         tracing::debug!("fan-out shard started");
         loop {
             tokio::select! {
@@ -112,16 +113,23 @@ impl Shard {
                 () = stop.cancelled() => break,
                 Some(slot) = self.incoming.recv() => self.admit(slot),
                 () = self.readable.fired() => self.drop_left().await,
-                Some(back) = self.blocked.next(), if !self.blocked.is_empty() => {
-                    if let Some(slot) = back {
-                        self.admit(slot);
-                    }
-                }
                 changed = changes.changed() => {
                     if changed.is_err() {
                         break;
                     }
                     self.pass().await;
+                }
+                Some(back) = self.blocked.next(), if !self.blocked.is_empty() => {
+                    if let Some(slot) = back {
+                        self.admit(slot);
+                    }
+                    // A viewer that is catching up is writable again at
+                    // once: the loop would not wait, so it yields now and
+                    // then, for the passes and the worker's other tasks.
+                    readmitted += 1;
+                    if readmitted % YIELD_EVERY == 0 {
+                        tokio::task::yield_now().await;
+                    }
                 }
                 _ = check.tick() => self.check().await,
             }

@@ -183,9 +183,11 @@ impl Slot {
             self.member.viewer().progressed_at(self.at, now);
         }
         // Still short of the head (the write was full, or it came from
-        // further back than the snapshot): served again as soon as its
-        // socket is writable, not at the next change, which may not come.
-        if !self.owed.is_empty() || total >= COALESCE_BYTES || (!self.closing && self.at < snapshot.head) {
+        // further back than the snapshot), or at the head of a run that
+        // ended (its end is owed): served again as soon as its socket is
+        // writable, not at the next change, which will not come.
+        let more = self.at < snapshot.head || snapshot.ended.is_some();
+        if !self.owed.is_empty() || total >= COALESCE_BYTES || (!self.closing && more) {
             Served::Blocked(self)
         } else if self.closing {
             Served::Closed
