@@ -127,7 +127,7 @@ impl Shard {
                     // once: the loop would not wait, so it yields now and
                     // then, for the passes and the worker's other tasks.
                     readmitted += 1;
-                    if readmitted % YIELD_EVERY == 0 {
+                    if readmitted.is_multiple_of(YIELD_EVERY) {
                         tokio::task::yield_now().await;
                     }
                 }
