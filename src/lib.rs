@@ -59,6 +59,7 @@ pub mod failure;
 pub mod fixtures;
 pub mod handoff;
 pub mod harness;
+mod json_shape;
 mod manager;
 mod node;
 pub mod pubsub;

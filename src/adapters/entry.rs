@@ -5,6 +5,8 @@
 
 use std::borrow::Cow;
 
+mod fast;
+
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
@@ -90,6 +92,9 @@ pub(crate) fn decode_entry(
     body: Bytes,
     streams: &mut StreamIdCache,
 ) -> Result<BatchContainer, String> {
+    if let Some(container) = fast::decode(token, &body, streams) {
+        return Ok(container);
+    }
     let entry: EntryIn = serde_json::from_slice(&body).map_err(|e| format!("entry {token}: {e}"))?;
     let mut events = Vec::with_capacity(entry.e.len());
     for event in entry.e {
@@ -148,6 +153,61 @@ mod tests {
             assert_eq!(String::from_utf8_lossy(&again), line, "line {}", n + 1);
         }
         assert_eq!(golden.lines().count(), 2);
+    }
+
+    #[test]
+    fn the_writers_plain_entries_take_the_fast_path() {
+        let stream = StreamId::new("logs", "p/run-1");
+        let events: Vec<Event> = (0..3)
+            .map(|i| Event { id: EventId::new(format!("e-{i}")), timestamp_ms: i, payload: Bytes::from("line é ✓") })
+            .collect();
+        let body = Bytes::from(encode_entry(&stream, &events));
+        let token = SequenceToken::new(9, 0);
+        let fast = fast::decode(token, &body, &mut StreamIdCache::default()).expect("the fast path reads it");
+        assert_eq!((fast.stream, fast.token, fast.events), (stream, token, events));
+    }
+
+    proptest::proptest! {
+        /// Whatever `encode_entry` writes (escapes, control characters,
+        /// binary payloads, any text), the fast path reads the same as
+        /// `serde_json` or leaves it to it; without escapes or binary
+        /// payloads it always reads it.
+        #[test]
+        fn the_fast_path_reads_what_serde_json_reads(
+            namespace in "\\PC{0,6}|[a-z\"\\\\\u{1}]{0,4}",
+            key in "\\PC{0,8}",
+            events in proptest::collection::vec(
+                ("\\PC{0,6}", proptest::num::u64::ANY, proptest::collection::vec(proptest::num::u8::ANY, 0..12), "\\PC{0,12}", proptest::bool::ANY),
+                1..5,
+            ),
+        ) {
+            let stream = StreamId::new(namespace.clone(), key.clone());
+            let events: Vec<Event> = events
+                .into_iter()
+                .map(|(id, ts, bytes, text, binary)| Event {
+                    id: EventId::new(id),
+                    timestamp_ms: ts,
+                    payload: if binary { Bytes::from(bytes) } else { Bytes::from(text) },
+                })
+                .collect();
+            let body = Bytes::from(encode_entry(&stream, &events));
+            let token = SequenceToken::new(1, 2);
+            let general: EntryIn = serde_json::from_slice(&body).unwrap();
+            let plain = |s: &str| !s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20);
+            let all_plain = plain(stream.namespace())
+                && plain(stream.key())
+                && events.iter().all(|e| plain(e.id.as_str()) && std::str::from_utf8(&e.payload).is_ok_and(plain));
+            match fast::decode(token, &body, &mut StreamIdCache::default()) {
+                Some(fast) => {
+                    proptest::prop_assert_eq!(fast.stream.namespace(), general.s.namespace.as_ref());
+                    proptest::prop_assert_eq!(fast.stream.key(), general.s.key.as_ref());
+                    proptest::prop_assert_eq!(&fast.events, &events);
+                }
+                None => proptest::prop_assert!(!all_plain, "a plain entry missed the fast path: {:?}", body),
+            }
+            let decoded = decode_entry(token, body.clone(), &mut StreamIdCache::default()).unwrap();
+            proptest::prop_assert_eq!((decoded.stream, decoded.events), (stream, events));
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 
 use super::{LineView, StreamView};
+use crate::json_shape::Cursor;
 
 /// Splits `line` if it has the writer's exact shape:
 /// `{"id":"…","stream":{"namespace":"…","key":"…"},"ts":N,"payload":"…"[,"batch":N]}`.
@@ -73,47 +74,4 @@ pub(super) fn parse_in_batch<'a>(text: &'a str, stream_json: &str) -> Option<(&'
         return None;
     }
     Some((id, ts, payload, text.len() - cursor.0.len()))
-}
-
-struct Cursor<'a>(&'a str);
-
-impl<'a> Cursor<'a> {
-    fn literal(&mut self, expected: &str) -> Option<()> {
-        self.0 = self.0.strip_prefix(expected)?;
-        Some(())
-    }
-
-    /// The rest of a string whose opening quote was consumed, and its
-    /// closing quote. `None` on an escape or a control character (the
-    /// general parser decides those).
-    fn string(&mut self) -> Option<&'a str> {
-        let end = memchr::memchr2(b'"', b'\\', self.0.as_bytes())?;
-        let (text, rest) = self.0.split_at(end);
-        if !rest.starts_with('"') || text.bytes().fold(false, |control, b| control | (b < 0x20)) {
-            return None;
-        }
-        self.0 = &rest[1..];
-        Some(text)
-    }
-
-    /// A JSON unsigned integer: digits, no leading zero, fits in a u64.
-    /// (Read digit by digit in one pass: `str::parse` after counting the
-    /// digits read them twice and was a fifth of a line's time.)
-    fn number(&mut self) -> Option<u64> {
-        let bytes = self.0.as_bytes();
-        let mut value: u64 = 0;
-        let mut digits = 0;
-        while let Some(&b) = bytes.get(digits) {
-            if !b.is_ascii_digit() {
-                break;
-            }
-            value = value.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
-            digits += 1;
-        }
-        if digits == 0 || (digits > 1 && bytes[0] == b'0') {
-            return None;
-        }
-        self.0 = &self.0[digits..];
-        Some(value)
-    }
 }
