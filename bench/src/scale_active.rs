@@ -1,7 +1,7 @@
 //! The active phase of `bench scale`: every queue busy, the cluster
 //! against a raw `XADD` client on the same Redis, in rounds (3 of 3 s
 //! quick, 5 of 8 s). Each round produces through the Redis adapter from
-//! `PRODUCERS` tasks (batches of `BATCH` events, streams spread over all
+//! 16 tasks (`TAILRACE_BENCH_PRODUCERS`; batches of `BATCH` events, streams spread over all
 //! queues) while the nodes' agents read everything, and a probe sends one
 //! audited event every 10 ms, timed to its delivery; then a raw client
 //! appends entries of the same size from as many tasks for as long; then
@@ -39,7 +39,18 @@ fn usec_per_event(ticks: u64, events: f64) -> f64 {
 }
 
 /// Producer tasks, and events per batch.
-const PRODUCERS: usize = 16;
+const DEFAULT_PRODUCERS: usize = 16;
+
+/// Producer tasks of every round: `TAILRACE_BENCH_PRODUCERS`, else 16.
+/// Each waits for its append's reply, so a round's rate is at most the
+/// producers over an append's round trip.
+fn producers() -> usize {
+    std::env::var("TAILRACE_BENCH_PRODUCERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(DEFAULT_PRODUCERS)
+}
 const BATCH: usize = 10;
 
 /// What Redis and the nodes had done at one moment.
@@ -232,7 +243,8 @@ async fn cluster_round(
     let before = Snapshot::take(conn, nodes).await?;
     let until = before.at + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
-    for task in 0..PRODUCERS {
+    let producers = producers();
+    for task in 0..producers {
         let (adapter, streams, produced, payload) =
             (adapter.clone(), streams.clone(), produced.clone(), payload.clone());
         tasks.push(tokio::spawn(async move {
@@ -242,7 +254,7 @@ async fn cluster_round(
                     (0..BATCH).map(|i| Event::new(EventId::new(format!("a{n}-{i}")), payload.clone())).collect();
                 adapter.enqueue(&streams[n % streams.len()], events).await?;
                 produced.fetch_add(BATCH as u64, Ordering::Relaxed);
-                n += PRODUCERS;
+                n += producers;
             }
             Ok::<_, anyhow::Error>(())
         }));
@@ -393,7 +405,8 @@ async fn unfenced_round(
         }));
     }
     let mut producers = Vec::new();
-    for task in 0..PRODUCERS {
+    let count = self::producers();
+    for task in 0..count {
         let (mut conn, produced, body, keys) = (conn.clone(), produced.clone(), body.clone(), keys.clone());
         producers.push(tokio::spawn(async move {
             let mut n = task;
@@ -406,7 +419,7 @@ async fn unfenced_round(
                     .query_async(&mut conn)
                     .await?;
                 produced.fetch_add(BATCH as u64, Ordering::Relaxed);
-                n += PRODUCERS;
+                n += count;
             }
             Ok::<_, redis::RedisError>(())
         }));
@@ -440,7 +453,7 @@ async fn raw_round(conn: &mut MultiplexedConnection, seconds: u64) -> anyhow::Re
     let before = Snapshot::take(conn, &[]).await?;
     let until = before.at + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
-    for _ in 0..PRODUCERS {
+    for _ in 0..producers() {
         let (mut conn, raw, body) = (conn.clone(), raw.clone(), body.clone());
         tasks.push(tokio::spawn(async move {
             while Instant::now() < until {
