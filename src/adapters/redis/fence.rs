@@ -150,7 +150,7 @@ pub(crate) struct Fence {
 /// What a read found.
 pub(crate) enum Read {
     /// Entries after the position asked for (none: nothing new).
-    Entries(Vec<redis::streams::StreamId>),
+    Entries(Vec<Entry>),
     /// A newer lease was granted: the fencing counter's value. Nothing was
     /// read.
     Fenced(String),
@@ -198,8 +198,8 @@ impl Fence {
         let mut range = redis::cmd("XRANGE");
         range.arg(stream).arg(start).arg("+").arg("COUNT").arg(count);
         let Some(token) = self.token else {
-            let reply: redis::streams::StreamRangeReply = range.query_async(conn).await?;
-            return Ok(Read::Entries(reply.ids));
+            let reply: Entries = range.query_async(conn).await?;
+            return Ok(Read::Entries(reply.0));
         };
         let mut pipe = redis::pipe();
         pipe.cmd("GET").arg(&self.key).add_command(range);
@@ -211,12 +211,87 @@ impl Fence {
         if let Some(fence) = fence.filter(|fence| is_above(fence, token)) {
             return Ok(Read::Fenced(fence));
         }
-        let reply: redis::streams::StreamRangeReply = redis::from_redis_value(entries)?;
-        Ok(Read::Entries(reply.ids))
+        let reply: Entries = redis::from_redis_value(entries)?;
+        Ok(Read::Entries(reply.0))
+    }
+}
+
+/// An entry as `XRANGE` gives it: its id and its field `b`.
+pub(crate) struct Entry {
+    pub(crate) id: String,
+    pub(crate) body: Option<redis::Value>,
+}
+
+/// What an `XRANGE` answered, each entry's fields scanned for `b` (the
+/// client's own reply type builds two maps per entry, which a busy node
+/// paid for on every read).
+pub(crate) struct Entries(pub(crate) Vec<Entry>);
+
+impl redis::FromRedisValue for Entries {
+    fn from_redis_value(value: redis::Value) -> Result<Self, redis::ParsingError> {
+        use redis::Value;
+        let rows = match value {
+            Value::Nil => return Ok(Self(Vec::new())),
+            Value::Array(rows) => rows,
+            other => return Err(format!("XRANGE answered {other:?}").into()),
+        };
+        let entry = |row: Value| {
+            let Value::Array(parts) = row else { return Err(format!("XRANGE answered the entry {row:?}").into()) };
+            let mut parts = parts.into_iter();
+            let id: String = redis::from_redis_value(parts.next().unwrap_or(Value::Nil))?;
+            let is_b = |field: &Value| matches!(field, Value::BulkString(name) if name == b"b");
+            let body = match parts.next() {
+                // RESP2: field, value, field, value, …
+                Some(Value::Array(fields)) => {
+                    let mut fields = fields.into_iter();
+                    let mut body = None;
+                    while let (Some(field), Some(value)) = (fields.next(), fields.next()) {
+                        if is_b(&field) {
+                            body = Some(value);
+                            break;
+                        }
+                    }
+                    body
+                }
+                Some(Value::Map(pairs)) => pairs.into_iter().find(|(field, _)| is_b(field)).map(|(_, value)| value),
+                _ => None,
+            };
+            Ok(Entry { id, body })
+        };
+        rows.into_iter().map(entry).collect::<Result<_, redis::ParsingError>>().map(Self)
     }
 }
 
 /// Whether the fencing counter `fence` is above `token`.
 fn is_above(fence: &str, token: u64) -> bool {
     fence.parse::<u64>().is_ok_and(|fence| fence > token)
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::Entries;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn an_xrange_reply_gives_each_entrys_id_and_field_b_in_either_protocol() {
+        let resp2 = Value::Array(vec![
+            Value::Array(vec![bulk("1-0"), Value::Array(vec![bulk("x"), bulk("y"), bulk("b"), bulk("body one")])]),
+            Value::Array(vec![bulk("2-0"), Value::Array(vec![bulk("other"), bulk("z")])]),
+        ]);
+        let resp3 =
+            Value::Array(vec![Value::Array(vec![bulk("3-1"), Value::Map(vec![(bulk("b"), bulk("body three"))])])]);
+        let read = |value| -> Vec<(String, Option<Value>)> {
+            let Entries(entries) = redis::from_redis_value(value).unwrap();
+            entries.into_iter().map(|e| (e.id, e.body)).collect()
+        };
+        assert_eq!(read(resp2), vec![("1-0".into(), Some(bulk("body one"))), ("2-0".into(), None)]);
+        assert_eq!(read(resp3), vec![("3-1".into(), Some(bulk("body three")))]);
+        assert!(read(Value::Nil).is_empty());
+        assert!(redis::from_redis_value::<Entries>(Value::Int(3)).is_err());
+    }
 }

@@ -18,11 +18,10 @@ use std::time::{Duration, Instant};
 use crate::redis_conn::RedisConn;
 use async_trait::async_trait;
 use backon::RetryableWithContext;
-use redis::streams::StreamRangeReply;
 
 mod start;
 
-use super::fence::{self, Fence, Read};
+use super::fence::{self, Entries, Entry, Fence, Read};
 use super::wake::Wakes;
 use super::{NAME, RedisCheckpointer, RedisOptions, TrimPolicy, backend};
 use crate::adapters::entry::decode_entry;
@@ -88,10 +87,10 @@ impl RedisReceiver {
         if self.shut_down { Err(QueueError::ShutDown(self.queue)) } else { Ok(()) }
     }
 
-    fn containers(&mut self, entries: Vec<redis::streams::StreamId>) -> Vec<Arc<BatchContainer>> {
+    fn containers(&mut self, entries: Vec<Entry>) -> Vec<Arc<BatchContainer>> {
         let mut out = Vec::with_capacity(entries.len());
-        for mut entry in entries {
-            match entry_container(&entry.id, entry.map.remove("b"), &mut self.streams) {
+        for entry in entries {
+            match entry_container(&entry.id, entry.body, &mut self.streams) {
                 Ok(container) => out.push(Arc::new(container)),
                 // A foreign or damaged entry: skip it (it stays visible in Redis).
                 Err(error) => {
@@ -198,7 +197,7 @@ impl QueueReceiver for RedisReceiver {
                 oldest,
             });
         }
-        let reply: StreamRangeReply = redis::cmd("XRANGE")
+        let reply: Entries = redis::cmd("XRANGE")
             .arg(&self.key)
             .arg(from.to_string())
             .arg("+")
@@ -207,7 +206,7 @@ impl QueueReceiver for RedisReceiver {
             .query_async(&mut self.conn)
             .await
             .map_err(|e| backend(&e, "rewinding"))?;
-        Ok(self.containers(reply.ids))
+        Ok(self.containers(reply.0))
     }
 
     /// After a failure: a `PING` every [`PROBE_EVERY`] until Redis answers
