@@ -1,8 +1,11 @@
-//! Log streams over HTTPS (`[edge.tls]`), as browsers see them: a viewer
-//! whose client stops reading is cut while the others go on; a client that
+//! Log streams over HTTPS (`[edge.tls]`), as browsers see them: viewers at
+//! the head are written by the run's fan-out like plain ones, without a
+//! task each. Every viewer gets every line once, in order, through bursts
+//! and frames larger than a TLS record, and ends on `complete`; one whose
+//! client stops reading is cut while the others go on; a client that
 //! leaves frees its connection at once; one that fell behind the window
-//! catches up from the store and ends on `complete`; and frames that wait
-//! for a slow socket share TLS records instead of taking one each.
+//! catches up from the store; and frames that wait for a slow socket
+//! share TLS records instead of taking one each.
 
 use tailrace_testkit as common;
 
@@ -159,6 +162,78 @@ impl RawViewer {
             serde_json::from_str::<Value>(data).ok()
         });
         numbers_of(&events.collect::<Vec<_>>())
+    }
+}
+
+/// Viewers over HTTPS at the head of a run are the fan-out's, with no task
+/// each (a connection's task per viewer before), and through small posts,
+/// a line larger than a TLS record, a frame larger than one write (64 KiB)
+/// and a burst of posts larger than that, each gets every line once, in
+/// order, then `complete`, and its stream ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_viewers_at_the_head_get_every_line_in_order_then_complete_without_a_task_each() {
+    const VIEWERS: usize = 16;
+    let server = https_server(quick_settings()).await;
+    server.lines(FQN, "r-1", "line 0 first").await;
+    let (client, mut viewers) = (viewer_client(&server), Vec::new());
+    for _ in 0..VIEWERS {
+        let mut sse = Sse::open(&client, &server.stream_url(FQN, "r-1", None)).await;
+        assert_eq!((sse.status, sse.connection.as_str()), (200, "close"), "the direct path");
+        assert_eq!(sse.event().await.unwrap()["logs"], "line 0 first");
+        viewers.push(sse);
+    }
+    // At the head, each went to the run's fan-out: what runs is the
+    // tailer, its shards and the producer's connection, not a task per
+    // viewer.
+    assert!(
+        common::eventually(Duration::from_secs(10), || server.edge.tracked_tasks() < VIEWERS / 2).await,
+        "{} tasks for {VIEWERS} viewers",
+        server.edge.tracked_tasks()
+    );
+    let mut next = 1;
+    // Small posts, one after the other.
+    for _ in 0..20 {
+        server.lines(FQN, "r-1", &numbered(next, 3, 10)).await;
+        next += 3;
+    }
+    // One line of 40 KiB: a frame of three TLS records.
+    server.lines(FQN, "r-1", &numbered(next, 1, 40 * 1024)).await;
+    next += 1;
+    // A frame of 100 KiB, more than one write.
+    server.lines(FQN, "r-1", &numbered(next, 1_000, 90)).await;
+    next += 1_000;
+    // A burst: 60 posts of 2 KiB at once.
+    let posts = (0..60).map(|i| {
+        let (client, url) = (server.client.clone(), server.url(&format!("/api/v1/logs/{FQN}/runs/r-1/lines")));
+        let body = numbered(next + i * 20, 20, 90);
+        async move { client.post(url).header("content-type", "text/plain").body(body).send().await.unwrap().status() }
+    });
+    // (Posted at once: stored in some order, each post's lines together.)
+    let statuses = futures::future::join_all(posts).await;
+    assert!(statuses.iter().all(|s| *s == 202), "{statuses:?}");
+    next += 1_200;
+    server.state(FQN, "r-1", "success").await;
+    // What the store holds, in its order (the burst's posts in the order
+    // they were stored, each one's lines together).
+    let download = server.url(&format!("/api/v1/services/ingestionPipelines/logs/{FQN}/last/download?runId=r-1"));
+    let stored = server.client.get(download).send().await.unwrap().text().await.unwrap();
+    let stored = numbers(stored.lines());
+    let mut sorted = stored.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..next).collect::<Vec<_>>(), "the store holds every line once");
+    for (index, sse) in viewers.iter_mut().enumerate() {
+        let rest = tokio::time::timeout(Duration::from_secs(30), sse.rest()).await;
+        let rest = rest.unwrap_or_else(|_| panic!("viewer {index}: its stream did not end"));
+        let seen: Vec<usize> = std::iter::once(0).chain(numbers_of(&rest)).collect();
+        assert!(
+            seen == stored,
+            "viewer {index}: every stored line once, in order ({} of {})",
+            seen.len(),
+            stored.len()
+        );
+        let last = rest.last().unwrap();
+        assert_eq!((last["eventType"].as_str(), last["reason"].as_str()), (Some("complete"), Some("runFinished")));
+        assert_eq!(last["after"], next.to_string(), "viewer {index}");
     }
 }
 
