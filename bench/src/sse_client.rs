@@ -13,7 +13,9 @@
 //! `--stalled N`, N more viewers connect with a small receive buffer, send
 //! their request and never read. With `--expect N`, the process waits
 //! after `--seconds` (up to 20 s) until every viewer has N measured lines,
-//! and reports when the last one had them.
+//! and reports when the last one had them. With `--ca-file`, viewers and
+//! pollers speak HTTPS and trust that authority only (a viewer is then a
+//! TLS session over its socket, through tokio-rustls).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -77,6 +79,9 @@ pub struct ClientArgs {
     /// Viewers start at this line (`?after=`), not at line 0.
     #[arg(long)]
     after: Option<u64>,
+    /// HTTPS, trusting the authority in this PEM file.
+    #[arg(long)]
+    ca_file: Option<std::path::PathBuf>,
 }
 
 /// What the clients saw while the producer ran.
@@ -177,7 +182,13 @@ struct Shared {
     gate: Semaphore,
     expect: Option<u64>,
     after: Option<u64>,
+    /// Over HTTPS: the viewers' TLS client.
+    tls: Option<tokio_rustls::TlsConnector>,
 }
+
+/// A viewer's connection: a socket, or a TLS session on one.
+type Connection =
+    tokio_util::either::Either<tokio::net::TcpStream, tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
 
 /// Raises the soft open-files limit to the hard one, and both to `want`
 /// when the hard one is lower and the process may (as root).
@@ -192,8 +203,20 @@ pub fn raise_open_files(want: u64) -> anyhow::Result<u64> {
 
 pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
     raise_open_files((args.clients + args.stalled) as u64 + 256)?;
+    let mut client = reqwest::Client::builder().pool_max_idle_per_host(args.clients);
+    let mut tls = None;
+    if let Some(ca) = &args.ca_file {
+        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+        client = client.tls_certs_only(reqwest::Certificate::from_pem_bundle(&pem)?);
+        let roots = tailrace::tls::roots("--ca-file", ca)?;
+        let config = rustls::ClientConfig::builder_with_provider(tailrace::tls::provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        tls = Some(tokio_rustls::TlsConnector::from(Arc::new(config)));
+    }
     let shared = Arc::new(Shared {
-        client: reqwest::Client::builder().pool_max_idle_per_host(args.clients).build()?,
+        client: client.build()?,
         base: args.url.clone(),
         fqn: args.fqn.clone(),
         run: args.run.clone(),
@@ -202,6 +225,7 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
         gate: Semaphore::new(CONNECT_AT_ONCE),
         expect: args.expect,
         after: args.after,
+        tls,
     });
     let (totals, measuring) = (&shared.totals, &shared.measuring);
     let mut tasks = Vec::with_capacity(args.clients);
@@ -289,8 +313,9 @@ async fn viewer(i: usize, shared: &Shared) -> anyhow::Result<()> {
     let Shared { totals, measuring, gate, expect, .. } = shared;
     let permit = gate.acquire().await?;
     let (host, port, request) = stream_request(shared, shared.after)?;
-    let mut socket = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+    let mut socket = connect(shared, &host, port).await?;
     socket.write_all(request.as_bytes()).await?;
+    socket.flush().await?;
     // What the socket gave and is not decoded yet.
     let mut raw: Vec<u8> = Vec::with_capacity(4096);
     let chunked = loop {
@@ -354,6 +379,18 @@ async fn viewer(i: usize, shared: &Shared) -> anyhow::Result<()> {
     }
     totals.dropped.fetch_add(1, Ordering::Relaxed);
     anyhow::bail!("the stream ended")
+}
+
+/// A connection to the server: over TLS when the clients speak HTTPS.
+async fn connect(shared: &Shared, host: &str, port: u16) -> anyhow::Result<Connection> {
+    let socket = tokio::net::TcpStream::connect((host, port)).await?;
+    Ok(match &shared.tls {
+        None => tokio_util::either::Either::Left(socket),
+        Some(connector) => {
+            let name = rustls::pki_types::ServerName::try_from(host.to_string())?;
+            tokio_util::either::Either::Right(connector.connect(name, socket).await?)
+        }
+    })
 }
 
 /// The host and port of the server, and the request of a stream from line
