@@ -9,8 +9,9 @@
 //! which fills each record with up to [`TLS_RECORD_BYTES`] of plaintext
 //! across the buffers it is given (small frames share a record; none is
 //! larger), then out to the socket. Encrypted bytes the socket did not
-//! take stay in the session, at most [`TLS_HELD_BYTES`] (rustls' buffer
-//! limit), and are sent before anything new is handed to it.
+//! take stay in the session, at most [`TLS_HELD_BYTES`] and the records'
+//! overhead (rustls' buffer limit), and are sent before anything new is
+//! handed to it.
 
 use std::io::{IoSlice, Read, Write};
 use std::task::{Context, Poll};
@@ -58,8 +59,9 @@ impl Socket {
 
     /// Most bytes one pass hands to it: a plain socket takes whole frames
     /// (up to [`COALESCE_BYTES`] and the frame that crosses it), a TLS
-    /// session exactly [`COALESCE_BYTES`] (whole records, within
-    /// [`TLS_HELD_BYTES`]).
+    /// session [`COALESCE_BYTES`] (whole records, within
+    /// [`TLS_HELD_BYTES`]; a frame that crosses it is cut there, and the
+    /// rest is owed).
     pub(super) fn pass_limit(&self) -> usize {
         match self {
             Self::Plain(_) => usize::MAX,
