@@ -28,6 +28,8 @@ use tokio::sync::Semaphore;
 
 use crate::now_us;
 
+mod https;
+
 /// Clients connecting at once.
 const CONNECT_AT_ONCE: usize = 200;
 /// The pollers' interval (OpenMetadata's client default).
@@ -186,10 +188,6 @@ struct Shared {
     tls: Option<tokio_rustls::TlsConnector>,
 }
 
-/// A viewer's connection: a socket, or a TLS session on one.
-type Connection =
-    tokio_util::either::Either<tokio::net::TcpStream, tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
-
 /// Raises the soft open-files limit to the hard one, and both to `want`
 /// when the hard one is lower and the process may (as root).
 pub fn raise_open_files(want: u64) -> anyhow::Result<u64> {
@@ -206,14 +204,8 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
     let mut client = reqwest::Client::builder().pool_max_idle_per_host(args.clients);
     let mut tls = None;
     if let Some(ca) = &args.ca_file {
-        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
-        client = client.tls_certs_only(reqwest::Certificate::from_pem_bundle(&pem)?);
-        let roots = tailrace::tls::roots("--ca-file", ca)?;
-        let config = rustls::ClientConfig::builder_with_provider(tailrace::tls::provider())
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        tls = Some(tokio_rustls::TlsConnector::from(Arc::new(config)));
+        let (trusting, connector) = https::trusting(client, ca)?;
+        (client, tls) = (trusting, Some(connector));
     }
     let shared = Arc::new(Shared {
         client: client.build()?,
@@ -313,7 +305,7 @@ async fn viewer(i: usize, shared: &Shared) -> anyhow::Result<()> {
     let Shared { totals, measuring, gate, expect, .. } = shared;
     let permit = gate.acquire().await?;
     let (host, port, request) = stream_request(shared, shared.after)?;
-    let mut socket = connect(shared, &host, port).await?;
+    let mut socket = https::connect(shared.tls.as_ref(), &host, port).await?;
     socket.write_all(request.as_bytes()).await?;
     socket.flush().await?;
     // What the socket gave and is not decoded yet.
@@ -379,18 +371,6 @@ async fn viewer(i: usize, shared: &Shared) -> anyhow::Result<()> {
     }
     totals.dropped.fetch_add(1, Ordering::Relaxed);
     anyhow::bail!("the stream ended")
-}
-
-/// A connection to the server: over TLS when the clients speak HTTPS.
-async fn connect(shared: &Shared, host: &str, port: u16) -> anyhow::Result<Connection> {
-    let socket = tokio::net::TcpStream::connect((host, port)).await?;
-    Ok(match &shared.tls {
-        None => tokio_util::either::Either::Left(socket),
-        Some(connector) => {
-            let name = rustls::pki_types::ServerName::try_from(host.to_string())?;
-            tokio_util::either::Either::Right(connector.connect(name, socket).await?)
-        }
-    })
 }
 
 /// The host and port of the server, and the request of a stream from line
