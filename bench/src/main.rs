@@ -7,7 +7,8 @@
 //! drives the viewer page in headless Chromium on a million-line run;
 //! `diff` diffs two runs of a million lines against GNU `diff`; `sse`
 //! also has `--sweep`, `--burst` and `--stalled`, each ending with
-//! `RESULT scenario=sse-<case> …`.
+//! `RESULT scenario=sse-<case> …`, and `--tls` (its default case over
+//! HTTPS, `RESULT scenario=sse-tls …`).
 //! Scenarios that run node processes take the `tailrace` binary built
 //! beside this one (`TAILRACE_BIN` names another).
 
@@ -101,6 +102,9 @@ enum Scenario {
         /// One viewer that never reads beside 9 999 healthy ones, against the same without it.
         #[arg(long)]
         stalled: bool,
+        /// The default case over HTTPS (2 000 viewers; 500 with --quick).
+        #[arg(long, conflicts_with_all = ["sweep", "burst", "stalled"])]
+        tls: bool,
     },
     /// Calls between two nodes against a plain TCP request loop.
     Transport(Common),
@@ -152,11 +156,12 @@ async fn run(scenario: Scenario) -> anyhow::Result<()> {
         Scenario::Redis { common, redis_url, .. } => redis::run(common.quick, &redis_url).await,
         #[cfg(feature = "kafka")]
         Scenario::Kafka { common, kafka_brokers } => kafka::run(common.quick, kafka_brokers.as_deref()).await,
-        Scenario::Sse { common, sweep, burst, stalled } => {
-            let case = match (sweep, burst, stalled) {
-                (true, _, _) => sse::Case::Sweep,
-                (_, true, _) => sse::Case::Burst,
-                (_, _, true) => sse::Case::Stalled,
+        Scenario::Sse { common, sweep, burst, stalled, tls } => {
+            let case = match (sweep, burst, stalled, tls) {
+                (true, ..) => sse::Case::Sweep,
+                (_, true, ..) => sse::Case::Burst,
+                (_, _, true, _) => sse::Case::Stalled,
+                (.., true) => sse::Case::Tls,
                 _ => sse::Case::Default,
             };
             sse::run(common.quick, case).await

@@ -13,7 +13,9 @@
 //! `--stalled N`, N more viewers connect with a small receive buffer, send
 //! their request and never read. With `--expect N`, the process waits
 //! after `--seconds` (up to 20 s) until every viewer has N measured lines,
-//! and reports when the last one had them.
+//! and reports when the last one had them. With `--ca-file`, viewers and
+//! pollers speak HTTPS and trust that authority only (a viewer is then a
+//! TLS session over its socket, through tokio-rustls).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -25,6 +27,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
 use crate::now_us;
+
+mod https;
 
 /// Clients connecting at once.
 const CONNECT_AT_ONCE: usize = 200;
@@ -77,6 +81,9 @@ pub struct ClientArgs {
     /// Viewers start at this line (`?after=`), not at line 0.
     #[arg(long)]
     after: Option<u64>,
+    /// HTTPS, trusting the authority in this PEM file.
+    #[arg(long)]
+    ca_file: Option<std::path::PathBuf>,
 }
 
 /// What the clients saw while the producer ran.
@@ -177,6 +184,8 @@ struct Shared {
     gate: Semaphore,
     expect: Option<u64>,
     after: Option<u64>,
+    /// Over HTTPS: the viewers' TLS client.
+    tls: Option<tokio_rustls::TlsConnector>,
 }
 
 /// Raises the soft open-files limit to the hard one, and both to `want`
@@ -192,8 +201,14 @@ pub fn raise_open_files(want: u64) -> anyhow::Result<u64> {
 
 pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
     raise_open_files((args.clients + args.stalled) as u64 + 256)?;
+    let mut client = reqwest::Client::builder().pool_max_idle_per_host(args.clients);
+    let mut tls = None;
+    if let Some(ca) = &args.ca_file {
+        let (trusting, connector) = https::trusting(client, ca)?;
+        (client, tls) = (trusting, Some(connector));
+    }
     let shared = Arc::new(Shared {
-        client: reqwest::Client::builder().pool_max_idle_per_host(args.clients).build()?,
+        client: client.build()?,
         base: args.url.clone(),
         fqn: args.fqn.clone(),
         run: args.run.clone(),
@@ -202,6 +217,7 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<()> {
         gate: Semaphore::new(CONNECT_AT_ONCE),
         expect: args.expect,
         after: args.after,
+        tls,
     });
     let (totals, measuring) = (&shared.totals, &shared.measuring);
     let mut tasks = Vec::with_capacity(args.clients);
@@ -289,8 +305,9 @@ async fn viewer(i: usize, shared: &Shared) -> anyhow::Result<()> {
     let Shared { totals, measuring, gate, expect, .. } = shared;
     let permit = gate.acquire().await?;
     let (host, port, request) = stream_request(shared, shared.after)?;
-    let mut socket = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+    let mut socket = https::connect(shared.tls.as_ref(), &host, port).await?;
     socket.write_all(request.as_bytes()).await?;
+    socket.flush().await?;
     // What the socket gave and is not decoded yet.
     let mut raw: Vec<u8> = Vec::with_capacity(4096);
     let chunked = loop {

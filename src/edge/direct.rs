@@ -8,15 +8,15 @@
 //! written on the socket directly as chunked `text/event-stream` and the
 //! connection closes with it. The connection's task writes the first
 //! frames and any catch-up (`writer.rs`); once the viewer is at the head,
-//! a plain socket goes to its run's fan-out (`fanout.rs`) and the task
+//! the connection goes to its run's fan-out (`fanout.rs`) and the task
 //! ends. Every other request, and every later request of a kept-alive
 //! connection, goes to the router through hyper (which serves the stream
 //! route too, so nothing depends on this path).
 //!
 //! With `[edge.tls]` each accepted socket first completes its TLS handshake
 //! in its connection's task (bounded, see `https.rs`); both paths then
-//! serve the TLS session as they serve a plain socket, except that a TLS
-//! stream stays with its connection's task (no hand-over).
+//! serve the TLS session as they serve a plain socket, the direct path's
+//! hand-over to the fan-out included (the socket with its session).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -28,9 +28,12 @@ use axum::response::{IntoResponse, Response};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
 use super::LogEdge;
+use super::fanout::{Socket, Stream, TLS_RECORD_BYTES};
 use super::https;
 use super::sse::ConnectionCut;
 
@@ -51,31 +54,51 @@ const STREAM_PREFIX: &str = "/api/v1/services/ingestionPipelines/logs/";
 const MAX_ANSWER: usize = 64 * 1024;
 
 /// What a connection is served over: a TCP socket, or a TLS session on one.
+/// Either kind goes to the fan-out once its viewer is at the head.
 pub(crate) trait Connection: AsyncRead + AsyncWrite + Unpin + Send + 'static {
-    /// Whether it is a plain socket, which the fan-out can take.
-    const PLAIN: bool;
+    /// Most bytes handed to one write: a TLS session gets at most one
+    /// record's worth at a time ([`TLS_RECORD_BYTES`]), a plain socket a
+    /// buffer whole.
+    fn write_piece(&self) -> usize;
 
-    /// The plain socket, or itself when it is not one.
-    fn into_plain(self) -> Result<TcpStream, Self>
-    where
-        Self: Sized;
+    /// The connection as the fan-out holds it.
+    fn into_socket(self) -> Socket;
 }
 
 impl Connection for TcpStream {
-    const PLAIN: bool = true;
+    fn write_piece(&self) -> usize {
+        usize::MAX
+    }
 
-    fn into_plain(self) -> Result<TcpStream, Self> {
-        Ok(self)
+    fn into_socket(self) -> Socket {
+        Socket::Plain(self)
     }
 }
 
-/// A TLS session stays with its connection's task: the fan-out writes
-/// plain sockets only.
-impl Connection for tokio_rustls::server::TlsStream<TcpStream> {
-    const PLAIN: bool = false;
+impl Connection for TlsStream<TcpStream> {
+    fn write_piece(&self) -> usize {
+        TLS_RECORD_BYTES
+    }
 
-    fn into_plain(self) -> Result<TcpStream, Self> {
-        Err(self)
+    fn into_socket(self) -> Socket {
+        Socket::tls(Box::new(self))
+    }
+}
+
+/// A handed-over connection back with a task of its own (a catch-up).
+impl Connection for Stream {
+    fn write_piece(&self) -> usize {
+        match self {
+            Either::Left(socket) => socket.write_piece(),
+            Either::Right(tls) => tls.write_piece(),
+        }
+    }
+
+    fn into_socket(self) -> Socket {
+        match self {
+            Either::Left(socket) => Socket::Plain(socket),
+            Either::Right(tls) => Socket::tls(tls),
+        }
     }
 }
 
@@ -294,7 +317,7 @@ async fn serve_stream<S: Connection>(
         return Box::pin(answer(&mut stream, refusal.into_response())).await;
     }
     let after = request.after.as_deref();
-    let opened = super::sse::open_session(edge.clone(), &request.fqn, &request.run, after, cut.clone(), S::PLAIN);
+    let opened = super::sse::open_session(edge.clone(), &request.fqn, &request.run, after, cut.clone(), true);
     // The session is boxed as soon as it exists: moved between this
     // function's locals across awaits, a value this size (0.8 KiB) is
     // stored once per place it passed through, and this future lives as
@@ -312,12 +335,11 @@ async fn serve_stream<S: Connection>(
     }
     drop(response_head);
     let stop = edge.tasks.token().child_token();
-    // At the head, a plain socket goes to the fan-out, and this task ends.
+    // At the head, the connection goes to the fan-out, and this task ends.
     if let Some(stream) = write_session(stream, &mut session, chunked, &stop).await
-        && let Ok(socket) = stream.into_plain()
         && let Some(handover) = session.into_handover()
     {
-        super::fanout::hand_over(edge, super::fanout::Slot::new(socket, handover, chunked));
+        super::fanout::hand_over(edge, super::fanout::Slot::new(stream.into_socket(), handover, chunked));
     }
 }
 
@@ -399,11 +421,12 @@ impl<S: Connection> AsyncWrite for Rewind<S> {
 mod tests {
     use super::*;
 
-    /// A viewer's connection task lives as long as the viewer, and a task
-    /// is allocated at its future's largest state: this keeps that state
-    /// small (it was 5.2 KiB, most of it the same values stored in several
-    /// places across awaits, and a TLS session's room in a plain socket's
-    /// task; docs/benchmarks.md).
+    /// A viewer's connection task lives while the viewer is set up and
+    /// catches up (at the head the fan-out takes it), and a task is
+    /// allocated at its future's largest state: this keeps that state small
+    /// (it was 5.2 KiB, most of it the same values stored in several places
+    /// across awaits, and a TLS session's room in a plain socket's task;
+    /// docs/benchmarks.md).
     #[tokio::test]
     async fn a_plain_connection_task_stays_small() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

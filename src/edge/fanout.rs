@@ -2,24 +2,31 @@
 //! without a task per viewer.
 //!
 //! A viewer's session (`sse.rs`) sets it up and catches it up on its
-//! connection's task; once it is at the head of its tailer's window, a
-//! plain socket is handed over here and that task ends. Each tailer then
-//! has up to one **shard** per runtime worker (`shard.rs`), a task that
-//! owns a share of the run's viewers as [`Slot`]s (`slot.rs`): at every
-//! change of the tailer it makes one pass over its viewers and writes each
-//! the frames it lacks with one non-blocking write of the shared bytes
-//! (each frame encoded once per run, as an HTTP/1.1 chunk too). A viewer
-//! whose socket takes less is parked until it is writable, and then gets
-//! what it lacks in one write of at most [`COALESCE_BYTES`]; it never holds
-//! up the others. One whose socket takes nothing for
-//! `stall_timeout_seconds` is cut (it resumes by cursor), and one that
-//! fell behind the window goes back to a task of its own that reads the
-//! store as a session does, then comes back.
+//! connection's task; once it is at the head of its tailer's window, its
+//! connection (a plain socket, or a TLS session on one: `socket.rs`) is
+//! handed over here and that task ends. Each tailer then has up to one
+//! **shard** per runtime worker (`shard.rs`), a task that owns a share of
+//! the run's viewers as [`Slot`]s (`slot.rs`): at every change of the
+//! tailer it makes one pass over its viewers and writes each the frames it
+//! lacks with one non-blocking write of the shared bytes (each frame
+//! encoded once per run, as an HTTP/1.1 chunk too). A viewer whose socket
+//! takes less is parked until it is writable, and then gets what it lacks
+//! in one write of at most [`COALESCE_BYTES`]; it never holds up the
+//! others. One whose socket takes nothing for `stall_timeout_seconds` is
+//! cut (it resumes by cursor), and one that fell behind the window goes
+//! back to a task of its own that reads the store as a session does, then
+//! comes back.
 //!
-//! A TLS session stays with its connection's task (see `direct.rs`).
+//! Over TLS the same write goes to the session's rustls connection, which
+//! fills records of up to 16 KiB across the frames it is given (small
+//! frames share one) before they go to the socket; what the socket did not
+//! take stays in the session, bounded, and goes out before anything new
+//! goes in. A TLS viewer's response ends with `close_notify` after its
+//! last bytes.
 
 mod shard;
 mod slot;
+mod socket;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,11 +38,13 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::LogEdge;
+use super::direct::Connection;
 use super::sse::Session;
 use super::tailer::Tailer;
 use super::viewer::Viewer;
 
 pub(crate) use slot::Slot;
+pub(crate) use socket::{Socket, Stream, TLS_RECORD_BYTES};
 
 /// Most bytes written to one viewer with one write.
 pub(crate) const COALESCE_BYTES: usize = 64 * 1024;
@@ -138,29 +147,30 @@ pub(crate) fn hand_over(edge: &Arc<LogEdge>, slot: Slot) {
 
 /// A handed-over viewer that fell behind the window (lines up to `until`
 /// are only in the store): its own task writes what a write left
-/// (`owed`), catches it up as a session does, then hands it over again.
+/// (`owed`, and what its TLS session holds), catches it up as a session
+/// does, then hands it over again.
 fn catch_up(edge: &Arc<LogEdge>, slot: Slot, until: u64) {
-    let (mut socket, handover, chunked, owed) = slot.into_parts();
+    let (socket, handover, chunked, owed) = slot.into_parts();
     let task_edge = edge.clone();
     let span = tracing::debug_span!("viewer catch-up", run = %handover.member.tailer().key(), until);
     let task = async move {
         let edge = task_edge;
         let cut = handover.member.viewer().connection().clone();
-        if !owed.is_empty() {
-            let written = tokio::select! {
-                written = socket.write_all(&owed) => written.is_ok(),
-                () = cut.cancelled() => false,
-            };
-            if !written {
-                return;
-            }
+        let mut stream = socket.into_stream();
+        let written = tokio::select! {
+            written = async { stream.write_all(&owed).await?; stream.flush().await } => written.is_ok(),
+            () = cut.cancelled() => false,
+        };
+        if !written {
+            return;
         }
+        drop(owed);
         let mut session = Box::new(Session::resumed(handover, until));
         let stop = edge.tasks.token().child_token();
-        if let Some(socket) = super::direct::write_session(socket, &mut session, chunked, &stop).await
+        if let Some(stream) = super::direct::write_session(stream, &mut session, chunked, &stop).await
             && let Some(handover) = session.into_handover()
         {
-            hand_over(&edge, Slot::new(socket, handover, chunked));
+            hand_over(&edge, Slot::new(stream.into_socket(), handover, chunked));
         }
     };
     edge.tasks.spawn("viewer catch-up", tracing::Instrument::instrument(task, span));

@@ -14,8 +14,8 @@
 //! line 0, as replay. Dropping the body (the
 //! client left) frees both slots at once; a socket that takes nothing for
 //! `stall_timeout_seconds` is cut by the tailer through the connection's
-//! [`ConnectionCut`]. On the direct path a session over a plain socket
-//! stops at the head instead of waiting there, and the fan-out
+//! [`ConnectionCut`]. On the direct path (a plain socket or a TLS session)
+//! a session stops at the head instead of waiting there, and the fan-out
 //! (`fanout.rs`) writes its live frames from then on (`handover.rs`).
 
 use std::pin::Pin;

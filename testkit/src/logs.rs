@@ -16,7 +16,7 @@ use tailrace::archive::{
     Append, Archiver, FileRunLogStore, LOGS_NAMESPACE, PruneReport, RetentionPolicy, RunInfo, RunKey, RunLogStore,
     RunState, RunSummary, StoreError,
 };
-use tailrace::config::{Config, EdgeOptions, LogStreamSettings, RunsStreamSettings};
+use tailrace::config::{Config, EdgeOptions, EdgeTls, LogStreamSettings, RunsStreamSettings};
 use tailrace::edge::LogEdge;
 use tailrace::pubsub::ImplicitSubscriptions;
 use tailrace::{NodeId, SequenceToken};
@@ -56,6 +56,19 @@ pub struct ProbeStore {
 }
 
 impl ProbeStore {
+    /// The file store in `dir`, counting nothing yet.
+    fn new(dir: std::path::PathBuf) -> Arc<Self> {
+        Arc::new(ProbeStore {
+            inner: FileRunLogStore::open(dir, false).unwrap(),
+            append_delay_ms: Default::default(),
+            infos: AtomicUsize::new(0),
+            reads: AtomicUsize::new(0),
+            listings: AtomicUsize::new(0),
+            fail_info: AtomicUsize::new(0),
+            fail_reads: AtomicUsize::new(0),
+        })
+    }
+
     async fn slow_append(&self) {
         let delay = self.append_delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
@@ -150,16 +163,37 @@ impl LogServer {
     /// Like [`LogServer::start_with`], on memory queues set up as `memory`.
     pub async fn start_on(options: EdgeOptions, config: Config, memory: MemoryOptions) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(ProbeStore {
-            inner: FileRunLogStore::open(dir.path().join("runs"), false).unwrap(),
-            append_delay_ms: Default::default(),
-            infos: AtomicUsize::new(0),
-            reads: AtomicUsize::new(0),
-            listings: AtomicUsize::new(0),
-            fail_info: AtomicUsize::new(0),
-            fail_reads: AtomicUsize::new(0),
-        });
+        let store = ProbeStore::new(dir.path().join("runs"));
         Self::node_on("edge", store, options, config, memory, Arc::new(dir)).await
+    }
+
+    /// Like [`LogServer::start_with`], serving HTTPS (`[edge.tls]`) with a
+    /// certificate for 127.0.0.1 from a new authority (made with `openssl`,
+    /// see [`super::certs`]): `base` is `https://…`, `client` trusts that
+    /// authority only, and [`LogServer::ca`] names its file.
+    pub async fn start_tls(mut options: EdgeOptions, config: Config) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        super::certs::authority(dir.path(), "ca", &["edge"]);
+        options.tls = Some(EdgeTls { cert: dir.path().join("edge.pem"), key: dir.path().join("edge.key") });
+        let store = ProbeStore::new(dir.path().join("runs"));
+        let ca = dir.path().join("ca.pem");
+        let mut server = Self::node_on("edge", store, options, config, MemoryOptions::default(), Arc::new(dir)).await;
+        server.base = server.base.replacen("http://", "https://", 1);
+        let certs = reqwest::Certificate::from_pem_bundle(&std::fs::read(&ca).unwrap()).unwrap();
+        server.client = super::http().tls_certs_only(certs).build().unwrap();
+        server
+    }
+
+    /// The authority's certificate (PEM) that a server started with
+    /// [`LogServer::start_tls`] is trusted by.
+    pub fn ca(&self) -> std::path::PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// The address it listens on.
+    pub fn address(&self) -> std::net::SocketAddr {
+        let host = self.base.split_once("://").map_or(self.base.as_str(), |(_, host)| host);
+        host.parse().unwrap()
     }
 
     /// Another node with its own queues, archiver and edge, on this
@@ -253,7 +287,7 @@ impl LogServer {
         use tokio::io::AsyncWriteExt;
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.set_recv_buffer_size(4096).unwrap();
-        let address = self.base.trim_start_matches("http://").parse().unwrap();
+        let address = self.address();
         let mut stalled = socket.connect(address).await.unwrap();
         let path = format!("/api/v1/services/ingestionPipelines/logs/{fqn}/stream/{run}");
         let request = format!("GET {path} HTTP/1.1\r\nhost: {address}\r\n\r\n");

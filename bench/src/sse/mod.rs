@@ -22,7 +22,11 @@
 //! process's CPU time over the window (nothing is pinned: server and
 //! clients share both cores as the scheduler decides, and the report
 //! shows what each took). The other cases (`cases.rs`): `--sweep`,
-//! `--burst`, `--stalled`.
+//! `--burst`, `--stalled`. `--tls` runs the default case over HTTPS
+//! (`[edge.tls]`, a certificate of an authority made for the run with
+//! `openssl`; the viewers and pollers are TLS clients), at 2 000 viewers
+//! (500 with `--quick`): encryption costs the server and the clients CPU
+//! on the same two cores.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,11 +66,14 @@ pub enum Case {
     Burst,
     /// One viewer that never reads beside healthy ones.
     Stalled,
+    /// The default case over HTTPS.
+    Tls,
 }
 
 pub async fn run(quick: bool, case: Case) -> anyhow::Result<()> {
     match case {
-        Case::Default => default_case(quick).await,
+        Case::Default => default_case(quick, false).await,
+        Case::Tls => default_case(quick, true).await,
         Case::Sweep => cases::sweep(quick).await,
         Case::Burst => cases::burst(quick).await,
         Case::Stalled => cases::stalled(quick).await,
@@ -83,6 +90,8 @@ pub(super) struct Server {
     stop: CancellationToken,
     /// Lines the run has.
     lines: AtomicU64,
+    /// Over HTTPS: the authority's certificate the clients trust.
+    pub ca: Option<std::path::PathBuf>,
     _dir: tempfile::TempDir,
 }
 
@@ -90,6 +99,15 @@ impl Server {
     /// A server for up to `viewers` viewers at once; `settings` adjusts the
     /// stream settings.
     pub(super) async fn start(viewers: usize, settings: impl FnOnce(&mut LogStreamSettings)) -> anyhow::Result<Self> {
+        Self::start_with(viewers, false, settings).await
+    }
+
+    /// As [`Server::start`], over HTTPS with `tls`.
+    pub(super) async fn start_with(
+        viewers: usize,
+        tls: bool,
+        settings: impl FnOnce(&mut LogStreamSettings),
+    ) -> anyhow::Result<Self> {
         let limit = raise_open_files(viewers as u64 + 1024)?;
         anyhow::ensure!(
             limit >= viewers as u64 + 256,
@@ -109,17 +127,31 @@ impl Server {
             ..LogStreamSettings::default()
         };
         settings(&mut log_stream);
+        let mut client = reqwest::Client::builder();
+        let mut options = EdgeOptions { log_stream, ..EdgeOptions::default() };
+        let ca = if tls {
+            let certs = dir.path().to_path_buf();
+            tokio::task::spawn_blocking(move || tailrace_testkit::certs::authority(&certs, "ca", &["edge"])).await?;
+            let (cert, key) = (dir.path().join("edge.pem"), dir.path().join("edge.key"));
+            options.tls = Some(tailrace::config::EdgeTls { cert, key });
+            let ca = dir.path().join("ca.pem");
+            client = client.tls_certs_only(reqwest::Certificate::from_pem_bundle(&std::fs::read(&ca)?)?);
+            Some(ca)
+        } else {
+            None
+        };
         let stop = CancellationToken::new();
-        let edge =
-            LogEdge::new(node.clone(), archiver, EdgeOptions { log_stream, ..EdgeOptions::default() }, stop.clone());
+        let edge = LogEdge::new(node.clone(), archiver, options, stop.clone());
         let (bound, _server) = edge.serve("127.0.0.1:0".parse()?, axum::Router::new(), stop.clone()).await?;
+        let scheme = if tls { "https" } else { "http" };
         let server = Self {
             edge,
-            base: format!("http://{bound}"),
-            client: reqwest::Client::new(),
+            base: format!("{scheme}://{bound}"),
+            client: client.build()?,
             node,
             stop,
             lines: AtomicU64::new(0),
+            ca,
             _dir: dir,
         };
         server.post(0, 0).await?; // the run exists, with one line
@@ -182,17 +214,23 @@ pub(super) fn spread(values: &mut [f64]) -> (f64, f64, f64) {
     }
 }
 
-async fn default_case(quick: bool) -> anyhow::Result<()> {
-    let viewers: usize = std::env::var("TAILRACE_BENCH_VIEWERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(if quick { 1_000 } else { 10_000 });
+/// The default case, over HTTPS with `tls` (`sse --tls`).
+async fn default_case(quick: bool, tls: bool) -> anyhow::Result<()> {
+    let default_viewers = match (tls, quick) {
+        (false, false) => 10_000,
+        (false, true) => 1_000,
+        (true, false) => 2_000,
+        (true, true) => 500,
+    };
+    let viewers: usize =
+        std::env::var("TAILRACE_BENCH_VIEWERS").ok().and_then(|v| v.parse().ok()).unwrap_or(default_viewers);
     let seconds = if quick { 8 } else { 15 };
+    let (name, over) = if tls { ("sse-tls", " over HTTPS") } else { ("sse", "") };
     println!(
-        "sse: 1 run, {viewers} viewers vs {viewers} pollers (every 2 s), {} lines/s ingested for {seconds} s per phase",
+        "{name}: 1 run, {viewers} viewers vs {viewers} pollers (every 2 s){over}, {} lines/s ingested for {seconds} s per phase",
         POSTS_PER_SECOND * LINES_PER_POST as u64
     );
-    let server = Server::start(viewers, |_| {}).await?;
+    let server = Server::start_with(viewers, tls, |_| {}).await?;
 
     // The SSE phase runs in rounds, each with a fresh client process; the
     // first round's memory is reported (later rounds reuse what the
@@ -256,6 +294,7 @@ async fn default_case(quick: bool) -> anyhow::Result<()> {
     );
     let extra = [
         ("viewers", viewers.to_string()),
+        ("tls", tls.to_string()),
         ("readers_per_run", tailrace.tailers.to_string()),
         ("store_reads_per_s", format!("{:.1}", tailrace.store_reads_per_s)),
         ("baseline_store_reads_per_s", format!("{:.1}", baseline.as_ref().map_or(0.0, |b| b.store_reads_per_s))),
@@ -280,6 +319,6 @@ async fn default_case(quick: bool) -> anyhow::Result<()> {
         ("host_busy", format!("{host_busy:.2}")),
     ];
     let rounds = [(tailrace.report.lines_per_s(), baseline.as_ref().map_or(0.0, |b| b.report.lines_per_s()))];
-    println!("{}", super::median_line("sse", &rounds, &extra));
+    println!("{}", super::median_line(name, &rounds, &extra));
     Ok(())
 }

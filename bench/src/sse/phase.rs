@@ -128,6 +128,9 @@ pub(super) async fn phase(server: &Server, spec: Spec) -> anyhow::Result<Phase> 
     if spec.at_head {
         command.args(["--after", &server.lines().to_string()]);
     }
+    if let Some(ca) = &server.ca {
+        command.arg("--ca-file").arg(ca);
+    }
     let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

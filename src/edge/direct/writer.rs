@@ -1,8 +1,12 @@
 //! A viewer's frames written by its connection's task: its first frames
 //! and any catch-up, as its session gives them, coalesced into writes of
 //! up to [`COALESCE_BYTES`], until the response ends or the session is at
-//! the head of its tailer's window (a plain socket then goes to the
-//! fan-out).
+//! the head of its tailer's window (the connection then goes to the
+//! fan-out). A TLS session is handed each write in pieces of at most one
+//! record (16 KiB), each encrypted and sent as far as the socket takes it
+//! before the next goes in: a session whose socket keeps up holds one
+//! record of the write, not all of it (one whose socket is slower holds up
+//! to its buffer limit).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,6 +31,7 @@ pub(crate) async fn write_session<S: Connection>(
     stop: &CancellationToken,
 ) -> Option<S> {
     let cut = session.connection().clone();
+    let piece = stream.write_piece();
     let (mut reader, mut writer) = tokio::io::split(stream);
     let ended = {
         // A viewer sends nothing after its request: a read that ends means
@@ -41,7 +46,8 @@ pub(crate) async fn write_session<S: Connection>(
         tokio::pin!(cut_off);
         let stopped = stop.cancelled();
         tokio::pin!(stopped);
-        write_frames_of(session, &mut writer, chunked, &cut, (&mut closed, &mut cut_off, &mut stopped)).await
+        let framing = Framing { chunked, piece };
+        write_frames_of(session, &mut writer, framing, &cut, (&mut closed, &mut cut_off, &mut stopped)).await
     };
     if ended {
         return None;
@@ -49,12 +55,20 @@ pub(crate) async fn write_session<S: Connection>(
     Some(reader.unsplit(writer))
 }
 
+/// How a connection's frames are written: as HTTP/1.1 chunks or not, and
+/// at most `piece` bytes per write (see [`super::Connection::write_piece`]).
+#[derive(Clone, Copy)]
+struct Framing {
+    chunked: bool,
+    piece: usize,
+}
+
 /// The loop of [`write_session`]: whether the connection is done with
 /// (else the session is at the head, to be handed over).
 async fn write_frames_of<W: AsyncWrite + Unpin>(
     session: &mut Session,
     writer: &mut W,
-    chunked: bool,
+    framing: Framing,
     cut: &CancellationToken,
     (closed, cut_off, stopped): (
         &mut Pin<&mut impl Future<Output = ()>>,
@@ -109,7 +123,7 @@ async fn write_frames_of<W: AsyncWrite + Unpin>(
         if !frames.is_empty() {
             let written = tokio::select! {
                 biased;
-                written = write_frames(writer, &frames, chunked) => written.is_ok(),
+                written = write_frames(writer, &frames, framing) => written.is_ok(),
                 () = cut_off.as_mut() => false,
             };
             if !written {
@@ -122,7 +136,7 @@ async fn write_frames_of<W: AsyncWrite + Unpin>(
             // Dropped: cut the connection without ending the response.
             Some(Next::Cut) => return true,
             Some(Next::End) => {
-                if chunked {
+                if framing.chunked {
                     let _ = writer.write_all(crate::edge::frames::LAST_CHUNK).await;
                 }
                 let _ = writer.shutdown().await;
@@ -132,11 +146,17 @@ async fn write_frames_of<W: AsyncWrite + Unpin>(
     }
 }
 
-/// Writes `frames` with one write (each its own chunk when `chunked`).
-async fn write_frames(writer: &mut (impl AsyncWrite + Unpin), frames: &[Bytes], chunked: bool) -> std::io::Result<()> {
+/// Writes `frames` with one write (each its own chunk when chunked), in
+/// pieces of at most `framing.piece` bytes.
+async fn write_frames(
+    writer: &mut (impl AsyncWrite + Unpin),
+    frames: &[Bytes],
+    framing: Framing,
+) -> std::io::Result<()> {
     use std::io::Write as _;
+    let Framing { chunked, piece } = framing;
     match (frames, chunked) {
-        ([frame], false) => writer.write_all(frame).await?,
+        ([frame], false) => write_pieces(writer, frame, piece).await?,
         _ => {
             let size: usize = frames.iter().map(|f| f.len() + 20).sum();
             let mut out = Vec::with_capacity(size);
@@ -150,10 +170,18 @@ async fn write_frames(writer: &mut (impl AsyncWrite + Unpin), frames: &[Bytes], 
                     out.extend_from_slice(frame);
                 }
             }
-            writer.write_all(&out).await?;
+            write_pieces(writer, &out, piece).await?;
         }
     }
     // A TLS session may hold written bytes until it is flushed (a plain
     // socket flushes for free): the frames go out now, not with the next.
     writer.flush().await
+}
+
+/// Writes `bytes` in pieces of at most `piece` bytes.
+async fn write_pieces(writer: &mut (impl AsyncWrite + Unpin), bytes: &[u8], piece: usize) -> std::io::Result<()> {
+    for part in bytes.chunks(piece.max(1)) {
+        writer.write_all(part).await?;
+    }
+    Ok(())
 }

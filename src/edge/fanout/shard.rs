@@ -166,7 +166,7 @@ impl Shard {
     /// A viewer handed over, or back from waiting for its socket: its socket
     /// gets the readable waker (a wake while it was away was not its), then
     /// it is served.
-    fn admit(&mut self, slot: Slot) {
+    fn admit(&mut self, mut slot: Slot) {
         let waker = self.readable_waker.clone();
         if slot.client_left(&mut Context::from_waker(&waker)) {
             return;
@@ -179,7 +179,7 @@ impl Shard {
     async fn drop_left(&mut self) {
         let waker = self.readable_waker.clone();
         let slots = std::mem::take(&mut self.waiting);
-        for (index, slot) in slots.into_iter().enumerate() {
+        for (index, mut slot) in slots.into_iter().enumerate() {
             if index % YIELD_EVERY == YIELD_EVERY - 1 {
                 tokio::task::yield_now().await;
             }
@@ -230,7 +230,7 @@ fn park(slot: Slot, stall: Duration) -> Parked {
         let viewer = slot.member().viewer().clone();
         let stalled_at = slot.last_sent + stall;
         tokio::select! {
-            writable = slot.socket().writable() => writable.ok().map(|()| slot),
+            writable = slot.socket().tcp().writable() => writable.ok().map(|()| slot),
             () = viewer.connection().cancelled() => None,
             () = tokio::time::sleep_until(stalled_at) => {
                 tracing::debug!(viewer = viewer.id(), "viewer stalled; cutting it");

@@ -1,16 +1,15 @@
-//! One handed-over viewer: its socket, its place in the run (the next
-//! line offset, and bytes a write took only part of) and the one
-//! non-blocking write that gives it what it lacks.
+//! One handed-over viewer: its connection (`socket.rs`), its place in the
+//! run (the next line offset, and bytes a write took only part of) and the
+//! one non-blocking write that gives it what it lacks.
 
 use std::io::IoSlice;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Context;
 
 use bytes::Bytes;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::{COALESCE_BYTES, Handover, Member};
+use super::{COALESCE_BYTES, Handover, Member, Socket};
 use crate::edge::frames;
 use crate::edge::tailer::{Pull, SNAPSHOT_CHUNKS, Snapshot, Tailer};
 
@@ -19,7 +18,7 @@ const MAX_BUFFERS: usize = SNAPSHOT_CHUNKS + 1;
 
 /// See the module documentation.
 pub(crate) struct Slot {
-    socket: TcpStream,
+    socket: Socket,
     member: Member,
     /// The next line offset it needs (past the bytes in `owed`).
     at: u64,
@@ -27,7 +26,8 @@ pub(crate) struct Slot {
     replay_until: u64,
     pub(super) last_sent: Instant,
     /// Bytes it must get before anything else (the rest of a frame a
-    /// write took only part of, a heartbeat, its last frame).
+    /// write took only part of, a heartbeat, its last frame, frames pulled
+    /// from behind the snapshot).
     owed: Bytes,
     chunked: bool,
     /// `owed` ends the response: close once it is written.
@@ -46,8 +46,18 @@ pub(super) enum Served {
     Closed,
 }
 
+/// What a viewer behind the snapshot's shared chunks got from its tailer.
+enum Pulled {
+    /// Nothing new yet.
+    Wait,
+    /// Lines up to this offset fell out of the window.
+    Behind(u64),
+    /// Frames (or its end) are owed.
+    Owed,
+}
+
 impl Slot {
-    pub(crate) fn new(socket: TcpStream, handover: Handover, chunked: bool) -> Self {
+    pub(crate) fn new(socket: Socket, handover: Handover, chunked: bool) -> Self {
         let Handover { member, at, replay_until, last_sent } = handover;
         Self { socket, member, at, replay_until, last_sent, owed: Bytes::new(), chunked, closing: false }
     }
@@ -60,12 +70,12 @@ impl Slot {
         &self.member
     }
 
-    pub(super) fn socket(&self) -> &TcpStream {
+    pub(super) fn socket(&self) -> &Socket {
         &self.socket
     }
 
-    /// The socket, the viewer's place, the framing and the bytes owed.
-    pub(super) fn into_parts(self) -> (TcpStream, Handover, bool, Bytes) {
+    /// The connection, the viewer's place, the framing and the bytes owed.
+    pub(super) fn into_parts(self) -> (Socket, Handover, bool, Bytes) {
         let handover =
             Handover { member: self.member, at: self.at, replay_until: self.replay_until, last_sent: self.last_sent };
         (self.socket, handover, self.chunked, self.owed)
@@ -78,53 +88,59 @@ impl Slot {
         }
     }
 
-    /// Whether its client closed the connection (or sent something, which
-    /// a viewer must not). If not, `context`'s waker is woken when it
-    /// does: the runtime holds it with the socket, so a shard learns of a
-    /// client that left at once without a task or a future per viewer.
-    pub(super) fn client_left(&self, context: &mut Context<'_>) -> bool {
-        let mut probe = [0u8; 1];
-        loop {
-            match self.socket.poll_read_ready(context) {
-                Poll::Pending => return false,
-                Poll::Ready(Err(_)) => return true,
-                // Readable: closed, or a readiness left from the request
-                // (the read clears it, then the waker is registered).
-                Poll::Ready(Ok(())) => match self.socket.try_read(&mut probe) {
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                    _ => return true,
-                },
-            }
-        }
+    /// Whether its client left (see [`Socket::client_left`]); if not,
+    /// `context`'s waker is woken when it does.
+    pub(super) fn client_left(&mut self, context: &mut Context<'_>) -> bool {
+        self.socket.client_left(context)
+    }
+
+    /// Whether its next line starts one of the snapshot's shared chunks.
+    fn at_shared(&self, snapshot: &Snapshot) -> bool {
+        self.at >= self.replay_until && snapshot.chunks.iter().any(|c| c.start == self.at)
+    }
+
+    /// Its socket took something: the stall clock starts again.
+    fn progressed(&mut self, now: Instant) {
+        self.last_sent = now;
+        self.member.viewer().progressed_at(self.at, now);
     }
 
     /// Writes it what it lacks (at most [`COALESCE_BYTES`], one write).
     pub(super) fn serve(mut self, snapshot: &Snapshot, now: Instant) -> Served {
-        if self.owed.is_empty() && !self.closing {
-            let shared = self.at >= self.replay_until && snapshot.chunks.iter().any(|c| c.start == self.at);
-            if !shared {
-                if self.at >= snapshot.head && snapshot.ended.is_none() {
-                    return Served::Waiting(self);
-                }
-                match self.tailer().pull(self.at, self.replay_until) {
-                    Pull::Wait => return Served::Waiting(self),
-                    Pull::Behind { until } => return Served::Behind(self, until),
-                    // Mid-chunk, or replay: a frame of its own.
-                    Pull::Frame(frame, next) => {
-                        self.owed = if self.chunked { frames::chunk(&frame) } else { frame };
-                        self.at = next;
-                    }
-                    Pull::End(terminal) => self.owe_end(terminal),
-                }
+        // What its TLS session holds goes out before anything new goes in.
+        if self.socket.holds() {
+            match self.socket.send_held() {
+                Ok(0) => {}
+                Ok(_) => self.progressed(now),
+                Err(_) => return Served::Closed,
+            }
+            if self.socket.holds() {
+                return Served::Blocked(self);
             }
         }
+        if self.owed.is_empty() && !self.closing && !self.at_shared(snapshot) {
+            if self.at >= snapshot.head && snapshot.ended.is_none() {
+                return Served::Waiting(self);
+            }
+            match self.pull(snapshot) {
+                Pulled::Wait => return Served::Waiting(self),
+                Pulled::Behind(until) => return Served::Behind(self, until),
+                Pulled::Owed => {}
+            }
+        }
+        // One pass's buffers: the owed bytes, then the shared chunks from
+        // its cursor, each cut to what is left of the socket's pass limit
+        // (`lengths` keeps their whole length: a cut one is written in part).
+        let limit = self.socket.pass_limit();
         let owed = std::mem::take(&mut self.owed);
         let mut sources: [&[u8]; MAX_BUFFERS] = [&[]; MAX_BUFFERS];
+        let mut lengths = [0usize; MAX_BUFFERS];
         let mut ends = [0u64; MAX_BUFFERS];
         let mut count = 0;
         let mut total = 0;
         if !owed.is_empty() {
-            (sources[0], ends[0], count, total) = (&owed[..], self.at, 1, owed.len());
+            let taken = owed.len().min(limit);
+            (sources[0], lengths[0], ends[0], count, total) = (&owed[..taken], owed.len(), self.at, 1, taken);
         }
         let mut shared_from = None;
         if !self.closing
@@ -133,20 +149,21 @@ impl Slot {
         {
             shared_from = Some(first);
             for chunk in &snapshot.chunks[first..] {
-                if total >= COALESCE_BYTES || count == MAX_BUFFERS {
+                if total >= COALESCE_BYTES || total >= limit || count == MAX_BUFFERS {
                     break;
                 }
                 let bytes = if self.chunked { &chunk.chunked } else { &chunk.frame };
-                (sources[count], ends[count]) = (&bytes[..], chunk.end);
+                let taken = bytes.len().min(limit - total);
+                (sources[count], lengths[count], ends[count]) = (&bytes[..taken], bytes.len(), chunk.end);
                 count += 1;
-                total += bytes.len();
+                total += taken;
             }
         }
         if count == 0 {
-            return if self.closing { Served::Closed } else { Served::Waiting(self) };
+            return if self.closing { self.close(now) } else { Served::Waiting(self) };
         }
         let buffers: [IoSlice<'_>; MAX_BUFFERS] = sources.map(IoSlice::new);
-        let written = match self.socket.try_write_vectored(&buffers[..count]) {
+        let written = match self.socket.write(&buffers[..count]) {
             Ok(written) => written,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 self.owed = owed;
@@ -154,16 +171,16 @@ impl Slot {
             }
             Err(_) => return Served::Closed,
         };
-        // What the socket took: whole buffers move the cursor; the rest of
-        // one it took part of is owed.
+        // What the socket (or the TLS session) took: whole buffers move the
+        // cursor; the rest of one it took part of is owed.
         let mut left = written;
         let mut rest = None;
-        for (index, source) in sources[..count].iter().enumerate() {
-            if left < source.len() {
+        for (index, length) in lengths[..count].iter().enumerate() {
+            if left < *length {
                 rest = Some((index, left));
                 break;
             }
-            left -= source.len();
+            left -= length;
             self.at = self.at.max(ends[index]);
         }
         if let Some((index, taken)) = rest {
@@ -179,21 +196,81 @@ impl Slot {
             };
         }
         if written > 0 {
-            self.last_sent = now;
-            self.member.viewer().progressed_at(self.at, now);
+            self.progressed(now);
         }
         // Still short of the head (the write was full, or it came from
         // further back than the snapshot), or at the head of a run that
         // ended (its end is owed): served again as soon as its socket is
-        // writable, not at the next change, which will not come.
+        // writable, not at the next change, which will not come. So is
+        // one whose TLS session holds what its socket did not take.
         let more = self.at < snapshot.head || snapshot.ended.is_some();
-        if !self.owed.is_empty() || total >= COALESCE_BYTES || (!self.closing && more) {
+        if !self.owed.is_empty() || total >= COALESCE_BYTES || (!self.closing && more) || self.socket.holds() {
             Served::Blocked(self)
         } else if self.closing {
-            Served::Closed
+            self.close(now)
         } else {
             Served::Waiting(self)
         }
+    }
+
+    /// Pulls what it lacks from behind the snapshot's shared chunks into
+    /// `owed`: one frame, or over TLS as many as one pass writes (small
+    /// frames then share a record instead of taking one each), up to the
+    /// shared chunks; or its end.
+    fn pull(&mut self, snapshot: &Snapshot) -> Pulled {
+        // The frames after the first, appended to it.
+        let mut gathered: Option<Vec<u8>> = None;
+        loop {
+            // (Nothing pulled yet while nothing is owed: `gathered` only
+            // holds frames after the first.)
+            let first = self.owed.is_empty();
+            match self.tailer().pull(self.at, self.replay_until) {
+                Pull::Frame(frame, next) => {
+                    // Mid-chunk, or replay: a frame of its own.
+                    let frame = if self.chunked { frames::chunk(&frame) } else { frame };
+                    self.at = next;
+                    match &mut gathered {
+                        None if first => self.owed = frame,
+                        None => {
+                            let mut both = self.owed.to_vec();
+                            both.extend_from_slice(&frame);
+                            gathered = Some(both);
+                        }
+                        Some(gathered) => gathered.extend_from_slice(&frame),
+                    }
+                }
+                Pull::Wait if first => return Pulled::Wait,
+                Pull::Behind { until } if first => return Pulled::Behind(until),
+                Pull::End(terminal) if first => {
+                    self.owe_end(terminal);
+                    return Pulled::Owed;
+                }
+                // What comes next (the lines behind the window, its end)
+                // is for the next pass.
+                Pull::Wait | Pull::Behind { .. } | Pull::End(_) => break,
+            }
+            let size = gathered.as_ref().map_or(self.owed.len(), Vec::len);
+            if !self.socket.gathers_pulls() || size >= COALESCE_BYTES || self.at_shared(snapshot) {
+                break;
+            }
+        }
+        if let Some(gathered) = gathered {
+            self.owed = Bytes::from(gathered);
+        }
+        Pulled::Owed
+    }
+
+    /// Its response ended and every byte of it was handed over: over TLS
+    /// the session's `close_notify` follows them, and the slot stays until
+    /// its socket took everything (or it stalls); then it closes.
+    fn close(mut self, now: Instant) -> Served {
+        self.socket.close();
+        match self.socket.send_held() {
+            Ok(0) => {}
+            Ok(_) => self.progressed(now),
+            Err(_) => return Served::Closed,
+        }
+        if self.socket.holds() { Served::Blocked(self) } else { Served::Closed }
     }
 
     /// The tailer ended and it has every line: its last frame (if any) and
@@ -215,59 +292,5 @@ impl Slot {
         }
         self.owed = Bytes::from(out);
         self.closing = true;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::task::Context;
-
-    use tokio::io::AsyncWriteExt;
-
-    struct Flag(AtomicBool);
-
-    impl futures::task::ArcWake for Flag {
-        fn wake_by_ref(flag: &Arc<Self>) {
-            flag.0.store(true, Ordering::SeqCst);
-        }
-    }
-
-    /// A client that leaves wakes the waker its socket holds, and is then
-    /// seen; one that stays is not.
-    #[tokio::test]
-    async fn a_client_that_left_wakes_the_waker_and_is_seen() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (server, _) = listener.accept().await.unwrap();
-        client.write_all(b"GET").await.unwrap();
-        server.readable().await.unwrap();
-        let flag = Arc::new(Flag(AtomicBool::new(false)));
-        let waker = futures::task::waker(flag.clone());
-        let probe = |context: &mut Context<'_>| {
-            let mut one = [0u8; 1];
-            loop {
-                match server.poll_read_ready(context) {
-                    std::task::Poll::Pending => return false,
-                    std::task::Poll::Ready(Err(_)) => return true,
-                    std::task::Poll::Ready(Ok(())) => match server.try_read(&mut one) {
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                        Ok(n) if n > 0 => continue,
-                        _ => return true,
-                    },
-                }
-            }
-        };
-        assert!(!probe(&mut Context::from_waker(&waker)), "open");
-        drop(client);
-        tokio::time::timeout(std::time::Duration::from_secs(5), async {
-            while !flag.0.load(Ordering::SeqCst) {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .unwrap();
-        assert!(probe(&mut Context::from_waker(&waker)), "closed: seen");
     }
 }
