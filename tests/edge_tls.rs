@@ -9,16 +9,14 @@
 
 use tailrace_testkit as common;
 
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::logs::*;
+use common::tls_tap::{Seen, Tee};
 use serde_json::Value;
 use tailrace::config::{EdgeOptions, LogStreamSettings};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::client::TlsStream;
 
 const FQN: &str = "svc.tls";
@@ -52,59 +50,6 @@ fn numbers_of(events: &[Value]) -> Vec<usize> {
     numbers(events.iter().filter(|e| e["eventType"] == "logs").flat_map(|e| e["logs"].as_str().unwrap_or("").lines()))
 }
 
-/// Raw bytes a client's socket read, for their TLS record headers.
-#[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<u8>>>);
-
-impl Seen {
-    fn len(&self) -> usize {
-        self.0.lock().unwrap().len()
-    }
-
-    /// The lengths of the TLS records from byte `from` on (each has a
-    /// 5-byte header: type, version, length).
-    fn records(&self, from: usize) -> Vec<usize> {
-        let raw = self.0.lock().unwrap();
-        let (mut lengths, mut at) = (Vec::new(), from);
-        while at + 5 <= raw.len() {
-            let length = u16::from_be_bytes([raw[at + 3], raw[at + 4]]) as usize;
-            lengths.push(length);
-            at += 5 + length;
-        }
-        lengths
-    }
-}
-
-/// A client's socket that keeps a copy of what it reads.
-struct Tee {
-    inner: TcpStream,
-    seen: Seen,
-}
-
-impl AsyncRead for Tee {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
-        this.seen.0.lock().unwrap().extend_from_slice(&buf.filled()[before..]);
-        read
-    }
-}
-
-impl AsyncWrite for Tee {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
 /// A viewer on a TLS session of its own making (its socket's receive
 /// buffer set to `receive_buffer` when given), its request sent; reads
 /// what the stream sends as raw bytes, and keeps a copy of what its socket
@@ -128,8 +73,7 @@ impl RawViewer {
         if let Some(size) = receive_buffer {
             socket.set_recv_buffer_size(size).unwrap();
         }
-        let seen = Seen::default();
-        let tee = Tee { inner: socket.connect(server.address()).await.unwrap(), seen: seen.clone() };
+        let (tee, seen) = Tee::new(socket.connect(server.address()).await.unwrap());
         let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
         let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tee).await.unwrap();
         let request = format!(

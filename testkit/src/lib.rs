@@ -108,6 +108,7 @@ pub mod redis_server;
 pub mod replay;
 pub use tailrace::fixtures::{scripted, store};
 pub mod tcp_proxy;
+pub mod tls_tap;
 
 use tailrace::AgentStatus;
 use tailrace::Node;

@@ -3,17 +3,17 @@
 //! authority, made with `openssl`; a raw copy of what the client's socket
 //! read shows each record's size).
 
-use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::Context;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::client::TlsStream as ClientTls;
 
 use super::*;
+use tailrace_testkit::tls_tap::{Seen, Tee};
 
 struct Flag(AtomicBool);
 
@@ -67,60 +67,6 @@ async fn a_plain_client_that_left_wakes_the_waker_and_is_seen() {
     assert!(socket.client_left(&mut Context::from_waker(&waker)), "closed: seen");
 }
 
-/// Raw bytes a client's socket read, for their TLS record headers.
-#[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<u8>>>);
-
-impl Seen {
-    fn len(&self) -> usize {
-        self.0.lock().unwrap().len()
-    }
-
-    /// The lengths of the records from byte `from` on (5-byte headers:
-    /// type, version, length).
-    fn records(&self, from: usize) -> Vec<usize> {
-        let raw = self.0.lock().unwrap();
-        let mut lengths = Vec::new();
-        let mut at = from;
-        while at + 5 <= raw.len() {
-            let length = u16::from_be_bytes([raw[at + 3], raw[at + 4]]) as usize;
-            lengths.push(length);
-            at += 5 + length;
-        }
-        lengths
-    }
-}
-
-/// A client's socket that keeps a copy of what it reads.
-struct Tee {
-    inner: TcpStream,
-    seen: Seen,
-}
-
-impl AsyncRead for Tee {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
-        this.seen.0.lock().unwrap().extend_from_slice(&buf.filled()[before..]);
-        read
-    }
-}
-
-impl AsyncWrite for Tee {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
 /// A TLS session between a server's [`Socket`] and a client, and the raw
 /// bytes the client read since the handshake (from `handshaken` on). No
 /// session tickets: every record after the handshake is the test's.
@@ -147,8 +93,7 @@ async fn tls_pair() -> Pair {
         .with_no_client_auth();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(client_config));
     let (client, server) = connected().await;
-    let seen = Seen::default();
-    let tee = Tee { inner: client, seen: seen.clone() };
+    let (tee, seen) = Tee::new(client);
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
     let (client, server) = tokio::join!(connector.connect(name, tee), acceptor.accept(server));
     let (mut client, server) = (client.unwrap(), server.unwrap());
