@@ -247,6 +247,34 @@ async fn produce_and_tail_talk_to_an_https_edge_with_ca_file() {
     assert!(String::from_utf8_lossy(&tailed.stderr).contains("run finished"));
 }
 
+/// A client that does not trust the edge's certificate says why, not only
+/// that sending failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_to_an_edge_it_does_not_trust_names_the_certificate_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    authority(dir.path(), "edge-ca", &["edge"]);
+    authority(dir.path(), "other-ca", &["other"]);
+    let config = tls_config(dir.path(), &dir.path().join("edge.pem"), &dir.path().join("edge.key"));
+    let (serve, _) = Serve::start(&config, &dir.path().join("data"));
+    let (base, other) = (serve.url(""), dir.path().join("other-ca.pem"));
+    let produced = tokio::task::spawn_blocking(move || {
+        let mut child = tailrace()
+            .args(["produce", "--url", &base, "--fqn", FQN, "--run", "r-3", "--attempts", "1", "--ca-file"])
+            .arg(&other)
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        writeln!(child.stdin.take().unwrap(), "a line").unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&produced.stderr);
+    assert!(!produced.status.success(), "{stderr}");
+    assert!(stderr.contains("certificate"), "the error does not say why: {stderr}");
+}
+
 /// `tailrace serve` with `config`: it must refuse to start; its stderr.
 fn refused_start(config: &Path, data: &Path, listen: &str) -> String {
     let out = tailrace()

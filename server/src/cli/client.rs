@@ -37,6 +37,20 @@ impl EdgeTarget {
     }
 }
 
+/// `error` with the causes under it, as `error: cause: cause`: a failed
+/// request's own message (`error sending request for url …`) leaves out
+/// why (a refused connection, a certificate not trusted).
+pub fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
+}
+
 /// The run a command talks to, and how to reach it.
 #[derive(clap::Args, Debug)]
 pub struct RunTarget {

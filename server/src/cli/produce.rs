@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tailrace::config::Backoff;
 
-use super::client::RunTarget;
+use super::client::{RunTarget, with_causes};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
 /// Options of `tailrace produce`.
@@ -127,7 +127,7 @@ impl Poster {
                     response.status(),
                     response.text().await.unwrap_or_default().trim()
                 ),
-                Err(error) => eprintln!("\n  attempt {attempt}: {error}"),
+                Err(error) => eprintln!("\n  attempt {attempt}: {}", with_causes(&error)),
             }
             tokio::time::sleep(backoff.delay(attempt)).await;
         }

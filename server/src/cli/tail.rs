@@ -16,7 +16,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use tailrace::config::Backoff;
 
-use super::client::{RunTarget, enc};
+use super::client::{RunTarget, enc, with_causes};
 
 /// Options of `tailrace tail`.
 #[derive(clap::Args, Debug)]
@@ -98,7 +98,7 @@ async fn follow(client: &reqwest::Client, args: &TailArgs, cursor: &mut Option<S
     }
     let response = match args.target.request(client, reqwest::Method::GET, &path).send().await {
         Ok(response) => response,
-        Err(error) => return Ended::Broken { progressed: false, why: error.to_string() },
+        Err(error) => return Ended::Broken { progressed: false, why: with_causes(&error) },
     };
     let status = response.status();
     if status.is_client_error() {
@@ -113,7 +113,7 @@ async fn follow(client: &reqwest::Client, args: &TailArgs, cursor: &mut Option<S
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
-            Err(error) => return Ended::Broken { progressed, why: error.to_string() },
+            Err(error) => return Ended::Broken { progressed, why: with_causes(&error) },
         };
         progressed = true;
         let parsed: LogEvent = match serde_json::from_str(&event.data) {
