@@ -209,6 +209,20 @@ async fn an_https_edge_serves_both_paths_and_refuses_what_does_not_trust_it() {
     assert_eq!(trusting.get(serve.url("/healthz")).send().await.unwrap().status(), 200);
 }
 
+/// `tailrace produce --url base --fqn FQN --ca-file ca` with `args`,
+/// `input` on its standard input; its output.
+async fn produce(base: &str, ca: &Path, args: &[&str], input: String) -> std::process::Output {
+    let mut command = tailrace();
+    command.args(["produce", "--url", base, "--fqn", FQN, "--ca-file"]).arg(ca).args(args);
+    tokio::task::spawn_blocking(move || {
+        let mut child = command.stdin(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn produce_and_tail_talk_to_an_https_edge_with_ca_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -217,24 +231,8 @@ async fn produce_and_tail_talk_to_an_https_edge_with_ca_file() {
     let config = tls_config(dir.path(), &dir.path().join("edge.pem"), &dir.path().join("edge.key"));
     let (serve, _) = Serve::start(&config, &dir.path().join("data"));
     let base = serve.url("");
-    let (produce_base, produce_ca) = (base.clone(), ca.clone());
-    let produced = tokio::task::spawn_blocking(move || {
-        let mut child = tailrace()
-            .args(["produce", "--url", &produce_base, "--fqn", FQN, "--run", "r-2", "--status", "success", "--ca-file"])
-            .arg(&produce_ca)
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        for i in 0..100 {
-            writeln!(stdin, "line {i}").unwrap();
-        }
-        drop(stdin);
-        child.wait_with_output().unwrap()
-    })
-    .await
-    .unwrap();
+    let input: String = (0..100).map(|i| format!("line {i}\n")).collect();
+    let produced = produce(&base, &ca, &["--run", "r-2", "--status", "success"], input).await;
     assert!(produced.status.success(), "{}", String::from_utf8_lossy(&produced.stderr));
     let tailed = tokio::task::spawn_blocking(move || {
         tailrace().args(["tail", "--url", &base, "--fqn", FQN, "--run", "r-2", "--ca-file"]).arg(&ca).output().unwrap()
@@ -256,20 +254,8 @@ async fn produce_to_an_edge_it_does_not_trust_names_the_certificate_problem() {
     authority(dir.path(), "other-ca", &["other"]);
     let config = tls_config(dir.path(), &dir.path().join("edge.pem"), &dir.path().join("edge.key"));
     let (serve, _) = Serve::start(&config, &dir.path().join("data"));
-    let (base, other) = (serve.url(""), dir.path().join("other-ca.pem"));
-    let produced = tokio::task::spawn_blocking(move || {
-        let mut child = tailrace()
-            .args(["produce", "--url", &base, "--fqn", FQN, "--run", "r-3", "--attempts", "1", "--ca-file"])
-            .arg(&other)
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        writeln!(child.stdin.take().unwrap(), "a line").unwrap();
-        child.wait_with_output().unwrap()
-    })
-    .await
-    .unwrap();
+    let other = dir.path().join("other-ca.pem");
+    let produced = produce(&serve.url(""), &other, &["--run", "r-3", "--attempts", "1"], "a line\n".into()).await;
     let stderr = String::from_utf8_lossy(&produced.stderr);
     assert!(!produced.status.success(), "{stderr}");
     assert!(stderr.contains("certificate"), "the error does not say why: {stderr}");
